@@ -1,0 +1,62 @@
+#include "launcher/attempt_builder.h"
+
+#include <utility>
+
+#include "launcher/entrypoint.h"
+
+namespace elrun {
+
+constexpr int kTorchrunDefaultMasterPort = 29500;
+
+AttemptBuilder::AttemptBuilder(const JobSpec& spec, std::vector<std::string> argv_template,
+                               std::string run_id, const LogLayout& layout,
+                               const std::map<std::string, std::string>& parent_env,
+                               PortPicker pick_port)
+    : spec_(spec),
+      argv_template_(std::move(argv_template)),
+      run_id_(std::move(run_id)),
+      layout_(layout),
+      parent_env_(parent_env),
+      pick_port_(std::move(pick_port)) {}
+
+absl::StatusOr<NodeAssignment> AttemptBuilder::Assign() {
+  bool static_backend = spec_.rdzv_backend == "static";
+  std::string addr = static_backend ? spec_.master_addr
+                                    : (spec_.local_addr.empty() ? "127.0.0.1" : spec_.local_addr);
+  int port = kTorchrunDefaultMasterPort;
+  if (static_backend && spec_.master_port) {
+    port = *spec_.master_port;
+  } else if (spec_.max_nodes == 1) {
+    auto picked = pick_port_();
+    if (!picked.ok()) return picked.status();
+    port = *picked;
+  }
+  return StaticAssignment(spec_, addr, port);
+}
+
+absl::StatusOr<std::vector<WorkerLaunch>> AttemptBuilder::Build(int attempt, int restart_count) {
+  auto node = Assign();
+  if (!node.ok()) return node.status();
+  node_ = *node;
+  AttemptEnv attempt_env{run_id_, restart_count};
+  std::vector<WorkerLaunch> launches;
+  for (int local_rank = 0; local_rank < spec_.nproc_per_node; ++local_rank) {
+    absl::Status prepared = layout_.PrepareRankDir(attempt, local_rank);
+    if (!prepared.ok()) return prepared;
+    WorkerLaunch launch;
+    launch.local_rank = local_rank;
+    launch.rank = node_.rank_offset + local_rank;
+    launch.error_file = layout_.ErrorFilePath(attempt, local_rank);
+    launch.argv = SubstituteLocalRank(argv_template_, local_rank);
+    launch.env = BuildWorkerEnv(spec_, node_, attempt_env, local_rank, launch.error_file,
+                                parent_env_);
+    StreamRoutes routes = RouteStreams(spec_, layout_, attempt, local_rank);
+    launch.out = routes.out;
+    launch.err = routes.err;
+    launch.console_prefix = ConsolePrefix(spec_.role, local_rank);
+    launches.push_back(std::move(launch));
+  }
+  return launches;
+}
+
+}  // namespace elrun

@@ -1,0 +1,52 @@
+// Builds the WorkerLaunch list of each attempt on this node: the log directories, each worker's
+// environment (env_contract), argv with ${local_rank} substituted and stream routes. Port
+// choice is injected so that tests pin it. Thread-compatible.
+#ifndef ELRUN_LAUNCHER_ATTEMPT_BUILDER_H_
+#define ELRUN_LAUNCHER_ATTEMPT_BUILDER_H_
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "launcher/env_contract.h"
+#include "launcher/job_spec.h"
+#include "launcher/log_layout.h"
+#include "launcher/worker_launch.h"
+
+namespace elrun {
+
+class AttemptBuilder {
+ public:
+  using PortPicker = std::function<absl::StatusOr<int>()>;
+
+  // `spec`, `layout` and `parent_env` must outlive the builder.
+  AttemptBuilder(const JobSpec& spec, std::vector<std::string> argv_template, std::string run_id,
+                 const LogLayout& layout, const std::map<std::string, std::string>& parent_env,
+                 PortPicker pick_port);
+
+  // Prepares attempt `attempt` (directories made, stale error files removed).
+  absl::StatusOr<std::vector<WorkerLaunch>> Build(int attempt, int restart_count);
+
+  // Where this node's workers find the store in the current attempt.
+  const NodeAssignment& node() const { return node_; }
+
+ private:
+  // The static / single-node assignment of an attempt: MASTER_PORT is --master-port, else a
+  // fresh free port for a one-node job (no stale TIME_WAIT from the previous attempt), else the
+  // torchrun default 29500 that the other nodes also assume.
+  absl::StatusOr<NodeAssignment> Assign();
+
+  const JobSpec& spec_;
+  const std::vector<std::string> argv_template_;
+  const std::string run_id_;
+  const LogLayout& layout_;
+  const std::map<std::string, std::string>& parent_env_;
+  const PortPicker pick_port_;
+  NodeAssignment node_;
+};
+
+}  // namespace elrun
+
+#endif  // ELRUN_LAUNCHER_ATTEMPT_BUILDER_H_

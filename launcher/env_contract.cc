@@ -1,0 +1,69 @@
+#include "launcher/env_contract.h"
+
+#include <cstring>
+
+namespace elrun {
+
+NodeAssignment StaticAssignment(const JobSpec& spec, const std::string& master_addr,
+                                int master_port) {
+  NodeAssignment node;
+  node.group_rank = spec.node_rank;
+  node.group_world_size = spec.max_nodes;
+  node.rank_offset = spec.node_rank * spec.nproc_per_node;
+  node.world_size = spec.max_nodes * spec.nproc_per_node;
+  node.role_rank_offset = node.rank_offset;
+  node.role_world_size = node.world_size;
+  node.master_addr = master_addr;
+  node.master_port = master_port;
+  return node;
+}
+
+bool DefaultsOmpThreads(const JobSpec& spec, const std::map<std::string, std::string>& parent_env) {
+  return spec.nproc_per_node > 1 && parent_env.count("OMP_NUM_THREADS") == 0;
+}
+
+std::vector<std::string> BuildWorkerEnv(const JobSpec& spec, const NodeAssignment& node,
+                                        const AttemptEnv& attempt, int local_rank,
+                                        const std::string& error_file,
+                                        const std::map<std::string, std::string>& parent_env) {
+  std::map<std::string, std::string> env = parent_env;
+  auto set = [&env](const char* name, const std::string& value) { env[name] = value; };
+  auto num = [](int value) { return std::to_string(value); };
+
+  set("LOCAL_RANK", num(local_rank));
+  set("RANK", num(node.rank_offset + local_rank));
+  set("GROUP_RANK", num(node.group_rank));
+  set("GROUP_WORLD_SIZE", num(node.group_world_size));
+  set("ROLE_NAME", spec.role);
+  set("ROLE_RANK", num(node.role_rank_offset + local_rank));
+  set("ROLE_WORLD_SIZE", num(node.role_world_size));
+  set("LOCAL_WORLD_SIZE", num(spec.nproc_per_node));
+  set("WORLD_SIZE", num(node.world_size));
+  set("MASTER_ADDR", node.master_addr);
+  set("MASTER_PORT", num(node.master_port));
+  set("TORCHELASTIC_RESTART_COUNT", num(attempt.restart_count));
+  set("TORCHELASTIC_MAX_RESTARTS", num(spec.max_restarts));
+  set("TORCHELASTIC_RUN_ID", attempt.run_id);
+  set("TORCHELASTIC_USE_AGENT_STORE", "False");
+  set("TORCHELASTIC_ERROR_FILE", error_file);
+  env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
+  env.emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  if (DefaultsOmpThreads(spec, parent_env)) set("OMP_NUM_THREADS", "1");
+
+  std::vector<std::string> entries;
+  entries.reserve(env.size());
+  for (const auto& [name, value] : env) entries.push_back(name + "=" + value);
+  return entries;
+}
+
+std::map<std::string, std::string> EnvToMap(const char* const* environ_entries) {
+  std::map<std::string, std::string> env;
+  for (const char* const* entry = environ_entries; entry && *entry; ++entry) {
+    const char* eq = std::strchr(*entry, '=');
+    if (eq == nullptr) continue;
+    env.emplace(std::string(*entry, eq), std::string(eq + 1));
+  }
+  return env;
+}
+
+}  // namespace elrun

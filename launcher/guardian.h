@@ -1,0 +1,46 @@
+// Kills the workers' process groups when the launcher dies, however it dies (kill -9 included).
+// PR_SET_PDEATHSIG reaches only a worker itself, not the processes it started; the guardian is
+// a small forked process that holds the read end of a pipe whose write end only the launcher
+// has. When the launcher dies the kernel closes the pipe, the guardian reads EOF and SIGKILLs
+// every process group still registered, then exits. Thread-compatible.
+#ifndef ELRUN_LAUNCHER_GUARDIAN_H_
+#define ELRUN_LAUNCHER_GUARDIAN_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+
+namespace elrun {
+
+class Guardian {
+ public:
+  // Forks the guardian. Call before creating other file descriptors, so the guardian holds none.
+  static absl::StatusOr<std::unique_ptr<Guardian>> Start();
+  // Closes the pipe; the guardian kills what is still registered (normally nothing) and exits.
+  ~Guardian();
+  Guardian(const Guardian&) = delete;
+  Guardian& operator=(const Guardian&) = delete;
+
+  // Adds or removes a process group to kill if the launcher dies. Register before the worker
+  // can start children (a cloned child may write the record itself to fd(), see
+  // posix_process_table.cc); Unregister before reaping the group's leader.
+  void Register(int pgid);
+  void Unregister(int pgid);
+
+  // The write end of the guardian's pipe (close-on-exec): "+<pgid>\n" registers, "-<pgid>\n"
+  // unregisters. Each record must be written with one write(2).
+  int fd() const { return write_fd_; }
+
+  int pid() const { return pid_; }
+
+ private:
+  Guardian(int pid, int write_fd) : pid_(pid), write_fd_(write_fd) {}
+  void Send(char op, int pgid);
+
+  const int pid_;
+  const int write_fd_;
+};
+
+}  // namespace elrun
+
+#endif  // ELRUN_LAUNCHER_GUARDIAN_H_

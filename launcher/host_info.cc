@@ -1,0 +1,79 @@
+#include "launcher/host_info.h"
+
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace elrun {
+
+DeviceCounts DetectDevices(const std::map<std::string, std::string>& env) {
+  DeviceCounts counts;
+  long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+  counts.cpus = cpus > 0 ? static_cast<int>(cpus) : 1;
+  if (DIR* dir = ::opendir("/proc/driver/nvidia/gpus")) {
+    while (dirent* entry = ::readdir(dir)) {
+      if (entry->d_name[0] != '.') ++counts.gpus;
+    }
+    ::closedir(dir);
+  }
+  auto visible = env.find("CUDA_VISIBLE_DEVICES");
+  if (visible != env.end()) {
+    std::vector<std::string> ids = absl::StrSplit(visible->second, ',', absl::SkipWhitespace());
+    counts.gpus = std::min<int>(counts.gpus, static_cast<int>(ids.size()));
+  }
+  return counts;
+}
+
+absl::StatusOr<int> PickFreePort() {
+  int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  bool v6 = fd >= 0;
+  if (!v6) fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  sockaddr_storage addr{};
+  socklen_t len;
+  if (v6) {
+    auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);
+    a6->sin6_family = AF_INET6;
+    a6->sin6_addr = in6addr_any;  // Dual-stack: free for IPv4 and IPv6 alike.
+    len = sizeof(sockaddr_in6);
+  } else {
+    auto* a4 = reinterpret_cast<sockaddr_in*>(&addr);
+    a4->sin_family = AF_INET;
+    a4->sin_addr.s_addr = htonl(INADDR_ANY);
+    len = sizeof(sockaddr_in);
+  }
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    int error = errno;
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("bind to port 0: ", std::strerror(error)));
+  }
+  ::close(fd);
+  return v6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+            : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+}
+
+std::string RandomRunId() {
+  unsigned char bytes[8] = {};
+  ssize_t ignored = ::getrandom(bytes, sizeof(bytes), 0);
+  (void)ignored;
+  std::string id;
+  for (unsigned char b : bytes) absl::StrAppend(&id, absl::Hex(b, absl::kZeroPad2));
+  return id;
+}
+
+std::string HostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
+  return name;
+}
+
+}  // namespace elrun

@@ -1,0 +1,251 @@
+#include "launcher/posix_process_table.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace elrun {
+namespace {
+
+// A file descriptor closed when it goes out of scope unless released.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(Fd&& other) noexcept : fd_(other.release()) {}
+  Fd& operator=(Fd&& other) noexcept {
+    reset(other.release());
+    return *this;
+  }
+  int get() const { return fd_; }
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// The worker's side and the launcher's side of one redirected stream.
+struct StreamFds {
+  Fd child;     // Becomes the worker's fd 1 or 2; empty for kInherit.
+  Fd pump_in;   // kTee: the pipe's read end.
+  Fd pump_log;  // kTee: the log file.
+};
+
+absl::StatusOr<Fd> OpenLog(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::FailedPreconditionError(absl::StrCat("open ", path, ": ", std::strerror(errno)));
+  return Fd(fd);
+}
+
+absl::StatusOr<StreamFds> OpenStream(const StreamRoute& route) {
+  StreamFds fds;
+  if (route.target == StreamTarget::kInherit) return fds;
+  auto log = OpenLog(route.path);
+  if (!log.ok()) return log.status();
+  if (route.target == StreamTarget::kFile) {
+    fds.child = std::move(*log);
+    return fds;
+  }
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
+  }
+  fds.pump_in.reset(pipe_fds[0]);
+  fds.child.reset(pipe_fds[1]);
+  fds.pump_log = std::move(*log);
+  return fds;
+}
+
+std::vector<char*> CStrings(const std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  out.reserve(strings.size() + 1);
+  for (const std::string& s : strings) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+// What the launcher hands the child; the child runs in the launcher's memory (CLONE_VM) until
+// execve, so it writes `exec_errno` straight back.
+struct ChildArgs {
+  pid_t launcher;
+  char* const* argv;
+  char* const* envp;
+  int out_fd;
+  int err_fd;
+  int guardian_fd;
+  int exec_errno;
+};
+
+// "+<pid>\n" for the guardian, built without allocating (we are in the cloned child).
+void RegisterSelf(int guardian_fd) {
+  char record[32];
+  char digits[16];
+  int n = 0;
+  for (pid_t pid = ::getpid(); pid > 0; pid /= 10) digits[n++] = static_cast<char>('0' + pid % 10);
+  int len = 0;
+  record[len++] = '+';
+  while (n > 0) record[len++] = digits[--n];
+  record[len++] = '\n';
+  ssize_t ignored = ::write(guardian_fd, record, static_cast<size_t>(len));
+  (void)ignored;
+}
+
+// Runs in the cloned child on its own stack: only async-signal-safe calls until execve.
+int ExecWorker(void* raw) {
+  auto* args = static_cast<ChildArgs*>(raw);
+  sigset_t none;
+  sigemptyset(&none);
+  ::signal(SIGPIPE, SIG_DFL);  // The child has its own copy of the dispositions (no CLONE_SIGHAND).
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::setpgid(0, 0);
+  // Die with the launcher. If it already died between clone and prctl, the signal will never
+  // come: getppid() then names the reaper that adopted us, so give up now.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (::getppid() != args->launcher) ::_exit(127);
+  // Registered before exec, so no grandchild can exist unguarded.
+  RegisterSelf(args->guardian_fd);
+  if (args->out_fd >= 0) ::dup2(args->out_fd, STDOUT_FILENO);
+  if (args->err_fd >= 0) ::dup2(args->err_fd, STDERR_FILENO);
+  ::execve(args->argv[0], args->argv, args->envp);
+  args->exec_errno = errno;
+  ::_exit(127);
+}
+
+// Starts a child like posix_spawn does: clone(CLONE_VM | CLONE_VFORK) suspends the launcher
+// until the child has exec'd (or failed to), without copying the launcher's page tables.
+// Returns the pid, or -1 with errno set.
+pid_t CloneAndExec(ChildArgs* args) {
+  constexpr size_t kStackSize = 64 * 1024;
+  void* stack = ::mmap(nullptr, kStackSize, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED) return -1;
+  pid_t pid = ::clone(ExecWorker, static_cast<char*>(stack) + kStackSize,
+                      CLONE_VM | CLONE_VFORK | SIGCHLD, args);
+  int saved = errno;
+  ::munmap(stack, kStackSize);
+  errno = saved;
+  return pid;
+}
+
+ExitStatus StatusFrom(const siginfo_t& info) {
+  if (info.si_code == CLD_EXITED) return ExitStatus::Exited(info.si_status);
+  return ExitStatus::Signaled(info.si_status);
+}
+
+}  // namespace
+
+PosixProcessTable::PosixProcessTable(EventLoop* loop, Guardian* guardian, ExitCallback on_exit)
+    : loop_(loop), guardian_(guardian), on_exit_(std::move(on_exit)) {}
+
+PosixProcessTable::~PosixProcessTable() {
+  for (auto& [pid, worker] : workers_) {
+    ::kill(-pid, SIGKILL);
+    siginfo_t info{};
+    ::waitid(P_PID, pid, &info, WEXITED);
+    Forget(pid, worker);
+  }
+}
+
+absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
+  auto out = OpenStream(launch.out);
+  if (!out.ok()) return out.status();
+  auto err = OpenStream(launch.err);
+  if (!err.ok()) return err.status();
+  std::vector<char*> argv = CStrings(launch.argv);
+  std::vector<char*> envp = CStrings(launch.env);
+
+  ChildArgs args{::getpid(), argv.data(), envp.data(), out->child.get(), err->child.get(),
+                 guardian_->fd(), 0};
+  pid_t pid = CloneAndExec(&args);
+  if (pid < 0) return absl::ResourceExhaustedError(absl::StrCat("clone: ", std::strerror(errno)));
+  // The child has exec'd or exited by now. Its own setpgid ran first; this one is a no-op
+  // unless that failed.
+  ::setpgid(pid, pid);
+  out->child.reset();
+  err->child.reset();
+  if (args.exec_errno != 0) {
+    ::waitpid(pid, nullptr, 0);
+    guardian_->Unregister(pid);
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot execute ", launch.argv[0], ": ", std::strerror(args.exec_errno)));
+  }
+
+  Worker worker;
+  worker.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (worker.pidfd < 0) {
+    int error = errno;
+    ::kill(-pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    guardian_->Unregister(pid);
+    return absl::InternalError(
+        absl::StrCat("pidfd_open: ", std::strerror(error), " (elrun needs Linux >= 5.3)"));
+  }
+  ::fcntl(worker.pidfd, F_SETFD, FD_CLOEXEC);
+  for (StreamFds* stream : {&*out, &*err}) {
+    if (stream->pump_in.get() < 0) continue;
+    int console = stream == &*out ? STDOUT_FILENO : STDERR_FILENO;
+    worker.pumps.push_back(std::make_unique<OutputPump>(
+        stream->pump_in.release(), stream->pump_log.release(), console, launch.console_prefix));
+  }
+  for (auto& pump : worker.pumps) {
+    OutputPump* raw = pump.get();
+    absl::Status added = loop_->Add(raw->fd(), [this, raw] {
+      if (!raw->Pump()) loop_->Remove(raw->fd());
+    });
+    if (!added.ok()) return added;
+  }
+  int pidfd = worker.pidfd;
+  workers_.emplace(pid, std::move(worker));
+  absl::Status added = loop_->Add(pidfd, [this, pid] { OnExit(pid); });
+  if (!added.ok()) return added;
+  return pid;
+}
+
+void PosixProcessTable::SignalGroup(int pid, int signo) {
+  if (workers_.count(pid) > 0) ::kill(-pid, signo);
+}
+
+void PosixProcessTable::OnExit(int pid) {
+  auto it = workers_.find(pid);
+  if (it == workers_.end()) return;
+  siginfo_t info{};
+  if (::waitid(P_PID, pid, &info, WEXITED | WNOWAIT | WNOHANG) != 0 || info.si_pid != pid) {
+    return;  // Spurious wake-up; the pidfd stays readable until the exit.
+  }
+  // The leader is a zombie: its group id is still reserved, so this reaches only its group.
+  ::kill(-pid, SIGKILL);
+  for (auto& pump : it->second.pumps) pump->Drain();
+  ::waitid(P_PID, pid, &info, WEXITED);
+  Forget(pid, it->second);
+  workers_.erase(it);
+  on_exit_(pid, StatusFrom(info));
+}
+
+void PosixProcessTable::Forget(int pid, Worker& worker) {
+  guardian_->Unregister(pid);
+  for (auto& pump : worker.pumps) loop_->Remove(pump->fd());
+  worker.pumps.clear();
+  loop_->Remove(worker.pidfd);
+  ::close(worker.pidfd);
+}
+
+}  // namespace elrun

@@ -1,0 +1,53 @@
+// The real ProcessTable: fork/exec of workers that lead their own process group, die with the
+// launcher (PR_SET_PDEATHSIG, with the fork race closed, plus the Guardian for grandchildren),
+// and are watched through pidfds in the event loop, so an exit is seen at once.
+// When a worker's leader exits, whatever is left in its process group is SIGKILLed before the
+// leader is reaped (the unreaped zombie keeps the group id from being reused meanwhile).
+// Thread-compatible: used from the event loop's thread.
+#ifndef ELRUN_LAUNCHER_POSIX_PROCESS_TABLE_H_
+#define ELRUN_LAUNCHER_POSIX_PROCESS_TABLE_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "launcher/event_loop.h"
+#include "launcher/exit_status.h"
+#include "launcher/guardian.h"
+#include "launcher/output_pump.h"
+#include "launcher/process_table.h"
+
+namespace elrun {
+
+class PosixProcessTable : public ProcessTable {
+ public:
+  using ExitCallback = std::function<void(int pid, ExitStatus status)>;
+
+  // `loop` and `guardian` must outlive the table. `on_exit` runs on the loop's thread once per
+  // worker, after its leader was reaped and its output drained.
+  PosixProcessTable(EventLoop* loop, Guardian* guardian, ExitCallback on_exit);
+  // SIGKILLs and reaps every worker still running.
+  ~PosixProcessTable() override;
+
+  absl::StatusOr<int> Spawn(const WorkerLaunch& launch) override;
+  void SignalGroup(int pid, int signo) override;
+
+ private:
+  struct Worker {
+    int pidfd = -1;
+    std::vector<std::unique_ptr<OutputPump>> pumps;
+  };
+
+  void OnExit(int pid);
+  void Forget(int pid, Worker& worker);
+
+  EventLoop* const loop_;
+  Guardian* const guardian_;
+  const ExitCallback on_exit_;
+  std::map<int, Worker> workers_;  // By pid; unreaped workers only.
+};
+
+}  // namespace elrun
+
+#endif  // ELRUN_LAUNCHER_POSIX_PROCESS_TABLE_H_

@@ -1,0 +1,118 @@
+#include "launcher/attempt_builder.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+namespace elrun {
+namespace {
+
+std::string TempDir() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string pattern = std::string(base ? base : "/tmp") + "/attemptXXXXXX";
+  REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+  return pattern;
+}
+
+std::string EnvValue(const WorkerLaunch& launch, const std::string& name) {
+  for (const std::string& entry : launch.env) {
+    if (entry.rfind(name + "=", 0) == 0) return entry.substr(name.size() + 1);
+  }
+  return "<unset>";
+}
+
+struct Fixture {
+  std::string dir = TempDir();
+  JobSpec spec;
+  std::map<std::string, std::string> env{{"PATH", "/bin"}};
+  int next_port = 40000;
+  int picks = 0;
+  LogLayout layout{dir, "run"};
+
+  AttemptBuilder Builder() {
+    return AttemptBuilder(spec, {"/bin/worker", "--rank", "${local_rank}"}, "run", layout, env,
+                          [this]() -> absl::StatusOr<int> {
+                            ++picks;
+                            return next_port++;
+                          });
+  }
+};
+
+TEST_CASE("one launch per local rank, with its argv, env, logs and prefix") {
+  Fixture f;
+  f.spec.nproc_per_node = 2;
+  f.spec.role = "r";
+  auto builder = f.Builder();
+  auto launches = builder.Build(0, 0);
+  REQUIRE(launches.ok());
+  REQUIRE(launches->size() == 2);
+  const WorkerLaunch& second = (*launches)[1];
+  CHECK(second.local_rank == 1);
+  CHECK(second.rank == 1);
+  CHECK(second.argv == std::vector<std::string>{"/bin/worker", "--rank", "1"});
+  CHECK(EnvValue(second, "LOCAL_RANK") == "1");
+  CHECK(EnvValue(second, "MASTER_PORT") == "40000");
+  CHECK(EnvValue(second, "TORCHELASTIC_ERROR_FILE") == f.dir + "/run/attempt_0/1/error.json");
+  CHECK(second.error_file == f.dir + "/run/attempt_0/1/error.json");
+  CHECK(second.console_prefix == "[r1]:");
+}
+
+TEST_CASE("single-node jobs get a fresh free port per attempt") {
+  Fixture f;
+  auto builder = f.Builder();
+  auto first = builder.Build(0, 0);
+  auto second = builder.Build(1, 1);
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  CHECK(EnvValue((*first)[0], "MASTER_PORT") == "40000");
+  CHECK(EnvValue((*second)[0], "MASTER_PORT") == "40001");
+  CHECK(EnvValue((*second)[0], "TORCHELASTIC_RESTART_COUNT") == "1");
+  CHECK(EnvValue((*second)[0], "TORCHELASTIC_ERROR_FILE") == f.dir + "/run/attempt_1/0/error.json");
+}
+
+TEST_CASE("--master-port wins on the static backend") {
+  Fixture f;
+  f.spec.master_port = 23456;
+  auto launches = f.Builder().Build(0, 0);
+  REQUIRE(launches.ok());
+  CHECK(EnvValue((*launches)[0], "MASTER_PORT") == "23456");
+  CHECK(f.picks == 0);
+}
+
+TEST_CASE("multi-node static jobs default to torchrun's 29500, never a random port") {
+  Fixture f;
+  f.spec.min_nodes = f.spec.max_nodes = 2;
+  f.spec.node_rank = 1;
+  f.spec.nproc_per_node = 2;
+  f.spec.master_addr = "10.0.0.1";
+  auto launches = f.Builder().Build(0, 0);
+  REQUIRE(launches.ok());
+  CHECK(EnvValue((*launches)[1], "MASTER_PORT") == "29500");
+  CHECK(EnvValue((*launches)[1], "MASTER_ADDR") == "10.0.0.1");
+  CHECK(EnvValue((*launches)[1], "RANK") == "3");
+  CHECK((*launches)[1].rank == 3);
+  CHECK(f.picks == 0);
+}
+
+TEST_CASE("standalone uses --local-addr and ignores --master-port") {
+  Fixture f;
+  f.spec.standalone = true;
+  f.spec.rdzv_backend = "c10d";
+  f.spec.local_addr = "127.0.0.5";
+  f.spec.master_port = 1111;
+  auto launches = f.Builder().Build(0, 0);
+  REQUIRE(launches.ok());
+  CHECK(EnvValue((*launches)[0], "MASTER_ADDR") == "127.0.0.5");
+  CHECK(EnvValue((*launches)[0], "MASTER_PORT") == "40000");
+}
+
+TEST_CASE("a port that cannot be picked fails the attempt") {
+  Fixture f;
+  AttemptBuilder builder(f.spec, {"/bin/w"}, "run", f.layout, f.env,
+                         []() -> absl::StatusOr<int> { return absl::InternalError("no ports"); });
+  CHECK(builder.Build(0, 0).status().message() == "no ports");
+}
+
+}  // namespace
+}  // namespace elrun
