@@ -54,7 +54,11 @@ absl::StatusOr<std::string> MakeTempLogDir(const std::map<std::string, std::stri
 absl::StatusOr<int> HandleSignals(const std::vector<int>& signals) {
   sigset_t set;
   sigemptyset(&set);
-  for (int signo : signals) sigaddset(&set, signo);
+  for (int signo : signals) {
+    // An inherited SIG_IGN would make the kernel drop the signal before signalfd sees it.
+    ::signal(signo, SIG_DFL);
+    sigaddset(&set, signo);
+  }
   if (::sigprocmask(SIG_BLOCK, &set, nullptr) != 0) {
     return absl::InternalError(absl::StrCat("sigprocmask: ", std::strerror(errno)));
   }
@@ -109,6 +113,9 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
   }
 
   ::signal(SIGPIPE, SIG_IGN);
+  // An inherited SIG_IGN for SIGCHLD would make the kernel reap workers before we read their
+  // exit status.
+  ::signal(SIGCHLD, SIG_DFL);
   auto guardian = Guardian::Start();
   if (!guardian.ok()) {
     UsageError(std::string(guardian.status().message()));
@@ -124,9 +131,10 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
   RealClock clock;
   AttemptBuilder builder(spec, *argv_template, run_id, layout, env, PickFreePort);
   Supervisor* supervisor_ptr = nullptr;
-  PosixProcessTable table(loop->get(), guardian->get(), [&supervisor_ptr](int pid, ExitStatus status) {
-    supervisor_ptr->OnWorkerExit(pid, status);
-  });
+  PosixProcessTable table(loop->get(), guardian->get(), spec.signals_to_handle,
+                          [&supervisor_ptr](int pid, ExitStatus status) {
+                            supervisor_ptr->OnWorkerExit(pid, status);
+                          });
   Supervisor supervisor(
       SupervisorOptions{spec.max_restarts, spec.shutdown_timeout}, &table, &clock,
       [&](int attempt, int restart_count) {

@@ -25,43 +25,50 @@ struct OptionDef {
   const char* name;
   const char* short_name;
   bool flag;
+  const char* metavar;
   const char* default_value;
   const char* help;
 };
 
 constexpr OptionDef kOptions[] = {
-    {"nnodes", "", false, "1:1", "Number of nodes, N or MIN:MAX for an elastic job."},
-    {"nproc-per-node", "", false, "1", "Workers per node: an integer, cpu, gpu or auto."},
-    {"node-rank", "", false, "0", "This node's rank for --rdzv-backend static (0..nnodes-1)."},
-    {"master-addr", "", false, "127.0.0.1", "Address of node 0 for --rdzv-backend static."},
-    {"master-port", "", false, "",
+    {"nnodes", "", false, "N|MIN:MAX", "1:1", "Number of nodes, N or MIN:MAX for an elastic job."},
+    {"nproc-per-node", "", false, "N|cpu|gpu|auto", "1", "Workers per node: an integer, cpu, gpu or auto."},
+    {"node-rank", "", false, "RANK", "0", "This node's rank for --rdzv-backend static (0..nnodes-1)."},
+    {"master-addr", "", false, "ADDR", "127.0.0.1", "Address of node 0 for --rdzv-backend static."},
+    {"master-port", "", false, "PORT", "",
      "Port of node 0's store for static jobs; default: a free port on one node, 29500 on several."},
-    {"standalone", "", true, "0",
+    {"standalone", "", true, "", "0",
      "Single-node job with a generated run id and a free port; ignores rdzv options."},
-    {"rdzv-backend", "", false, "static", "Rendezvous backend: static, or c10d/grpc."},
-    {"rdzv-endpoint", "", false, "", "Rendezvous endpoint HOST[:PORT]."},
-    {"rdzv-id", "", false, "none", "Job id shared by all nodes of the job."},
-    {"rdzv-conf", "", false, "", "Rendezvous settings key=value,... (join_timeout, token, ...)."},
-    {"max-restarts", "", false, "0", "Restarts of the worker group after a failure."},
-    {"monitor-interval", "", false, "0.1",
+    {"rdzv-backend", "", false, "NAME", "static", "Rendezvous backend: static, or c10d/grpc."},
+    {"rdzv-endpoint", "", false, "HOST[:PORT]", "", "Rendezvous endpoint HOST[:PORT]."},
+    {"rdzv-id", "", false, "ID", "none", "Job id shared by all nodes of the job."},
+    {"rdzv-conf", "", false, "K=V,...", "", "Rendezvous settings key=value,... (join_timeout, token, ...)."},
+    {"max-restarts", "", false, "N", "0", "Restarts of the worker group after a failure."},
+    {"monitor-interval", "", false, "SECONDS", "0.1",
      "Accepted for torchrun compatibility; elrun sees exits at once, without polling."},
-    {"start-method", "", false, "spawn", "spawn, fork or forkserver (accepted; workers are exec'd)."},
-    {"role", "", false, "default", "Role name of these workers (ROLE_NAME, log prefixes)."},
-    {"log-dir", "", false, "",
+    {"start-method", "", false, "METHOD", "spawn", "spawn, fork or forkserver (accepted; workers are exec'd)."},
+    {"role", "", false, "NAME", "default", "Role name of these workers (ROLE_NAME, log prefixes)."},
+    {"log-dir", "", false, "DIR", "",
      "Base directory of <run_id>/attempt_<n>/<local_rank>/ logs; default: a new temp dir."},
-    {"redirects", "r", false, "0",
+    {"redirects", "r", false, "STD", "0",
      "Send worker streams to log files only: 0 none, 1 out, 2 err, 3 both, or 0:3,1:1 per rank."},
-    {"tee", "t", false, "0", "Copy worker streams to log files and the console (same format)."},
-    {"local-ranks-filter", "", false, "",
+    {"tee", "t", false, "STD", "0", "Copy worker streams to log files and the console (same format)."},
+    {"local-ranks-filter", "", false, "RANKS", "",
      "Show only these local ranks on the console (e.g. 0,1); the others go to their log files."},
-    {"local-addr", "", false, "", "This node's address, used instead of guessing a host name."},
-    {"module", "m", true, "0", "Run TRAINING_SCRIPT as a Python module (python -m)."},
-    {"no-python", "", true, "0", "Execute TRAINING_SCRIPT directly instead of with Python."},
-    {"run-path", "", true, "0", "Run the script with runpy.run_path in the worker interpreter."},
-    {"signals-to-handle", "", false, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+    {"local-addr", "", false, "ADDR", "", "This node's address, used instead of guessing a host name."},
+    {"module", "m", true, "", "0", "Run TRAINING_SCRIPT as a Python module (python -m)."},
+    {"no-python", "", true, "", "0", "Execute TRAINING_SCRIPT directly instead of with Python."},
+    {"run-path", "", true, "", "0", "Run the script with runpy.run_path in the worker interpreter."},
+    {"signals-to-handle", "", false, "SIGNALS", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      "Signals forwarded to the workers before elrun exits."},
-    {"shutdown-timeout", "", false, "30",
+    {"shutdown-timeout", "", false, "SECONDS", "30",
      "Seconds between SIGTERM and SIGKILL when stopping workers."},
+};
+
+// kUsage already shows the usage line; CLI11's own would only say "elrun [OPTIONS]".
+class UsageInDescriptionFormatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App*, std::string) const override { return "\n"; }
 };
 
 std::string PetName(const std::string& name) {
@@ -190,6 +197,7 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string
                                                    const EnvLookup& env,
                                                    const DeviceCounts& devices) {
   CLI::App app(kUsage, "elrun");
+  app.formatter(std::make_shared<UsageInDescriptionFormatter>());
   app.prefix_command();  // Everything from the training script on belongs to the workers.
   app.set_help_flag("-h,--help", "Print this help and exit.");
   app.get_formatter()->column_width(34);
@@ -208,7 +216,7 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string
     if (def.flag) {
       option = app.add_flag(names, flag_values[name], help);
     } else {
-      option = app.add_option(names, cli_values[name], help);
+      option = app.add_option(names, cli_values[name], help)->type_name(def.metavar);
       if (*def.default_value) option->default_str(def.default_value);
     }
     cli_options[name] = option;

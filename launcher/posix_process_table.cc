@@ -92,6 +92,8 @@ struct ChildArgs {
   int out_fd;
   int err_fd;
   int guardian_fd;
+  const int* reset_signals;  // Handled by elrun and forwarded: default disposition in workers.
+  size_t reset_signal_count;
   int exec_errno;
 };
 
@@ -114,7 +116,10 @@ int ExecWorker(void* raw) {
   auto* args = static_cast<ChildArgs*>(raw);
   sigset_t none;
   sigemptyset(&none);
-  ::signal(SIGPIPE, SIG_DFL);  // The child has its own copy of the dispositions (no CLONE_SIGHAND).
+  // The child has its own copy of the dispositions (no CLONE_SIGHAND). Signals elrun forwards
+  // must act on the worker even when elrun's parent left them ignored (nohup, background jobs).
+  ::signal(SIGPIPE, SIG_DFL);
+  for (size_t i = 0; i < args->reset_signal_count; ++i) ::signal(args->reset_signals[i], SIG_DFL);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::setpgid(0, 0);
   // Die with the launcher. If it already died between clone and prctl, the signal will never
@@ -153,8 +158,12 @@ ExitStatus StatusFrom(const siginfo_t& info) {
 
 }  // namespace
 
-PosixProcessTable::PosixProcessTable(EventLoop* loop, Guardian* guardian, ExitCallback on_exit)
-    : loop_(loop), guardian_(guardian), on_exit_(std::move(on_exit)) {}
+PosixProcessTable::PosixProcessTable(EventLoop* loop, Guardian* guardian,
+                                     std::vector<int> forwarded_signals, ExitCallback on_exit)
+    : loop_(loop),
+      guardian_(guardian),
+      forwarded_signals_(std::move(forwarded_signals)),
+      on_exit_(std::move(on_exit)) {}
 
 PosixProcessTable::~PosixProcessTable() {
   for (auto& [pid, worker] : workers_) {
@@ -174,7 +183,7 @@ absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
   std::vector<char*> envp = CStrings(launch.env);
 
   ChildArgs args{::getpid(), argv.data(), envp.data(), out->child.get(), err->child.get(),
-                 guardian_->fd(), 0};
+                 guardian_->fd(), forwarded_signals_.data(), forwarded_signals_.size(), 0};
   pid_t pid = CloneAndExec(&args);
   if (pid < 0) return absl::ResourceExhaustedError(absl::StrCat("clone: ", std::strerror(errno)));
   // The child has exec'd or exited by now. Its own setpgid ran first; this one is a no-op

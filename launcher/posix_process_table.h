@@ -24,9 +24,11 @@ class PosixProcessTable : public ProcessTable {
  public:
   using ExitCallback = std::function<void(int pid, ExitStatus status)>;
 
-  // `loop` and `guardian` must outlive the table. `on_exit` runs on the loop's thread once per
-  // worker, after its leader was reaped and its output drained.
-  PosixProcessTable(EventLoop* loop, Guardian* guardian, ExitCallback on_exit);
+  // `loop` and `guardian` must outlive the table. Workers start with `forwarded_signals` at
+  // their default disposition. `on_exit` runs on the loop's thread once per worker, after its
+  // leader was reaped and its output drained.
+  PosixProcessTable(EventLoop* loop, Guardian* guardian, std::vector<int> forwarded_signals,
+                    ExitCallback on_exit);
   // SIGKILLs and reaps every worker still running.
   ~PosixProcessTable() override;
 
@@ -44,6 +46,7 @@ class PosixProcessTable : public ProcessTable {
 
   EventLoop* const loop_;
   Guardian* const guardian_;
+  const std::vector<int> forwarded_signals_;
   const ExitCallback on_exit_;
   std::map<int, Worker> workers_;  // By pid; unreaped workers only.
 };
