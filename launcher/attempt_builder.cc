@@ -37,7 +37,12 @@ absl::StatusOr<NodeAssignment> AttemptBuilder::Assign() {
 absl::StatusOr<std::vector<WorkerLaunch>> AttemptBuilder::Build(int attempt, int restart_count) {
   auto node = Assign();
   if (!node.ok()) return node.status();
-  node_ = *node;
+  return BuildFor(attempt, restart_count, *node);
+}
+
+absl::StatusOr<std::vector<WorkerLaunch>> AttemptBuilder::BuildFor(int attempt, int restart_count,
+                                                                   const NodeAssignment& node) {
+  node_ = node;
   AttemptEnv attempt_env{run_id_, restart_count};
   std::vector<WorkerLaunch> launches;
   for (int local_rank = 0; local_rank < spec_.nproc_per_node; ++local_rank) {

@@ -26,8 +26,13 @@ class AttemptBuilder {
                  const LogLayout& layout, const std::map<std::string, std::string>& parent_env,
                  PortPicker pick_port);
 
-  // Prepares attempt `attempt` (directories made, stale error files removed).
+  // Prepares attempt `attempt` (directories made, stale error files removed) with this node's
+  // static or single-node assignment.
   absl::StatusOr<std::vector<WorkerLaunch>> Build(int attempt, int restart_count);
+
+  // The same with an assignment decided elsewhere (a rendezvous round).
+  absl::StatusOr<std::vector<WorkerLaunch>> BuildFor(int attempt, int restart_count,
+                                                     const NodeAssignment& node);
 
   // Where this node's workers find the store in the current attempt.
   const NodeAssignment& node() const { return node_; }

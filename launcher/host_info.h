@@ -4,6 +4,7 @@
 #define ELRUN_LAUNCHER_HOST_INFO_H_
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -21,6 +22,14 @@ absl::StatusOr<int> PickFreePort();
 std::string RandomRunId();
 
 std::string HostName();
+
+// True when `host` names this machine: localhost, a loopback address, this host's name, or the
+// literal address of one of its interfaces. Never resolves names through DNS.
+bool IsLocalHost(const std::string& host);
+
+// This machine's address on the route to host:port (a UDP connect, which sends nothing), as a
+// numeric string; nullopt when `host` is not a numeric address or there is no route.
+std::optional<std::string> LocalAddressToward(const std::string& host, int port);
 
 }  // namespace elrun
 

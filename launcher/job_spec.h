@@ -32,6 +32,7 @@ struct JobSpec {
   int max_nodes = 1;
   int nproc_per_node = 1;
   int node_rank = 0;
+  bool node_rank_given = false;  // A hint for dynamic rendezvous only when given.
   bool standalone = false;
 
   // Rendezvous.

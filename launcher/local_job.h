@@ -1,17 +1,20 @@
-// Runs one job on this node from a parsed JobSpec: resolves the entrypoint, sets up logs, the
-// guardian, signal handling and the event loop, supervises the workers and prints the failure
-// report. Returns the launcher's exit code. Call once per process (it owns signal dispositions).
+// Runs a job whose ranks this node can decide alone: --standalone, or --rdzv-backend static
+// (every node knows its --node-rank). Restarts the local worker group within --max-restarts.
+// Returns the launcher's exit code. Call once per process (it owns signal dispositions).
 #ifndef ELRUN_LAUNCHER_LOCAL_JOB_H_
 #define ELRUN_LAUNCHER_LOCAL_JOB_H_
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "launcher/job_spec.h"
 
 namespace elrun {
 
-int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& env);
+// `argv_template` comes from ResolveEntrypoint.
+int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& env,
+                const std::vector<std::string>& argv_template);
 
 }  // namespace elrun
 

@@ -1,17 +1,35 @@
-// elrun: the command a user types. Parses torchrun's options and runs the job on this node.
+// elrun: the command a user types. Parses torchrun's options, checks the entrypoint, then runs
+// the job: on this node alone (--standalone, static) or through the gRPC rendezvous.
 #include <unistd.h>
 
 #include <string>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "launcher/elastic_job.h"
+#include "launcher/entrypoint.h"
 #include "launcher/env_contract.h"
 #include "launcher/host_info.h"
+#include "launcher/job_runtime.h"
 #include "launcher/local_job.h"
 #include "launcher/options.h"
 #include "launcher/output_pump.h"
+#include "launcher/rdzv_settings.h"
 #include "launcher/supervisor.h"
 
 extern char** environ;
+
+namespace {
+
+// Multi-node through the rendezvous, or this node alone.
+bool NeedsRendezvous(const elrun::JobSpec& spec) {
+  return !spec.standalone && spec.rdzv_backend != "static" &&
+         (spec.max_nodes > 1 || !spec.rdzv_endpoint.empty());
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::map<std::string, std::string> env = elrun::EnvToMap(environ);
@@ -23,13 +41,35 @@ int main(int argc, char** argv) {
   };
   auto parsed = elrun::ParseCommandLine(args, lookup, elrun::DetectDevices(env));
   if (!parsed.ok()) {
-    std::string line = "elrun: " + std::string(parsed.status().message()) + "\n";
-    elrun::WriteAll(STDERR_FILENO, line.data(), line.size());
+    elrun::PrintError(std::string(parsed.status().message()));
     return elrun::kExitUsage;
   }
   if (parsed->help) {
     elrun::WriteAll(STDOUT_FILENO, parsed->help->data(), parsed->help->size());
     return elrun::kExitSuccess;
   }
-  return elrun::RunLocalJob(parsed->spec, env);
+  const elrun::JobSpec& spec = parsed->spec;
+  elrun::SetUpLogging(env);
+
+  std::optional<elrun::RdzvSettings> rdzv;
+  if (NeedsRendezvous(spec)) {
+    auto settings = elrun::ParseRdzvSettings(spec, env);
+    if (!settings.ok()) {
+      elrun::PrintError(std::string(settings.status().message()));
+      return elrun::kExitUsage;
+    }
+    rdzv = *settings;
+  }
+  auto argv_template = elrun::ResolveEntrypoint(spec, env);
+  if (!argv_template.ok()) {
+    elrun::PrintError(std::string(argv_template.status().message()));
+    return elrun::kExitUsage;
+  }
+  if (elrun::DefaultsOmpThreads(spec, env)) {
+    spdlog::warn(
+        "setting OMP_NUM_THREADS=1 for each worker to avoid overloading the machine; set it "
+        "yourself to tune performance");
+  }
+  if (rdzv) return elrun::RunElasticJob(spec, env, *argv_template, *rdzv);
+  return elrun::RunLocalJob(spec, env, *argv_template);
 }

@@ -39,7 +39,8 @@ constexpr OptionDef kOptions[] = {
      "Port of node 0's store for static jobs; default: a free port on one node, 29500 on several."},
     {"standalone", "", true, "", "0",
      "Single-node job with a generated run id and a free port; ignores rdzv options."},
-    {"rdzv-backend", "", false, "NAME", "static", "Rendezvous backend: static, or c10d/grpc."},
+    {"rdzv-backend", "", false, "NAME", "static",
+     "static, or grpc (c10d is an alias); grpc is the default with --rdzv-endpoint or MIN:MAX."},
     {"rdzv-endpoint", "", false, "HOST[:PORT]", "", "Rendezvous endpoint HOST[:PORT]."},
     {"rdzv-id", "", false, "ID", "none", "Job id shared by all nodes of the job."},
     {"rdzv-conf", "", false, "K=V,...", "", "Rendezvous settings key=value,... (join_timeout, token, ...)."},
@@ -116,8 +117,13 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest,
   if (!r["master-port"].empty()) {
     ELRUN_ASSIGN_OR_INVALID(spec->master_port, "master-port", ParseInt(r["master-port"], 1, 65535));
   }
+  spec->node_rank_given = r.explicitly_set.count("node-rank") > 0;
   spec->standalone = r.Flag("standalone");
   spec->rdzv_backend = absl::AsciiStrToLower(r["rdzv-backend"]);
+  if (!r.explicitly_set.count("rdzv-backend") &&
+      (!r["rdzv-endpoint"].empty() || spec->min_nodes != spec->max_nodes)) {
+    spec->rdzv_backend = "grpc";  // A rendezvous endpoint or an elastic size: multi-node default.
+  }
   spec->rdzv_endpoint = r["rdzv-endpoint"];
   spec->rdzv_id = r["rdzv-id"];
   ELRUN_ASSIGN_OR_INVALID(spec->rdzv_conf, "rdzv-conf", ParseRdzvConf(r["rdzv-conf"]));

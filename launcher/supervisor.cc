@@ -118,6 +118,11 @@ void Supervisor::BeginStop(StopReason reason, int signo) {
   deadline_ = clock_->SteadyNow() + options_.shutdown_timeout;
 }
 
+void Supervisor::Stop() {
+  if (state_ != State::kRunning) return;
+  BeginStop(StopReason::kRequested, SIGTERM);
+}
+
 void Supervisor::OnDeadline() {
   if (state_ != State::kStopping || !deadline_ || clock_->SteadyNow() < *deadline_) return;
   for (const auto& [pid, rank] : live_) table_->SignalGroup(pid, SIGKILL);
@@ -129,6 +134,11 @@ void Supervisor::FinishStop() {
   if (stop_reason_ == StopReason::kSignal) {
     state_ = State::kDone;
     exit_code_ = 128 + stop_signal_;
+    return;
+  }
+  if (stop_reason_ == StopReason::kRequested) {
+    state_ = State::kDone;
+    exit_code_ = kExitStopped;
     return;
   }
   if (restart_count_ < options_.max_restarts) {

@@ -29,6 +29,8 @@ struct SupervisorOptions {
 inline constexpr int kExitSuccess = 0;
 inline constexpr int kExitJobFailed = 1;
 inline constexpr int kExitUsage = 2;
+// Internal: the group was stopped on request (a new rendezvous round); never elrun's exit code.
+inline constexpr int kExitStopped = -1;
 
 class Supervisor {
  public:
@@ -51,6 +53,10 @@ class Supervisor {
   void OnSignal(int signo);
   // Call when SteadyNow() >= deadline(): workers still alive after SIGTERM get SIGKILL.
   void OnDeadline();
+  // Stops the workers (SIGTERM, SIGKILL at the deadline) for a reason outside this node, such
+  // as a new rendezvous round: no failure is counted and no restart follows; done() then has
+  // exit_code() == kExitStopped. No effect when already stopping or done.
+  void Stop();
 
   // When the event loop must call OnDeadline; nullopt when no stop is in progress.
   std::optional<std::chrono::steady_clock::time_point> deadline() const { return deadline_; }
@@ -66,7 +72,7 @@ class Supervisor {
 
  private:
   enum class State { kRunning, kStopping, kDone };
-  enum class StopReason { kFailure, kSignal };
+  enum class StopReason { kFailure, kSignal, kRequested };
 
   void StartAttempt();
   void BeginStop(StopReason reason, int signo);

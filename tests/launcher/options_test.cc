@@ -152,7 +152,19 @@ TEST_CASE("conflicting entrypoint flags") {
 }
 
 TEST_CASE("static backend needs a fixed node count") {
-  CHECK(ErrorOf({"--nnodes=1:2", "t.py"}).rfind("--nnodes=1:2:", 0) == 0);
+  CHECK(ErrorOf({"--nnodes=1:2", "--rdzv-backend=static", "t.py"}).rfind("--nnodes=1:2:", 0) == 0);
+}
+
+TEST_CASE("grpc is the default backend with an endpoint or an elastic size") {
+  CHECK(MustParse({"--nnodes=1:2", "t.py"}).rdzv_backend == "grpc");
+  CHECK(MustParse({"--rdzv-endpoint=h:1", "--nnodes=2", "t.py"}).rdzv_backend == "grpc");
+  CHECK(MustParse({"--nnodes=2", "t.py"}).rdzv_backend == "static");
+  CHECK(MustParse({"--rdzv-backend=c10d", "--nnodes=1:2", "t.py"}).rdzv_backend == "c10d");
+}
+
+TEST_CASE("node rank given or not") {
+  CHECK_FALSE(MustParse({"t.py"}).node_rank_given);
+  CHECK(MustParse({"--node-rank=0", "t.py"}).node_rank_given);
 }
 
 TEST_CASE("standalone generates an id unless one is given") {

@@ -236,3 +236,45 @@ TEST_CASE("failure times come from the clock") {
 
 }  // namespace
 }  // namespace elrun
+
+namespace elrun {
+namespace {
+
+TEST_CASE("Stop ends the group without a failure or a restart") {
+  Harness h(2, 3);
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(2);
+  h.supervisor.Stop();
+  CHECK(h.table.WasSignaled(pids[0], SIGTERM));
+  CHECK(h.table.WasSignaled(pids[1], SIGTERM));
+  REQUIRE(h.supervisor.deadline().has_value());
+  h.End(pids[0], ExitStatus::Signaled(SIGTERM));
+  h.End(pids[1], ExitStatus::Exited(0));
+  CHECK(h.supervisor.done());
+  CHECK(h.supervisor.exit_code() == kExitStopped);
+  CHECK(h.table.spawned().size() == 2);
+  CHECK(h.supervisor.restart_count() == 0);
+}
+
+TEST_CASE("Stop during a failure stop changes nothing") {
+  Harness h(2, 0);
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(2);
+  h.End(pids[0], ExitStatus::Exited(1));
+  h.supervisor.Stop();
+  h.End(pids[1], ExitStatus::Signaled(SIGTERM));
+  CHECK(h.supervisor.exit_code() == kExitJobFailed);
+}
+
+TEST_CASE("a signal during a requested stop still ends with 128 + signo") {
+  Harness h(1, 0);
+  h.supervisor.Start();
+  int pid = h.CurrentPids(1)[0];
+  h.supervisor.Stop();
+  h.supervisor.OnSignal(SIGINT);
+  h.End(pid, ExitStatus::Signaled(SIGINT));
+  CHECK(h.supervisor.exit_code() == 128 + SIGINT);
+}
+
+}  // namespace
+}  // namespace elrun

@@ -1,0 +1,451 @@
+#include "agent/coordinator.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "agent/group_ranks.h"
+
+namespace elrun::rdzv {
+namespace {
+
+constexpr size_t kMaxIdLength = 128;
+constexpr size_t kMaxAddrLength = 255;
+constexpr int kMaxNodes = 65536;
+constexpr int kMaxNproc = 4096;
+constexpr int64_t kMaxTimeoutMs = 7LL * 24 * 3600 * 1000;
+
+bool IsIdChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+         c == '_' || c == '.' || c == ':';
+}
+
+absl::Status CheckId(const std::string& what, const std::string& id) {
+  if (id.empty() || id.size() > kMaxIdLength || !std::all_of(id.begin(), id.end(), IsIdChar)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " must be 1-", kMaxIdLength, " characters of [A-Za-z0-9._:-]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRange(const std::string& what, int64_t value, int64_t min, int64_t max) {
+  if (value < min || value > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " = ", value, " is outside [", min, ", ", max, "]"));
+  }
+  return absl::OkStatus();
+}
+
+std::string SettingsDiff(const v1::JobSettings& a, const v1::JobSettings& b) {
+  auto diff = [](const char* name, int64_t x, int64_t y) {
+    return x == y ? std::string() : absl::StrCat(name, " ", y, " (the job has ", x, ")");
+  };
+  for (std::string d : {diff("min_nodes", a.min_nodes(), b.min_nodes()),
+                        diff("max_nodes", a.max_nodes(), b.max_nodes()),
+                        diff("max_restarts", a.max_restarts(), b.max_restarts())}) {
+    if (!d.empty()) return d;
+  }
+  return "";
+}
+
+std::chrono::milliseconds Ms(int64_t ms) { return std::chrono::milliseconds(ms); }
+
+}  // namespace
+
+absl::Status ValidateJoin(const v1::Join& join) {
+  if (join.protocol_version() != kProtocolVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "protocol version ", join.protocol_version(), " is not ", kProtocolVersion,
+        "; run the same elrun version on every node"));
+  }
+  for (absl::Status s : {CheckId("run_id", join.run_id()), CheckId("node_id", join.node_id()),
+                         CheckId("role", join.role()),
+                         CheckRange("nproc", join.nproc(), 1, kMaxNproc),
+                         CheckRange("rank_hint", join.rank_hint(), -1, kMaxNodes - 1),
+                         CheckRange("master_port", join.master_port(), 1, 65535)}) {
+    if (!s.ok()) return s;
+  }
+  if (join.master_addr().empty() || join.master_addr().size() > kMaxAddrLength) {
+    return absl::InvalidArgumentError("master_addr must be 1-255 characters");
+  }
+  const v1::JobSettings& s = join.settings();
+  for (absl::Status st : {CheckRange("min_nodes", s.min_nodes(), 1, kMaxNodes),
+                          CheckRange("max_nodes", s.max_nodes(), s.min_nodes(), kMaxNodes),
+                          CheckRange("max_restarts", s.max_restarts(), 0, 1 << 30),
+                          CheckRange("last_call_timeout_ms", s.last_call_timeout_ms(), 0, kMaxTimeoutMs),
+                          CheckRange("join_timeout_ms", s.join_timeout_ms(), 1, kMaxTimeoutMs),
+                          CheckRange("heartbeat_timeout_ms", s.heartbeat_timeout_ms(), 1, kMaxTimeoutMs)}) {
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::OnConnect(SessionId id, SessionSink* sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sessions_[id] = Session{sink, ""};
+}
+
+absl::Status Coordinator::OnMessage(SessionId id, const v1::AgentMessage& message, TimePoint now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto session = sessions_.find(id);
+  if (session == sessions_.end()) return absl::NotFoundError("unknown session");
+  if (message.has_join()) return HandleJoin(id, session->second, message.join(), now);
+
+  Job* job = FindJob(session->second.run_id);
+  if (job == nullptr || job->nodes.count(id) == 0) {
+    return absl::FailedPreconditionError("the first message of a session must be a Join");
+  }
+  Node& node = job->nodes.at(id);
+  node.last_seen = now;
+  if (message.has_heartbeat()) return absl::OkStatus();
+  if (message.has_workers_ended()) return HandleWorkersEnded(*job, node, message.workers_ended());
+  return absl::InvalidArgumentError("empty message");
+}
+
+absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::Join& join,
+                                     TimePoint now) {
+  absl::Status valid = ValidateJoin(join);
+  if (!valid.ok()) return valid;
+  if (!session.run_id.empty() && session.run_id != join.run_id()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "this session belongs to run ", session.run_id, ", not ", join.run_id()));
+  }
+  Job* job = FindJob(join.run_id());
+  if (job == nullptr) {
+    Job fresh;
+    fresh.run_id = join.run_id();
+    fresh.settings = join.settings();
+    fresh.gathering_since = now;
+    job = &jobs_.emplace(join.run_id(), std::move(fresh)).first->second;
+  } else if (std::string diff = SettingsDiff(job->settings, join.settings()); !diff.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("run ", join.run_id(), ": this node has ", diff,
+                                                      "; every node must use the same settings"));
+  }
+  if (job->phase == Phase::kDone) {
+    return absl::FailedPreconditionError(absl::StrCat("run ", join.run_id(), " has already ended"));
+  }
+  for (const auto& [other_id, other] : job->nodes) {
+    if (other_id != id && other.node_id == join.node_id()) {
+      return absl::AlreadyExistsError(absl::StrCat("node ", join.node_id(), " is already in run ",
+                                                   join.run_id()));
+    }
+  }
+
+  auto existing = job->nodes.find(id);
+  if (existing != job->nodes.end() && existing->second.state != NodeState::kStopping) {
+    return absl::FailedPreconditionError("already joined; Join again only after RoundEnded");
+  }
+  session.run_id = join.run_id();
+  Node& node = job->nodes[id];
+  if (existing == job->nodes.end()) {
+    node.session = id;
+    node.node_id = join.node_id();
+    node.join_order = job->next_join_order++;
+  }
+  node.nproc = join.nproc();
+  node.role = join.role();
+  node.rank_hint = join.rank_hint();
+  node.master_addr = join.master_addr();
+  node.master_port = join.master_port();
+  node.last_seen = now;
+  node.succeeded = false;
+
+  if (job->phase == Phase::kRunning) {
+    // A newcomer while the job runs: scale up if there is room, else wait for a place.
+    if (Count(*job, NodeState::kActive) < job->settings.max_nodes()) {
+      node.state = NodeState::kPending;
+      EndRound(*job, v1::RoundEnded::NODE_JOINED, absl::StrCat("node ", node.node_id, " joined"), now);
+    } else {
+      node.state = NodeState::kWaitListed;
+      v1::CoordinatorMessage waiting;
+      waiting.mutable_waiting()->set_wait_listed(true);
+      Send(id, waiting);
+    }
+    return absl::OkStatus();
+  }
+  node.state = NodeState::kPending;
+  MaybeCompleteRound(*job, now);
+  if (job->phase == Phase::kGathering && node.state == NodeState::kPending) {
+    v1::CoordinatorMessage waiting;
+    waiting.mutable_waiting()->set_nodes_joined(Count(*job, NodeState::kPending));
+    Send(id, waiting);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::HandleWorkersEnded(Job& job, Node& node, const v1::WorkersEnded& ended) {
+  if (job.phase != Phase::kRunning || node.state != NodeState::kActive || ended.round() != job.round) {
+    return absl::OkStatus();  // About a round that is already over: nothing to decide.
+  }
+  if (ended.failure().size() > 4096) return absl::InvalidArgumentError("failure text over 4096 bytes");
+  TimePoint now = node.last_seen;
+  if (ended.success()) {
+    node.succeeded = true;
+    for (const auto& [id, other] : job.nodes) {
+      if (other.state == NodeState::kActive && !other.succeeded) return absl::OkStatus();
+    }
+    EndJob(job, true, absl::StrCat("all workers of round ", job.round, " succeeded"));
+    return absl::OkStatus();
+  }
+  std::string detail = absl::StrCat("node ", node.node_id, " (group rank ", node.group_rank, "): ",
+                                    ended.failure());
+  if (job.restart_count < job.settings.max_restarts()) {
+    ++job.restart_count;
+    EndRound(job, v1::RoundEnded::WORKER_FAILED, detail, now);
+  } else {
+    EndJob(job, false, absl::StrCat(detail, "; no restarts left (max_restarts ",
+                                    job.settings.max_restarts(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::MaybeCompleteRound(Job& job, TimePoint now) {
+  if (job.phase != Phase::kGathering) return;
+  int pending = Count(job, NodeState::kPending);
+  int stopping = Count(job, NodeState::kStopping);
+  if (pending >= job.settings.max_nodes()) {
+    CompleteRound(job, now);
+    return;
+  }
+  if (pending < job.settings.min_nodes()) return;
+  // After a round ended, the survivors are known: start as soon as all of them are back (one
+  // that dies or hangs meanwhile is removed by its stream or its heartbeat), without last call.
+  if (job.round > 0) {
+    if (stopping == 0) CompleteRound(job, now);
+    return;
+  }
+  if (!job.last_call_deadline) {
+    job.last_call_deadline = now + Ms(job.settings.last_call_timeout_ms());
+    if (job.settings.last_call_timeout_ms() == 0) CompleteRound(job, now);
+  }
+}
+
+void Coordinator::CompleteRound(Job& job, TimePoint now) {
+  std::vector<Node*> joined;
+  for (auto& [id, node] : job.nodes) {
+    if (node.state == NodeState::kPending) joined.push_back(&node);
+  }
+  // Beyond max_nodes: the earliest joiners (survivors first) get the places.
+  std::stable_sort(joined.begin(), joined.end(), [](const Node* a, const Node* b) {
+    if ((a->group_rank >= 0) != (b->group_rank >= 0)) return a->group_rank >= 0;
+    return a->join_order < b->join_order;
+  });
+  if (static_cast<int>(joined.size()) > job.settings.max_nodes()) {
+    for (size_t i = job.settings.max_nodes(); i < joined.size(); ++i) {
+      joined[i]->state = NodeState::kWaitListed;
+      joined[i]->group_rank = -1;
+      v1::CoordinatorMessage waiting;
+      waiting.mutable_waiting()->set_wait_listed(true);
+      Send(joined[i]->session, waiting);
+    }
+    joined.resize(job.settings.max_nodes());
+  }
+  std::vector<RankCandidate> candidates;
+  for (const Node* node : joined) {
+    candidates.push_back({node->group_rank, node->rank_hint, node->join_order});
+  }
+  std::vector<int> ranks = AssignGroupRanks(candidates);
+  std::vector<Node*> by_rank(joined.size());
+  for (size_t i = 0; i < joined.size(); ++i) {
+    joined[i]->group_rank = ranks[i];
+    by_rank[ranks[i]] = joined[i];
+  }
+
+  ++job.round;
+  job.phase = Phase::kRunning;
+  job.last_call_deadline.reset();
+  int world_size = 0;
+  std::map<std::string, int> role_sizes;
+  for (const Node* node : by_rank) {
+    world_size += node->nproc;
+    role_sizes[node->role] += node->nproc;
+  }
+  int offset = 0;
+  std::map<std::string, int> role_offsets;
+  for (Node* node : by_rank) {
+    v1::CoordinatorMessage message;
+    v1::RoundStarted* started = message.mutable_round_started();
+    started->set_round(job.round);
+    started->set_group_rank(node->group_rank);
+    started->set_group_world_size(static_cast<int>(by_rank.size()));
+    started->set_rank_offset(offset);
+    started->set_world_size(world_size);
+    started->set_role_rank_offset(role_offsets[node->role]);
+    started->set_role_world_size(role_sizes[node->role]);
+    started->set_master_addr(by_rank[0]->master_addr);
+    started->set_master_port(by_rank[0]->master_port);
+    started->set_restart_count(job.restart_count);
+    offset += node->nproc;
+    role_offsets[node->role] += node->nproc;
+    node->state = NodeState::kActive;
+    node->succeeded = false;
+    node->last_seen = std::max(node->last_seen, now);
+    Send(node->session, message);
+  }
+}
+
+void Coordinator::EndRound(Job& job, v1::RoundEnded::Reason reason, const std::string& detail,
+                           TimePoint now) {
+  v1::CoordinatorMessage message;
+  v1::RoundEnded* ended = message.mutable_round_ended();
+  ended->set_round(job.round);
+  ended->set_reason(reason);
+  ended->set_detail(detail);
+  for (auto& [id, node] : job.nodes) {
+    if (node.state == NodeState::kActive) {
+      node.state = NodeState::kStopping;
+      Send(id, message);
+    } else if (node.state == NodeState::kWaitListed) {
+      node.state = NodeState::kPending;  // A place may be free in the next round.
+    }
+  }
+  job.phase = Phase::kGathering;
+  job.gathering_since = now;
+  job.last_call_deadline.reset();
+  MaybeCompleteRound(job, now);
+}
+
+void Coordinator::EndJob(Job& job, bool success, const std::string& detail) {
+  job.phase = Phase::kDone;
+  job.last_call_deadline.reset();
+  v1::CoordinatorMessage message;
+  message.mutable_job_ended()->set_success(success);
+  message.mutable_job_ended()->set_detail(detail);
+  for (auto& [id, node] : job.nodes) {
+    node.state = NodeState::kDone;
+    Send(id, message);
+  }
+}
+
+void Coordinator::OnDisconnect(SessionId id, TimePoint now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto session = sessions_.find(id);
+  if (session == sessions_.end()) return;
+  std::string run_id = session->second.run_id;
+  sessions_.erase(session);
+  if (!run_id.empty()) RemoveNode(run_id, id, "its stream closed", now);
+}
+
+void Coordinator::RemoveNode(const std::string& run_id, SessionId id, const std::string& why,
+                             TimePoint now) {
+  Job* job = FindJob(run_id);
+  if (job == nullptr) return;
+  auto it = job->nodes.find(id);
+  if (it == job->nodes.end()) return;
+  Node node = it->second;
+  job->nodes.erase(it);
+  if (job->nodes.empty()) {
+    jobs_.erase(run_id);  // Nobody left: a later Join with this run id starts a new job.
+    return;
+  }
+  if (job->phase == Phase::kRunning && node.state == NodeState::kActive) {
+    if (node.succeeded) {
+      // Its workers were done; the others may finish without it.
+      bool all = true;
+      for (const auto& [other_id, other] : job->nodes) {
+        if (other.state == NodeState::kActive && !other.succeeded) all = false;
+      }
+      if (all && Count(*job, NodeState::kActive) > 0) EndJob(*job, true, "all workers succeeded");
+      return;
+    }
+    EndRound(*job, v1::RoundEnded::NODE_LOST,
+             absl::StrCat("node ", node.node_id, " (group rank ", node.group_rank, ") lost: ", why), now);
+    return;
+  }
+  MaybeCompleteRound(*job, now);
+}
+
+void Coordinator::Tick(TimePoint now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> run_ids;
+  for (const auto& [run_id, job] : jobs_) run_ids.push_back(run_id);
+  for (const std::string& run_id : run_ids) {
+    Job* job = FindJob(run_id);
+    if (job == nullptr || job->phase == Phase::kDone) continue;
+    // Hung or cut-off agents: evicted, as if their stream had closed.
+    std::vector<SessionId> hung;
+    for (const auto& [id, node] : job->nodes) {
+      if (now - node.last_seen > Ms(job->settings.heartbeat_timeout_ms())) hung.push_back(id);
+    }
+    for (SessionId id : hung) {
+      auto session = sessions_.find(id);
+      if (session != sessions_.end()) {
+        session->second.sink->Close(absl::UnavailableError(absl::StrCat(
+            "no heartbeat for ", job->settings.heartbeat_timeout_ms(), " ms: removed from run ", run_id)));
+        session->second.run_id.clear();
+      }
+      RemoveNode(run_id, id, "no heartbeat", now);
+      job = FindJob(run_id);
+      if (job == nullptr) break;
+    }
+    if (job == nullptr || job->phase != Phase::kGathering) continue;
+    if (job->last_call_deadline && now >= *job->last_call_deadline &&
+        Count(*job, NodeState::kPending) >= job->settings.min_nodes()) {
+      CompleteRound(*job, now);
+    } else if (now - job->gathering_since >= Ms(job->settings.join_timeout_ms()) &&
+               Count(*job, NodeState::kPending) < job->settings.min_nodes()) {
+      EndJob(*job, false, absl::StrCat("only ", Count(*job, NodeState::kPending), " of min ",
+                                       job->settings.min_nodes(), " nodes joined within join_timeout ",
+                                       job->settings.join_timeout_ms(), " ms"));
+    }
+  }
+}
+
+std::optional<TimePoint> Coordinator::NextDeadline() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::optional<TimePoint> next;
+  auto consider = [&next](TimePoint t) {
+    if (!next || t < *next) next = t;
+  };
+  for (const auto& [run_id, job] : jobs_) {
+    if (job.phase == Phase::kDone) continue;
+    for (const auto& [id, node] : job.nodes) {
+      consider(node.last_seen + Ms(job.settings.heartbeat_timeout_ms()) + std::chrono::milliseconds(1));
+    }
+    if (job.phase == Phase::kGathering) {
+      if (job.last_call_deadline) consider(*job.last_call_deadline);
+      consider(job.gathering_since + Ms(job.settings.join_timeout_ms()));
+    }
+  }
+  return next;
+}
+
+std::optional<JobView> Coordinator::View(const std::string& run_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(run_id);
+  if (it == jobs_.end()) return std::nullopt;
+  const Job& job = it->second;
+  JobView view;
+  view.round = job.round;
+  view.running = job.phase == Phase::kRunning;
+  view.done = job.phase == Phase::kDone;
+  view.restart_count = job.restart_count;
+  view.active = Count(job, NodeState::kActive);
+  view.pending = Count(job, NodeState::kPending);
+  view.wait_listed = Count(job, NodeState::kWaitListed);
+  view.stopping = Count(job, NodeState::kStopping);
+  return view;
+}
+
+size_t Coordinator::job_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return jobs_.size();
+}
+
+void Coordinator::Send(SessionId id, const v1::CoordinatorMessage& message) {
+  auto session = sessions_.find(id);
+  if (session != sessions_.end() && session->second.sink != nullptr) session->second.sink->Send(message);
+}
+
+int Coordinator::Count(const Job& job, NodeState state) const {
+  int n = 0;
+  for (const auto& [id, node] : job.nodes) n += node.state == state ? 1 : 0;
+  return n;
+}
+
+Coordinator::Job* Coordinator::FindJob(const std::string& run_id) {
+  auto it = jobs_.find(run_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+}  // namespace elrun::rdzv

@@ -1,0 +1,132 @@
+// The rendezvous coordinator's logic, without any networking: rounds of nodes for many jobs
+// (isolated by run id), stable group ranks, the wait list, liveness, one restart budget per job
+// and the exit barrier. The gRPC adapter (coordinator_service.h) feeds it one message at a time
+// and delivers what it sends through each session's SessionSink; tests call it directly.
+// Thread-safe: every public method takes the coordinator's mutex.
+#ifndef ELRUN_AGENT_COORDINATOR_H_
+#define ELRUN_AGENT_COORDINATOR_H_
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "absl/status/status.h"
+#include "proto/rendezvous.pb.h"
+
+namespace elrun::rdzv {
+
+using TimePoint = std::chrono::steady_clock::time_point;
+using SessionId = uint64_t;
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// Where the coordinator's messages to one agent go. Implementations must not block and must
+// not call back into the Coordinator.
+class SessionSink {
+ public:
+  virtual ~SessionSink() = default;
+  virtual void Send(const v1::CoordinatorMessage& message) = 0;
+  // Ends the session with `status` (an evicted, hung agent); no Send follows.
+  virtual void Close(const absl::Status& status) = 0;
+};
+
+// Counts of one job's state, for tests and logs.
+struct JobView {
+  uint64_t round = 0;
+  bool running = false;
+  bool done = false;
+  int restart_count = 0;
+  int active = 0;
+  int pending = 0;
+  int wait_listed = 0;
+  int stopping = 0;
+};
+
+class Coordinator {
+ public:
+  Coordinator() = default;
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // A new agent stream. `sink` must stay valid until OnDisconnect(id) has returned.
+  void OnConnect(SessionId id, SessionSink* sink);
+
+  // One message from a session. A bad message (malformed, for another run id, out of order)
+  // returns an error status and changes nothing; the caller ends the stream with it.
+  absl::Status OnMessage(SessionId id, const v1::AgentMessage& message, TimePoint now);
+
+  // The stream ended (the agent died, left, or the stream broke).
+  void OnDisconnect(SessionId id, TimePoint now);
+
+  // Applies every timeout due at `now`: heartbeats, last call, join timeout.
+  void Tick(TimePoint now);
+
+  // The earliest time Tick has something to do; nullopt when nothing is pending.
+  std::optional<TimePoint> NextDeadline() const;
+
+  std::optional<JobView> View(const std::string& run_id) const;
+  size_t job_count() const;
+
+ private:
+  enum class NodeState { kPending, kWaitListed, kActive, kStopping, kDone };
+  enum class Phase { kGathering, kRunning, kDone };
+
+  struct Node {
+    SessionId session = 0;
+    std::string node_id;
+    int nproc = 1;
+    std::string role;
+    int rank_hint = -1;
+    std::string master_addr;
+    int master_port = 0;
+    NodeState state = NodeState::kPending;
+    int group_rank = -1;  // In the current or last round; -1 when never placed.
+    bool succeeded = false;
+    uint64_t join_order = 0;
+    TimePoint last_seen;
+  };
+
+  struct Job {
+    std::string run_id;
+    v1::JobSettings settings;
+    Phase phase = Phase::kGathering;
+    uint64_t round = 0;
+    int restart_count = 0;
+    TimePoint gathering_since;
+    std::optional<TimePoint> last_call_deadline;
+    uint64_t next_join_order = 0;
+    std::map<SessionId, Node> nodes;  // By session.
+  };
+
+  struct Session {
+    SessionSink* sink = nullptr;
+    std::string run_id;  // Empty until its first Join.
+  };
+
+  absl::Status HandleJoin(SessionId id, Session& session, const v1::Join& join, TimePoint now);
+  absl::Status HandleWorkersEnded(Job& job, Node& node, const v1::WorkersEnded& ended);
+  void MaybeCompleteRound(Job& job, TimePoint now);
+  void CompleteRound(Job& job, TimePoint now);
+  void EndRound(Job& job, v1::RoundEnded::Reason reason, const std::string& detail, TimePoint now);
+  void EndJob(Job& job, bool success, const std::string& detail);
+  // Removes a node that died or hung; reacts as the job's phase requires. May erase the job.
+  void RemoveNode(const std::string& run_id, SessionId id, const std::string& why, TimePoint now);
+  void Send(SessionId id, const v1::CoordinatorMessage& message);
+  int Count(const Job& job, NodeState state) const;
+  Job* FindJob(const std::string& run_id);
+
+  mutable std::mutex mu_;
+  std::map<SessionId, Session> sessions_;  // Guarded by mu_.
+  std::map<std::string, Job> jobs_;        // Guarded by mu_.
+};
+
+// Checks a Join's fields (sizes, ranges, protocol version) before it reaches any state.
+absl::Status ValidateJoin(const v1::Join& join);
+
+}  // namespace elrun::rdzv
+
+#endif  // ELRUN_AGENT_COORDINATOR_H_

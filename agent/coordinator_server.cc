@@ -1,0 +1,268 @@
+#include "agent/coordinator_server.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "proto/rendezvous.grpc.pb.h"
+
+namespace elrun::rdzv {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+// Wakes the timer thread whenever the coordinator's next deadline may have moved.
+class Ticker {
+ public:
+  explicit Ticker(Coordinator* coordinator) : coordinator_(coordinator), thread_([this] { Run(); }) {}
+  ~Ticker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void Wake() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++generation_;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      uint64_t seen = generation_;
+      std::optional<TimePoint> next = coordinator_->NextDeadline();
+      auto woken = [&] { return stop_ || generation_ != seen; };
+      if (next) {
+        cv_.wait_until(lock, *next, woken);
+      } else {
+        cv_.wait(lock, woken);
+      }
+      if (stop_) break;
+      lock.unlock();
+      coordinator_->Tick(std::chrono::steady_clock::now());
+      lock.lock();
+    }
+  }
+
+  Coordinator* const coordinator_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;  // Guarded by mu_.
+  bool stop_ = false;        // Guarded by mu_.
+  std::thread thread_;
+};
+
+// One agent's stream. Reads feed the coordinator; the coordinator's sends are queued and written
+// one at a time. Deletes itself when gRPC is done with it.
+class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>,
+                       public SessionSink {
+ public:
+  SessionReactor(Coordinator* coordinator, Ticker* ticker, SessionId id, grpc::Status refused)
+      : coordinator_(coordinator), ticker_(ticker), id_(id) {
+    if (!refused.ok()) {
+      Finish(refused);
+      return;
+    }
+    connected_ = true;
+    coordinator_->OnConnect(id_, this);
+    StartRead(&incoming_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // The agent closed its side or is gone.
+      Disconnect();
+      Close(absl::OkStatus());
+      return;
+    }
+    absl::Status status =
+        coordinator_->OnMessage(id_, incoming_, std::chrono::steady_clock::now());
+    ticker_->Wake();
+    if (!status.ok()) {
+      Disconnect();
+      Close(status);
+      return;
+    }
+    StartRead(&incoming_);
+  }
+
+  void Send(const v1::CoordinatorMessage& message) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finish_requested_) return;
+    outbox_.push_back(message);
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&outbox_.front());
+    }
+  }
+
+  void Close(const absl::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finish_requested_) return;
+    finish_requested_ = true;
+    final_status_ = ToGrpc(status);
+    if (!writing_) Finish(final_status_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    outbox_.pop_front();
+    if (ok && !outbox_.empty()) {
+      StartWrite(&outbox_.front());
+      return;
+    }
+    writing_ = false;
+    if (!ok) outbox_.clear();
+    if (finish_requested_) Finish(final_status_);
+  }
+
+  void OnCancel() override {}  // The failed read that follows does the work.
+
+  void OnDone() override {
+    Disconnect();
+    delete this;
+  }
+
+ private:
+  void Disconnect() {
+    if (connected_.exchange(false)) {
+      coordinator_->OnDisconnect(id_, std::chrono::steady_clock::now());
+      ticker_->Wake();
+    }
+  }
+
+  Coordinator* const coordinator_;
+  Ticker* const ticker_;
+  const SessionId id_;
+  std::atomic<bool> connected_{false};
+  v1::AgentMessage incoming_;  // Only touched by the read chain.
+  std::mutex mu_;
+  std::deque<v1::CoordinatorMessage> outbox_;  // Guarded by mu_; front() is being written.
+  bool writing_ = false;                        // Guarded by mu_.
+  bool finish_requested_ = false;               // Guarded by mu_.
+  grpc::Status final_status_;                   // Guarded by mu_.
+};
+
+class Service final : public v1::Rendezvous::CallbackService {
+ public:
+  Service(Coordinator* coordinator, Ticker* ticker, std::string token)
+      : coordinator_(coordinator), ticker_(ticker), token_(std::move(token)) {}
+
+  grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>* Session(
+      grpc::CallbackServerContext* context) override {
+    grpc::Status refused = grpc::Status::OK;
+    if (!token_.empty()) {
+      auto found = context->client_metadata().find(kTokenMetadata);
+      std::string given = found == context->client_metadata().end()
+                              ? std::string()
+                              : std::string(found->second.data(), found->second.size());
+      if (!ConstantTimeEquals(given, token_)) {
+        refused = grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                               given.empty() ? "this coordinator requires a token (--rdzv-conf "
+                                               "token=... or ELRUN_RDZV_TOKEN)"
+                                             : "wrong rendezvous token");
+      }
+    }
+    return new SessionReactor(coordinator_, ticker_, next_id_++, refused);
+  }
+
+ private:
+  Coordinator* const coordinator_;
+  Ticker* const ticker_;
+  const std::string token_;
+  std::atomic<SessionId> next_id_{1};
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+class CoordinatorServer::Impl {
+ public:
+  Coordinator coordinator;
+  std::unique_ptr<Ticker> ticker;
+  std::unique_ptr<Service> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  std::once_flag shutdown_once;
+};
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const ServerOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (options.tls.enabled()) {
+    auto cert = ReadFileToString(options.tls.cert);
+    auto key = ReadFileToString(options.tls.key);
+    if (!cert.ok()) return cert.status();
+    if (!key.ok()) return key.status();
+    grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    if (!options.tls.ca.empty()) {
+      auto ca = ReadFileToString(options.tls.ca);
+      if (!ca.ok()) return ca.status();
+      ssl.pem_root_certs = *ca;
+      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
+  impl->ticker = std::make_unique<Ticker>(&impl->coordinator);
+  impl->service = std::make_unique<Service>(&impl->coordinator, impl->ticker.get(), options.token);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, credentials, &impl->port);
+  builder.RegisterService(impl->service.get());
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  // One listener per port: a second coordinator on the same port must fail, not share it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  impl->server = builder.BuildAndStart();
+  if (impl->server == nullptr || impl->port == 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("cannot listen on ", options.listen, " (address in use or not local)"));
+  }
+  return std::unique_ptr<CoordinatorServer>(new CoordinatorServer(std::move(impl)));
+}
+
+CoordinatorServer::CoordinatorServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(); }
+
+int CoordinatorServer::port() const { return impl_->port; }
+
+Coordinator& CoordinatorServer::coordinator() { return impl_->coordinator; }
+
+void CoordinatorServer::Shutdown() {
+  std::call_once(impl_->shutdown_once, [this] {
+    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    impl_->server->Wait();
+    impl_->ticker.reset();
+  });
+}
+
+}  // namespace elrun::rdzv

@@ -1,0 +1,57 @@
+// Serves a Coordinator over gRPC: one callback reactor per agent stream (no thread per agent),
+// token check on every call, optional TLS, a size limit on every message, and a timer thread
+// that applies the coordinator's timeouts exactly when they fall due.
+// Thread-safe; Shutdown (or the destructor) stops everything.
+#ifndef ELRUN_AGENT_COORDINATOR_SERVER_H_
+#define ELRUN_AGENT_COORDINATOR_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "agent/coordinator.h"
+
+namespace elrun::rdzv {
+
+struct TlsFiles {
+  std::string cert;  // PEM paths. Server: its certificate and key; client: its own (optional).
+  std::string key;
+  std::string ca;    // Server: clients must present a certificate signed by it (mutual TLS).
+                     // Client: the CA that signed the server's certificate.
+  bool enabled() const { return !cert.empty() || !ca.empty(); }
+};
+
+struct ServerOptions {
+  std::string listen = "0.0.0.0:0";  // host:port; port 0 picks a free port.
+  std::string token;                 // Required in "x-elrun-token" when non-empty.
+  TlsFiles tls;
+  int max_message_bytes = 64 * 1024;
+};
+
+// The metadata key that carries the job token.
+inline constexpr char kTokenMetadata[] = "x-elrun-token";
+
+class CoordinatorServer {
+ public:
+  // Binds and starts serving. Errors: the address cannot be bound (in use: kAlreadyExists),
+  // unreadable TLS files.
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const ServerOptions& options);
+  ~CoordinatorServer();
+
+  int port() const;
+  Coordinator& coordinator();
+  void Shutdown();
+
+  class Impl;
+
+ private:
+  explicit CoordinatorServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Reads a whole file (for TLS material); NotFound with the path when it cannot.
+absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+
+}  // namespace elrun::rdzv
+
+#endif  // ELRUN_AGENT_COORDINATOR_SERVER_H_

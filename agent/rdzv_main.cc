@@ -1,0 +1,73 @@
+// elrun-rdzv: the rendezvous coordinator as its own daemon, serving many jobs (isolated by run
+// id) for elrun agents started with --rdzv-endpoint pointing here. Prints
+// "elrun-rdzv listening on HOST:PORT" once ready; stops on SIGINT or SIGTERM.
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "agent/coordinator_server.h"
+
+int main(int argc, char** argv) {
+  elrun::rdzv::ServerOptions options;
+  std::string port_file;
+  CLI::App app("elrun-rdzv: the elrun rendezvous coordinator, serving many jobs by run id.",
+               "elrun-rdzv");
+  app.add_option("--listen", options.listen, "host:port to serve on; port 0 picks a free one")
+      ->capture_default_str();
+  app.add_option("--tls-cert", options.tls.cert, "PEM certificate (enables TLS)");
+  app.add_option("--tls-key", options.tls.key, "PEM private key of --tls-cert");
+  app.add_option("--tls-ca", options.tls.ca, "PEM CA: agents must present a certificate it signed");
+  app.add_option("--port-file", port_file, "write the bound port to this file once listening");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help()
+              << "The job token comes from ELRUN_RDZV_TOKEN (never from the command line).\n";
+    return 0;
+  } catch (const CLI::ParseError& error) {
+    std::cerr << "elrun-rdzv: " << error.what() << "; see elrun-rdzv --help\n";
+    return 2;
+  }
+  if (options.tls.cert.empty() != options.tls.key.empty()) {
+    std::cerr << "elrun-rdzv: --tls-cert and --tls-key go together\n";
+    return 2;
+  }
+  if (const char* token = std::getenv("ELRUN_RDZV_TOKEN")) options.token = token;
+
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  ::signal(SIGINT, SIG_DFL);
+  ::signal(SIGTERM, SIG_DFL);
+  ::sigprocmask(SIG_BLOCK, &stop, nullptr);  // Before gRPC starts its threads.
+
+  auto server = elrun::rdzv::CoordinatorServer::Start(options);
+  if (!server.ok()) {
+    std::cerr << "elrun-rdzv: " << server.status().message() << "\n";
+    return 1;
+  }
+  std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  std::cout << "elrun-rdzv listening on " << host << ":" << (*server)->port()
+            << (options.token.empty() ? " (no token: any agent that can reach it may join)" : "")
+            << std::endl;
+  if (!port_file.empty()) {
+    std::string tmp = port_file + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr || std::fprintf(f, "%d\n", (*server)->port()) < 0 || std::fclose(f) != 0 ||
+        std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+      std::cerr << "elrun-rdzv: cannot write --port-file " << port_file << "\n";
+      return 1;
+    }
+  }
+  int signo = 0;
+  ::sigwait(&stop, &signo);
+  (*server)->Shutdown();
+  return 0;
+}

@@ -1,0 +1,68 @@
+// The launcher's side of a rendezvous session: one bidirectional stream to the coordinator.
+// A reader thread queues what the coordinator pushes and makes event_fd() readable, so the
+// launcher's epoll loop learns of a new round the moment it is decided; writes come from the
+// loop's thread. Thread-safe as documented per method.
+#ifndef ELRUN_AGENT_RENDEZVOUS_CLIENT_H_
+#define ELRUN_AGENT_RENDEZVOUS_CLIENT_H_
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "agent/coordinator_server.h"
+#include "proto/rendezvous.pb.h"
+
+namespace elrun::rdzv {
+
+struct ClientOptions {
+  std::string endpoint;  // host:port of the coordinator.
+  std::string token;
+  TlsFiles tls;
+  // How long to wait for the coordinator to become reachable (it may start after this node).
+  std::chrono::milliseconds connect_timeout{600000};
+};
+
+class RendezvousClient {
+ public:
+  // Opens the stream (waiting up to connect_timeout for the coordinator). Errors: unreadable TLS
+  // files, eventfd failure. An unreachable coordinator shows up as the stream's end.
+  static absl::StatusOr<std::unique_ptr<RendezvousClient>> Open(const ClientOptions& options);
+  // Cancels the stream and joins the reader thread.
+  ~RendezvousClient();
+
+  // Sends one message; false when the stream is broken. One writer thread at a time.
+  bool Write(const v1::AgentMessage& message);
+
+  // Readable (level-triggered) while messages are queued or after the stream ended.
+  int event_fd() const { return event_fd_; }
+
+  // Takes the queued messages (any thread). Clears event_fd's readiness.
+  std::deque<v1::CoordinatorMessage> Take();
+
+  // Set once the stream has ended: the coordinator's status (e.g. UNAUTHENTICATED, or
+  // UNAVAILABLE when it cannot be reached or died).
+  std::optional<absl::Status> ended() const;
+
+  class Stream;
+
+ private:
+  RendezvousClient(int event_fd, std::unique_ptr<Stream> stream);
+  void ReadLoop();
+
+  const int event_fd_;
+  std::unique_ptr<Stream> stream_;
+  mutable std::mutex mu_;
+  std::deque<v1::CoordinatorMessage> inbox_;  // Guarded by mu_.
+  std::optional<absl::Status> ended_;         // Guarded by mu_.
+  std::thread reader_;
+};
+
+}  // namespace elrun::rdzv
+
+#endif  // ELRUN_AGENT_RENDEZVOUS_CLIENT_H_

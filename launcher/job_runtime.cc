@@ -1,0 +1,158 @@
+#include "launcher/job_runtime.h"
+
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "launcher/host_info.h"
+#include "launcher/output_pump.h"
+
+namespace elrun {
+namespace {
+
+absl::StatusOr<std::string> MakeTempLogDir(const std::map<std::string, std::string>& env) {
+  auto tmp = env.find("TMPDIR");
+  std::string pattern = absl::StrCat(tmp == env.end() || tmp->second.empty() ? "/tmp" : tmp->second,
+                                     "/elrun-XXXXXX");
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("mkdtemp ", pattern, ": ", std::strerror(errno)));
+  }
+  return pattern;
+}
+
+// Takes over the handled signals: default disposition (an inherited SIG_IGN would make the
+// kernel drop them before signalfd sees them), blocked, reported through a signalfd.
+absl::StatusOr<int> TakeOverSignals(const std::vector<int>& signals) {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int signo : signals) {
+    ::signal(signo, SIG_DFL);
+    sigaddset(&set, signo);
+  }
+  if (::sigprocmask(SIG_BLOCK, &set, nullptr) != 0) {
+    return absl::InternalError(absl::StrCat("sigprocmask: ", std::strerror(errno)));
+  }
+  int fd = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (fd < 0) return absl::InternalError(absl::StrCat("signalfd: ", std::strerror(errno)));
+  return fd;
+}
+
+}  // namespace
+
+void PrintError(const std::string& message) {
+  std::string line = absl::StrCat("elrun: ", message, "\n");
+  WriteAll(STDERR_FILENO, line.data(), line.size());
+}
+
+void SetUpLogging(const std::map<std::string, std::string>& env) {
+  auto logger = spdlog::stderr_logger_st("elrun");
+  logger->set_pattern("[elrun] %l: %v");
+  // torchrun's logger honours LOGLEVEL and shows warnings by default; so do we.
+  auto level = env.find("LOGLEVEL");
+  logger->set_level(level == env.end()
+                        ? spdlog::level::warn
+                        : spdlog::level::from_str(absl::AsciiStrToLower(level->second)));
+  spdlog::set_default_logger(logger);
+}
+
+absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(
+    const JobSpec& spec, const std::map<std::string, std::string>& env, std::string run_id,
+    ExitHandler on_exit) {
+  std::unique_ptr<JobRuntime> runtime(new JobRuntime());
+  runtime->run_id_ = std::move(run_id);
+  runtime->temp_logs_ = spec.log_dir.empty();
+  runtime->log_dir_ = spec.log_dir;
+  if (runtime->temp_logs_) {
+    auto made = MakeTempLogDir(env);
+    if (!made.ok()) return made.status();
+    runtime->log_dir_ = *made;
+  }
+  runtime->layout_ = std::make_unique<LogLayout>(runtime->log_dir_, runtime->run_id_);
+
+  ::signal(SIGPIPE, SIG_IGN);
+  // An inherited SIG_IGN for SIGCHLD would make the kernel reap workers before we read their
+  // exit status.
+  ::signal(SIGCHLD, SIG_DFL);
+  auto guardian = Guardian::Start();
+  if (!guardian.ok()) return guardian.status();
+  runtime->guardian_ = *std::move(guardian);
+  auto signal_fd = TakeOverSignals(spec.signals_to_handle);
+  if (!signal_fd.ok()) return signal_fd.status();
+  runtime->signal_fd_ = *signal_fd;
+  auto loop = EventLoop::Create();
+  if (!loop.ok()) return loop.status();
+  runtime->loop_ = *std::move(loop);
+  runtime->table_ = std::make_unique<PosixProcessTable>(
+      runtime->loop_.get(), runtime->guardian_.get(), spec.signals_to_handle, std::move(on_exit));
+  return runtime;
+}
+
+JobRuntime::~JobRuntime() {
+  table_.reset();
+  if (signal_fd_ >= 0) {
+    loop_->Remove(signal_fd_);
+    ::close(signal_fd_);
+  }
+  loop_.reset();
+  guardian_.reset();
+  if (temp_logs_ && layout_) {
+    layout_->RemoveEmptyDirs();
+    ::rmdir(log_dir_.c_str());
+  }
+}
+
+absl::Status JobRuntime::HandleSignals(std::function<void(int signo)> on_signal) {
+  return loop_->Add(signal_fd_, [this, on_signal = std::move(on_signal)] {
+    signalfd_siginfo info;
+    while (::read(signal_fd_, &info, sizeof(info)) == sizeof(info)) {
+      spdlog::warn("received {}; forwarding it to the workers", SignalName(info.ssi_signo));
+      on_signal(static_cast<int>(info.ssi_signo));
+    }
+  });
+}
+
+absl::Status JobRuntime::RunUntil(const std::function<bool()>& done,
+                                  const std::function<std::optional<TimePoint>()>& deadline,
+                                  const std::function<void()>& on_deadline) {
+  while (!done()) {
+    absl::Status status = loop_->RunOnce(deadline());
+    if (!status.ok()) return status;
+    std::optional<TimePoint> due = deadline();
+    if (due && std::chrono::steady_clock::now() >= *due) on_deadline();
+  }
+  return absl::OkStatus();
+}
+
+std::string DescribeFirstFailure(const std::vector<WorkerFailure>& failures) {
+  for (const WorkerFailure& f : failures) {
+    if (f.stopped_by_elrun) continue;
+    if (!f.start_error.empty()) return absl::StrCat("local_rank ", f.local_rank, ": ", f.start_error);
+    return absl::StrCat("local_rank ", f.local_rank, " (rank ", f.rank, ", pid ", f.pid,
+                        ") ended with ", f.status.Describe());
+  }
+  return "no failure recorded";
+}
+
+void PrintFailureReport(const JobSpec& spec, const Supervisor& supervisor,
+                        const std::string& run_id, int group_rank) {
+  std::vector<WorkerFailure> failures = supervisor.failures();
+  for (WorkerFailure& failure : failures) {
+    for (const WorkerLaunch& launch : supervisor.launches()) {
+      if (launch.local_rank == failure.local_rank) AttachWorkerFiles(launch, &failure);
+    }
+  }
+  JobSummary summary{spec.training_script, HostName(), run_id, group_rank,
+                     supervisor.attempt() + 1, spec.max_restarts};
+  std::string report = FormatFailureReport(summary, failures);
+  WriteAll(STDERR_FILENO, report.data(), report.size());
+}
+
+}  // namespace elrun

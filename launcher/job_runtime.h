@@ -1,0 +1,79 @@
+// What every job mode of the launcher shares: logging, the log directory, the guardian, signal
+// handling through a signalfd, the epoll loop and the process table, plus the failure report.
+// Create it once per process (it owns signal dispositions). Thread-compatible: the loop's thread.
+#ifndef ELRUN_LAUNCHER_JOB_RUNTIME_H_
+#define ELRUN_LAUNCHER_JOB_RUNTIME_H_
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "launcher/event_loop.h"
+#include "launcher/guardian.h"
+#include "launcher/job_spec.h"
+#include "launcher/log_layout.h"
+#include "launcher/posix_process_table.h"
+#include "launcher/supervisor.h"
+
+namespace elrun {
+
+// Prints "elrun: <message>" as one line on stderr.
+void PrintError(const std::string& message);
+
+// spdlog's default logger: stderr, "[elrun] level: message", level from LOGLEVEL (warn).
+void SetUpLogging(const std::map<std::string, std::string>& env);
+
+class JobRuntime {
+ public:
+  using ExitHandler = std::function<void(int pid, ExitStatus status)>;
+  using TimePoint = std::chrono::steady_clock::time_point;
+
+  // Makes the log directory (a temp dir unless --log-dir), starts the guardian, takes over the
+  // handled signals and builds the loop and the process table, whose worker exits go to
+  // `on_exit`. On error nothing is left running.
+  static absl::StatusOr<std::unique_ptr<JobRuntime>> Create(
+      const JobSpec& spec, const std::map<std::string, std::string>& env, std::string run_id,
+      ExitHandler on_exit);
+  // Kills any worker still running and removes empty directories of a temp log dir.
+  ~JobRuntime();
+
+  EventLoop& loop() { return *loop_; }
+  PosixProcessTable& table() { return *table_; }
+  const LogLayout& layout() const { return *layout_; }
+  const std::string& run_id() const { return run_id_; }
+
+  // Calls `on_signal` for each handled signal that arrives.
+  absl::Status HandleSignals(std::function<void(int signo)> on_signal);
+
+  // Runs the loop until `done()`; when `deadline()` passes, calls `on_deadline`.
+  absl::Status RunUntil(const std::function<bool()>& done,
+                        const std::function<std::optional<TimePoint>()>& deadline,
+                        const std::function<void()>& on_deadline);
+
+ private:
+  JobRuntime() = default;
+
+  std::string run_id_;
+  std::string log_dir_;
+  bool temp_logs_ = false;
+  std::unique_ptr<LogLayout> layout_;
+  std::unique_ptr<Guardian> guardian_;
+  int signal_fd_ = -1;
+  std::unique_ptr<EventLoop> loop_;
+  std::unique_ptr<PosixProcessTable> table_;
+};
+
+// Prints the root-cause report of a supervisor whose attempt failed (to stderr).
+void PrintFailureReport(const JobSpec& spec, const Supervisor& supervisor,
+                        const std::string& run_id, int group_rank);
+
+// "local_rank 1 (rank 3, pid 77) ended with exit code 1": the first failure not caused by elrun.
+std::string DescribeFirstFailure(const std::vector<WorkerFailure>& failures);
+
+}  // namespace elrun
+
+#endif  // ELRUN_LAUNCHER_JOB_RUNTIME_H_

@@ -1,0 +1,139 @@
+#include "launcher/rdzv_settings.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "launcher/value_parsers.h"
+
+namespace elrun {
+namespace {
+
+constexpr const char* kKnownKeys =
+    "join_timeout, last_call_timeout, close_timeout, heartbeat_interval, heartbeat_timeout, "
+    "keep_alive_interval, keep_alive_max_attempt, is_host, token, tls_cert, tls_key, tls_ca, "
+    "timeout, read_timeout, store_type";
+
+absl::Status Bad(const std::string& key, const std::string& value, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("--rdzv-conf ", key, "=", value, ": ", why));
+}
+
+absl::StatusOr<bool> ParseBool(const std::string& value) {
+  std::string v = absl::AsciiStrToLower(value);
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  return absl::InvalidArgumentError("expected true or false");
+}
+
+}  // namespace
+
+std::string RdzvSettings::Endpoint() const {
+  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
+                                             : absl::StrCat(host, ":", port);
+}
+
+absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec,
+                                               const std::map<std::string, std::string>& env) {
+  RdzvSettings settings;
+  std::string endpoint = spec.rdzv_endpoint;
+  if (endpoint.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rdzv-backend=", spec.rdzv_backend, " with --nnodes=", spec.min_nodes, ":", spec.max_nodes,
+        " needs --rdzv-endpoint HOST[:PORT] (the same on every node)"));
+  }
+  std::string port_text;
+  if (endpoint.front() == '[') {
+    size_t close = endpoint.find(']');
+    if (close == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("--rdzv-endpoint=", endpoint, ": missing ']'"));
+    }
+    settings.host = endpoint.substr(1, close - 1);
+    if (close + 1 < endpoint.size()) {
+      if (endpoint[close + 1] != ':') {
+        return absl::InvalidArgumentError(absl::StrCat("--rdzv-endpoint=", endpoint, ": expected [HOST]:PORT"));
+      }
+      port_text = endpoint.substr(close + 2);
+    }
+  } else {
+    size_t colon = endpoint.rfind(':');
+    bool one_colon = colon != std::string::npos && endpoint.find(':') == colon;
+    settings.host = one_colon ? endpoint.substr(0, colon) : endpoint;
+    if (one_colon) port_text = endpoint.substr(colon + 1);
+  }
+  if (settings.host.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--rdzv-endpoint=", endpoint, ": no host"));
+  }
+  if (!port_text.empty()) {
+    auto port = ParseInt(port_text, 0, 65535);
+    if (!port.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rdzv-endpoint=", endpoint, ": port ", port.status().message()));
+    }
+    settings.port = *port;
+  }
+
+  std::optional<std::chrono::milliseconds> keep_alive_interval;
+  std::optional<int> keep_alive_attempts;
+  for (const auto& [key, value] : spec.rdzv_conf) {
+    auto seconds = [&](std::chrono::milliseconds* out) -> absl::Status {
+      auto parsed = ParseSeconds(value);
+      if (!parsed.ok()) return Bad(key, value, parsed.status().message());
+      if (parsed->count() <= 0 && key != "last_call_timeout") return Bad(key, value, "must be > 0");
+      *out = *parsed;
+      return absl::OkStatus();
+    };
+    absl::Status status = absl::OkStatus();
+    if (key == "join_timeout") {
+      status = seconds(&settings.join_timeout);
+    } else if (key == "last_call_timeout") {
+      status = seconds(&settings.last_call_timeout);
+    } else if (key == "close_timeout") {
+      status = seconds(&settings.close_timeout);
+    } else if (key == "heartbeat_interval") {
+      status = seconds(&settings.heartbeat_interval);
+    } else if (key == "heartbeat_timeout") {
+      status = seconds(&settings.heartbeat_timeout);
+    } else if (key == "keep_alive_interval") {
+      std::chrono::milliseconds interval;
+      status = seconds(&interval);
+      keep_alive_interval = interval;
+    } else if (key == "keep_alive_max_attempt") {
+      auto n = ParseInt(value, 1, 1000);
+      if (!n.ok()) status = Bad(key, value, n.status().message());
+      else keep_alive_attempts = *n;
+    } else if (key == "is_host") {
+      auto b = ParseBool(value);
+      if (!b.ok()) status = Bad(key, value, b.status().message());
+      else settings.is_host = *b;
+    } else if (key == "token") {
+      settings.token = value;
+    } else if (key == "tls_cert") {
+      settings.tls_cert = value;
+    } else if (key == "tls_key") {
+      settings.tls_key = value;
+    } else if (key == "tls_ca") {
+      settings.tls_ca = value;
+    } else if (key != "timeout" && key != "read_timeout" && key != "store_type") {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("--rdzv-conf: unknown key '", key, "' (known: ", kKnownKeys, ")"));
+    }
+    if (!status.ok()) return status;
+  }
+  if (keep_alive_interval) settings.heartbeat_interval = *keep_alive_interval;
+  if (keep_alive_interval || keep_alive_attempts) {
+    settings.heartbeat_timeout = settings.heartbeat_interval * keep_alive_attempts.value_or(5);
+  }
+  if (settings.heartbeat_timeout <= settings.heartbeat_interval) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rdzv-conf: heartbeat_timeout (", settings.heartbeat_timeout.count(),
+        " ms) must exceed heartbeat_interval (", settings.heartbeat_interval.count(), " ms)"));
+  }
+  if (settings.token.empty()) {
+    auto token = env.find("ELRUN_RDZV_TOKEN");
+    if (token != env.end()) settings.token = token->second;
+  }
+  if (settings.tls_cert.empty() != settings.tls_key.empty()) {
+    return absl::InvalidArgumentError("--rdzv-conf: tls_cert and tls_key go together");
+  }
+  return settings;
+}
+
+}  // namespace elrun

@@ -1,0 +1,445 @@
+#include "agent/coordinator.h"
+
+#include <doctest/doctest.h>
+
+#include <deque>
+#include <memory>
+
+namespace elrun::rdzv {
+namespace {
+
+using std::chrono::milliseconds;
+
+class RecordingSink : public SessionSink {
+ public:
+  void Send(const v1::CoordinatorMessage& message) override { messages.push_back(message); }
+  void Close(const absl::Status& status) override { closed = status; }
+
+  // Pops the oldest message; fails the test when there is none.
+  v1::CoordinatorMessage Pop() {
+    REQUIRE_FALSE(messages.empty());
+    v1::CoordinatorMessage m = messages.front();
+    messages.pop_front();
+    return m;
+  }
+  std::deque<v1::CoordinatorMessage> messages;
+  std::optional<absl::Status> closed;
+};
+
+v1::JobSettings Settings(int min, int max, int max_restarts = 0) {
+  v1::JobSettings s;
+  s.set_min_nodes(min);
+  s.set_max_nodes(max);
+  s.set_max_restarts(max_restarts);
+  s.set_last_call_timeout_ms(1000);
+  s.set_join_timeout_ms(60000);
+  s.set_heartbeat_timeout_ms(5000);
+  return s;
+}
+
+struct Agent {
+  SessionId id;
+  std::unique_ptr<RecordingSink> sink = std::make_unique<RecordingSink>();
+};
+
+struct Harness {
+  Coordinator coordinator;
+  TimePoint now{std::chrono::seconds(100)};
+  std::map<int, Agent> agents;
+  v1::JobSettings settings = Settings(2, 2);
+  std::string run_id = "job";
+
+  v1::Join MakeJoin(int n, int nproc = 1, int hint = -1, int port = 0) {
+    v1::Join join;
+    join.set_protocol_version(kProtocolVersion);
+    join.set_run_id(run_id);
+    join.set_node_id("node" + std::to_string(n));
+    join.set_nproc(nproc);
+    join.set_role("default");
+    join.set_rank_hint(hint);
+    join.set_master_addr("127.0.0." + std::to_string(n + 1));
+    join.set_master_port(port ? port : 20000 + n);
+    *join.mutable_settings() = settings;
+    return join;
+  }
+  RecordingSink& Connect(int n) {
+    Agent& agent = agents[n];
+    agent.id = 1000 + n;
+    coordinator.OnConnect(agent.id, agent.sink.get());
+    return *agent.sink;
+  }
+  absl::Status Send(int n, const v1::AgentMessage& message) {
+    return coordinator.OnMessage(agents.at(n).id, message, now);
+  }
+  absl::Status Join(int n, int nproc = 1, int hint = -1) {
+    if (!agents.count(n)) Connect(n);
+    v1::AgentMessage m;
+    *m.mutable_join() = MakeJoin(n, nproc, hint);
+    return Send(n, m);
+  }
+  absl::Status Ended(int n, uint64_t round, bool success) {
+    v1::AgentMessage m;
+    m.mutable_workers_ended()->set_round(round);
+    m.mutable_workers_ended()->set_success(success);
+    m.mutable_workers_ended()->set_failure(success ? "" : "local_rank 0 exit code 1");
+    return Send(n, m);
+  }
+  absl::Status Heartbeat(int n) {
+    v1::AgentMessage m;
+    m.mutable_heartbeat();
+    return Send(n, m);
+  }
+  RecordingSink& Sink(int n) { return *agents.at(n).sink; }
+  // The last message of a kind, after dropping the others.
+  v1::RoundStarted Started(int n) {
+    auto& messages = Sink(n).messages;
+    for (auto it = messages.rbegin(); it != messages.rend(); ++it) {
+      if (it->has_round_started()) return it->round_started();
+    }
+    FAIL("no RoundStarted for node ", n);
+    return {};
+  }
+  bool Has(int n, v1::CoordinatorMessage::BodyCase kind) {
+    for (const auto& m : Sink(n).messages) {
+      if (m.body_case() == kind) return true;
+    }
+    return false;
+  }
+  void Clear() {
+    for (auto& [n, agent] : agents) agent.sink->messages.clear();
+  }
+  void Advance(milliseconds by) {
+    now += by;
+    coordinator.Tick(now);
+  }
+};
+
+TEST_CASE("a round completes when max nodes have joined") {
+  Harness h;
+  REQUIRE(h.Join(0).ok());
+  CHECK(h.Has(0, v1::CoordinatorMessage::kWaiting));
+  CHECK_FALSE(h.Has(0, v1::CoordinatorMessage::kRoundStarted));
+  REQUIRE(h.Join(1).ok());
+  v1::RoundStarted a = h.Started(0), b = h.Started(1);
+  CHECK(a.round() == 1);
+  CHECK(a.group_world_size() == 2);
+  CHECK(a.world_size() == 2);
+  CHECK(a.group_rank() != b.group_rank());
+  CHECK(a.master_port() == b.master_port());
+  CHECK(a.restart_count() == 0);
+}
+
+TEST_CASE("first joiner is group rank 0 and hosts the store") {
+  Harness h;
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  CHECK(h.Started(0).group_rank() == 0);
+  CHECK(h.Started(1).master_addr() == "127.0.0.1");
+  CHECK(h.Started(1).master_port() == 20000);
+}
+
+TEST_CASE("--node-rank hints are honoured") {
+  Harness h;
+  REQUIRE(h.Join(0, 1, 1).ok());
+  REQUIRE(h.Join(1, 1, 0).ok());
+  CHECK(h.Started(0).group_rank() == 1);
+  CHECK(h.Started(1).group_rank() == 0);
+  CHECK(h.Started(0).master_addr() == "127.0.0.2");
+}
+
+TEST_CASE("different nproc: world size is the sum, offsets are prefix sums") {
+  Harness h;
+  h.settings = Settings(3, 3);
+  REQUIRE(h.Join(0, 2).ok());
+  REQUIRE(h.Join(1, 3).ok());
+  REQUIRE(h.Join(2, 1).ok());
+  CHECK(h.Started(0).world_size() == 6);
+  CHECK(h.Started(0).rank_offset() == 0);
+  CHECK(h.Started(1).rank_offset() == 2);
+  CHECK(h.Started(2).rank_offset() == 5);
+  CHECK(h.Started(2).role_world_size() == 6);
+  CHECK(h.Started(2).role_rank_offset() == 5);
+}
+
+TEST_CASE("between min and max the round waits for last call") {
+  Harness h;
+  h.settings = Settings(2, 4);
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  CHECK_FALSE(h.Has(0, v1::CoordinatorMessage::kRoundStarted));
+  REQUIRE(h.coordinator.NextDeadline().has_value());
+  h.Advance(milliseconds(999));
+  CHECK_FALSE(h.Has(0, v1::CoordinatorMessage::kRoundStarted));
+  h.Advance(milliseconds(1));
+  CHECK(h.Started(0).group_world_size() == 2);
+}
+
+TEST_CASE("join timeout ends the job when min is never reached") {
+  Harness h;
+  h.settings = Settings(2, 2);
+  h.settings.set_join_timeout_ms(3000);
+  REQUIRE(h.Join(0).ok());
+  h.Advance(milliseconds(2999));
+  CHECK_FALSE(h.Has(0, v1::CoordinatorMessage::kJobEnded));
+  h.Heartbeat(0);
+  h.Advance(milliseconds(1));
+  REQUIRE(h.Has(0, v1::CoordinatorMessage::kJobEnded));
+  CHECK_FALSE(h.Sink(0).messages.back().job_ended().success());
+  CHECK(h.Sink(0).messages.back().job_ended().detail().find("min 2") != std::string::npos);
+}
+
+TEST_CASE("a lost node ends the round for the survivors, who form the next one at once") {
+  Harness h;
+  h.settings = Settings(2, 3);
+  for (int n = 0; n < 3; ++n) REQUIRE(h.Join(n).ok());
+  REQUIRE(h.Started(2).group_rank() == 2);
+  h.Clear();
+  h.coordinator.OnDisconnect(h.agents[1].id, h.now);
+  for (int n : {0, 2}) {
+    v1::CoordinatorMessage m = h.Sink(n).Pop();
+    REQUIRE(m.has_round_ended());
+    CHECK(m.round_ended().reason() == v1::RoundEnded::NODE_LOST);
+    CHECK(m.round_ended().detail().find("node1") != std::string::npos);
+  }
+  REQUIRE(h.Join(0).ok());
+  CHECK_FALSE(h.Has(0, v1::CoordinatorMessage::kRoundStarted));  // Waits for node 2 only.
+  REQUIRE(h.Join(2).ok());
+  v1::RoundStarted a = h.Started(0), c = h.Started(2);
+  CHECK(a.round() == 2);
+  CHECK(a.group_world_size() == 2);
+  CHECK(a.group_rank() == 0);  // Rank 0 survives as rank 0.
+  CHECK(c.group_rank() == 1);  // Rank 2 no longer fits and takes the free place.
+  CHECK(a.restart_count() == 0);  // Membership changes spend no restart.
+}
+
+TEST_CASE("survivors keep their group ranks") {
+  Harness h;
+  h.settings = Settings(1, 4);
+  h.settings.set_last_call_timeout_ms(0);
+  REQUIRE(h.Join(0).ok());
+  for (int n = 1; n < 4; ++n) {
+    REQUIRE(h.Join(n).ok());  // Each arrival is a scale-up.
+    for (int m = 0; m < n; ++m) {
+      if (h.Has(m, v1::CoordinatorMessage::kRoundEnded)) REQUIRE(h.Join(m).ok());
+    }
+    h.Clear();
+  }
+  h.Clear();
+  h.coordinator.OnDisconnect(h.agents[0].id, h.now);  // Rank 0 dies.
+  for (int n = 1; n < 4; ++n) REQUIRE(h.Join(n).ok());
+  std::set<int> ranks;
+  for (int n = 1; n < 4; ++n) ranks.insert(h.Started(n).group_rank());
+  CHECK(ranks == std::set<int>{0, 1, 2});
+  CHECK(h.Started(1).group_rank() == 1);
+  CHECK(h.Started(2).group_rank() == 2);
+  CHECK(h.Started(3).group_rank() == 0);
+}
+
+TEST_CASE("a node arriving while the job runs scales it up") {
+  Harness h;
+  h.settings = Settings(2, 3);
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  h.Advance(milliseconds(1000));
+  REQUIRE(h.Started(0).group_world_size() == 2);
+  h.Clear();
+  REQUIRE(h.Join(2).ok());
+  CHECK(h.Sink(0).Pop().round_ended().reason() == v1::RoundEnded::NODE_JOINED);
+  CHECK(h.Sink(1).Pop().round_ended().reason() == v1::RoundEnded::NODE_JOINED);
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());  // All three are in: max reached.
+  CHECK(h.Started(2).group_world_size() == 3);
+  CHECK(h.Started(2).group_rank() == 2);
+  CHECK(h.Started(0).restart_count() == 0);
+}
+
+TEST_CASE("nodes beyond max wait, and get a place when one frees up") {
+  Harness h;
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  h.Clear();
+  REQUIRE(h.Join(2).ok());
+  REQUIRE(h.Has(2, v1::CoordinatorMessage::kWaiting));
+  CHECK(h.Sink(2).messages.back().waiting().wait_listed());
+  CHECK(h.Sink(0).messages.empty());  // The running round is not disturbed.
+  h.coordinator.OnDisconnect(h.agents[1].id, h.now);
+  REQUIRE(h.Join(0).ok());
+  CHECK(h.Started(2).group_world_size() == 2);
+  CHECK(h.Started(0).group_rank() == 0);
+  CHECK(h.Started(2).group_rank() == 1);
+}
+
+TEST_CASE("a worker failure restarts every node with the same restart count") {
+  Harness h;
+  h.settings = Settings(2, 2, 1);
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  h.Clear();
+  REQUIRE(h.Ended(1, 1, false).ok());
+  for (int n : {0, 1}) {
+    v1::CoordinatorMessage m = h.Sink(n).Pop();
+    CHECK(m.round_ended().reason() == v1::RoundEnded::WORKER_FAILED);
+  }
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  CHECK(h.Started(0).restart_count() == 1);
+  CHECK(h.Started(1).restart_count() == 1);
+  CHECK(h.coordinator.View("job")->restart_count == 1);
+  h.Clear();
+  REQUIRE(h.Ended(0, 2, false).ok());  // Budget spent: the job fails everywhere.
+  for (int n : {0, 1}) {
+    v1::CoordinatorMessage m = h.Sink(n).Pop();
+    REQUIRE(m.has_job_ended());
+    CHECK_FALSE(m.job_ended().success());
+    CHECK(m.job_ended().detail().find("no restarts left") != std::string::npos);
+  }
+}
+
+TEST_CASE("the budget is the job's, not a node's: rejoining does not refill it") {
+  Harness h;
+  h.settings = Settings(2, 2, 1);
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  REQUIRE(h.Ended(0, 1, false).ok());
+  h.coordinator.OnDisconnect(h.agents[1].id, h.now);  // Node 1 leaves and comes back.
+  h.agents.erase(1);
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  h.Clear();
+  REQUIRE(h.Ended(1, h.coordinator.View("job")->round, false).ok());
+  CHECK(h.Sink(0).Pop().has_job_ended());
+}
+
+TEST_CASE("exit barrier: the job succeeds when every node's workers succeeded") {
+  Harness h;
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  h.Clear();
+  REQUIRE(h.Ended(0, 1, true).ok());
+  CHECK(h.Sink(0).messages.empty());
+  REQUIRE(h.Ended(1, 1, true).ok());
+  for (int n : {0, 1}) {
+    v1::CoordinatorMessage m = h.Sink(n).Pop();
+    REQUIRE(m.has_job_ended());
+    CHECK(m.job_ended().success());
+  }
+  CHECK(h.coordinator.View("job")->done);
+}
+
+TEST_CASE("reports about an old round are ignored") {
+  Harness h;
+  h.settings = Settings(2, 2, 3);
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  REQUIRE(h.Ended(0, 1, false).ok());
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  REQUIRE(h.Ended(1, 1, false).ok());  // Round 1 is over: no second restart.
+  CHECK(h.coordinator.View("job")->restart_count == 1);
+  CHECK(h.coordinator.View("job")->running);
+}
+
+TEST_CASE("a hung agent is removed after the heartbeat timeout") {
+  Harness h;
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  h.Clear();
+  for (int i = 0; i < 6; ++i) {
+    h.Advance(milliseconds(1000));
+    REQUIRE(h.Heartbeat(0).ok());  // Node 1 is frozen.
+  }
+  REQUIRE(h.Sink(1).closed.has_value());
+  CHECK(h.Sink(1).closed->code() == absl::StatusCode::kUnavailable);
+  CHECK(h.Sink(0).Pop().round_ended().reason() == v1::RoundEnded::NODE_LOST);
+  CHECK(h.Heartbeat(1).code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("jobs are isolated by run id") {
+  Harness h;
+  REQUIRE(h.Join(0).ok());
+  h.run_id = "other";
+  REQUIRE(h.Join(1).ok());
+  CHECK(h.coordinator.job_count() == 2);
+  CHECK_FALSE(h.Has(0, v1::CoordinatorMessage::kRoundStarted));
+  // A session of one run cannot act in another.
+  v1::AgentMessage m;
+  *m.mutable_join() = h.MakeJoin(0);
+  CHECK(h.Send(0, m).code() == absl::StatusCode::kPermissionDenied);
+}
+
+TEST_CASE("nodes must agree on the job's settings") {
+  Harness h;
+  REQUIRE(h.Join(0).ok());
+  h.settings = Settings(2, 3);
+  absl::Status status = h.Join(1);
+  CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(status.message()).find("max_nodes 3 (the job has 2)") != std::string::npos);
+  CHECK(h.coordinator.View("job")->pending == 1);
+}
+
+TEST_CASE("a node id can be in a job only once") {
+  Harness h;
+  REQUIRE(h.Join(0).ok());
+  h.Connect(5);
+  v1::AgentMessage m;
+  *m.mutable_join() = h.MakeJoin(0);
+  CHECK(h.Send(5, m).code() == absl::StatusCode::kAlreadyExists);
+}
+
+TEST_CASE("a second Join before RoundEnded is refused") {
+  Harness h;
+  REQUIRE(h.Join(0).ok());
+  CHECK(h.Join(0).code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("messages before Join are refused") {
+  Harness h;
+  h.Connect(0);
+  CHECK(h.Heartbeat(0).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(h.Ended(0, 1, true).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(h.coordinator.OnMessage(424242, v1::AgentMessage(), h.now).code() == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("malformed joins are refused without a trace") {
+  Harness h;
+  h.Connect(0);
+  auto refuse = [&](auto mutate) {
+    v1::AgentMessage m;
+    *m.mutable_join() = h.MakeJoin(0);
+    mutate(*m.mutable_join());
+    CHECK_FALSE(h.Send(0, m).ok());
+  };
+  refuse([](v1::Join& j) { j.set_protocol_version(2); });
+  refuse([](v1::Join& j) { j.set_run_id(""); });
+  refuse([](v1::Join& j) { j.set_run_id(std::string(200, 'a')); });
+  refuse([](v1::Join& j) { j.set_run_id("a/b"); });
+  refuse([](v1::Join& j) { j.set_nproc(0); });
+  refuse([](v1::Join& j) { j.set_master_port(70000); });
+  refuse([](v1::Join& j) { j.set_master_addr(""); });
+  refuse([](v1::Join& j) { j.mutable_settings()->set_min_nodes(3); });
+  refuse([](v1::Join& j) { j.mutable_settings()->set_heartbeat_timeout_ms(0); });
+  CHECK(h.coordinator.job_count() == 0);
+}
+
+TEST_CASE("a job with nobody left is forgotten") {
+  Harness h;
+  REQUIRE(h.Join(0).ok());
+  h.coordinator.OnDisconnect(h.agents[0].id, h.now);
+  CHECK(h.coordinator.job_count() == 0);
+  CHECK_FALSE(h.coordinator.NextDeadline().has_value());
+}
+
+TEST_CASE("a node that succeeded and left does not restart the others") {
+  Harness h;
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  REQUIRE(h.Ended(0, 1, true).ok());
+  h.Clear();
+  h.coordinator.OnDisconnect(h.agents[0].id, h.now);
+  CHECK(h.Sink(1).messages.empty());
+  REQUIRE(h.Ended(1, 1, true).ok());
+  CHECK(h.Sink(1).Pop().job_ended().success());
+}
+
+}  // namespace
+}  // namespace elrun::rdzv
