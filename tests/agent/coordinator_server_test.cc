@@ -1,0 +1,142 @@
+// The coordinator over real gRPC on loopback: the client's stream, token checks, size limits.
+#include <doctest/doctest.h>
+#include <poll.h>
+
+#include "agent/coordinator_server.h"
+#include "agent/rendezvous_client.h"
+
+namespace elrun::rdzv {
+namespace {
+
+constexpr int kWaitMs = 10000;
+
+// Waits until the client has a message or has ended; returns what arrived.
+std::deque<v1::CoordinatorMessage> Next(RendezvousClient& client) {
+  pollfd fd{client.event_fd(), POLLIN, 0};
+  REQUIRE(::poll(&fd, 1, kWaitMs) == 1);
+  return client.Take();
+}
+
+absl::Status WaitEnded(RendezvousClient& client) {
+  for (int i = 0; i < 100 && !client.ended(); ++i) Next(client);
+  REQUIRE(client.ended().has_value());
+  return *client.ended();
+}
+
+v1::AgentMessage Join(const std::string& node, int nodes = 2) {
+  v1::AgentMessage m;
+  v1::Join* join = m.mutable_join();
+  join->set_protocol_version(kProtocolVersion);
+  join->set_run_id("job");
+  join->set_node_id(node);
+  join->set_nproc(1);
+  join->set_role("default");
+  join->set_rank_hint(-1);
+  join->set_master_addr("127.0.0.1");
+  join->set_master_port(12345);
+  join->mutable_settings()->set_min_nodes(nodes);
+  join->mutable_settings()->set_max_nodes(nodes);
+  join->mutable_settings()->set_last_call_timeout_ms(1000);
+  join->mutable_settings()->set_join_timeout_ms(60000);
+  join->mutable_settings()->set_heartbeat_timeout_ms(60000);
+  return m;
+}
+
+std::unique_ptr<CoordinatorServer> StartServer(const std::string& token = "") {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.token = token;
+  auto server = CoordinatorServer::Start(options);
+  REQUIRE_MESSAGE(server.ok(), server.status().ToString());
+  return *std::move(server);
+}
+
+std::unique_ptr<RendezvousClient> Connect(int port, const std::string& token = "") {
+  ClientOptions options;
+  options.endpoint = "127.0.0.1:" + std::to_string(port);
+  options.token = token;
+  auto client = RendezvousClient::Open(options);
+  REQUIRE(client.ok());
+  return *std::move(client);
+}
+
+TEST_CASE("two agents form a round over gRPC") {
+  auto server = StartServer();
+  CHECK(server->port() > 0);
+  auto a = Connect(server->port());
+  auto b = Connect(server->port());
+  REQUIRE(a->Write(Join("a")));
+  CHECK(Next(*a).front().has_waiting());
+  REQUIRE(b->Write(Join("b")));
+  auto from_b = Next(*b);
+  REQUIRE_FALSE(from_b.empty());
+  CHECK(from_b.back().round_started().group_world_size() == 2);
+}
+
+TEST_CASE("a closed stream is a lost node, pushed to the survivor at once") {
+  auto server = StartServer();
+  auto a = Connect(server->port());
+  auto b = Connect(server->port());
+  REQUIRE(a->Write(Join("a")));
+  Next(*a);
+  REQUIRE(b->Write(Join("b")));
+  Next(*b);
+  auto started = Next(*a);
+  REQUIRE(started.back().has_round_started());
+  b.reset();  // The agent dies.
+  auto ended = Next(*a);
+  REQUIRE_FALSE(ended.empty());
+  CHECK(ended.back().round_ended().reason() == v1::RoundEnded::NODE_LOST);
+}
+
+TEST_CASE("the token is required and checked") {
+  auto server = StartServer("s3cret");
+  auto none = Connect(server->port());
+  absl::Status status = WaitEnded(*none);
+  CHECK(status.code() == absl::StatusCode::kUnauthenticated);
+  CHECK(std::string(status.message()).find("requires a token") != std::string::npos);
+
+  auto wrong = Connect(server->port(), "guess");
+  CHECK(WaitEnded(*wrong).message() == "wrong rendezvous token");
+
+  auto right = Connect(server->port(), "s3cret");
+  REQUIRE(right->Write(Join("a")));
+  CHECK(Next(*right).front().has_waiting());
+}
+
+TEST_CASE("a bad message ends that stream with its reason, and only that stream") {
+  auto server = StartServer();
+  auto good = Connect(server->port());
+  auto bad = Connect(server->port());
+  REQUIRE(good->Write(Join("a")));
+  Next(*good);
+  v1::AgentMessage message = Join("b");
+  message.mutable_join()->set_nproc(0);
+  REQUIRE(bad->Write(message));
+  absl::Status status = WaitEnded(*bad);
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(status.message()).find("nproc") != std::string::npos);
+  CHECK(server->coordinator().View("job")->pending == 1);
+}
+
+TEST_CASE("messages over the size limit are refused") {
+  auto server = StartServer();
+  auto client = Connect(server->port());
+  v1::AgentMessage message = Join("a");
+  message.mutable_join()->set_node_id(std::string(100 * 1024, 'x'));
+  client->Write(message);  // The client's own limit may refuse it before sending.
+  absl::Status status = WaitEnded(*client);
+  CHECK(status.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(server->coordinator().job_count() == 0);
+}
+
+TEST_CASE("a second server on the same port fails to start") {
+  auto server = StartServer();
+  ServerOptions options;
+  options.listen = "127.0.0.1:" + std::to_string(server->port());
+  auto second = CoordinatorServer::Start(options);
+  CHECK(second.status().code() == absl::StatusCode::kAlreadyExists);
+}
+
+}  // namespace
+}  // namespace elrun::rdzv

@@ -1,0 +1,86 @@
+#include "launcher/rdzv_settings.h"
+
+#include <doctest/doctest.h>
+
+namespace elrun {
+namespace {
+
+JobSpec Spec(const std::string& endpoint, std::map<std::string, std::string> conf = {}) {
+  JobSpec spec;
+  spec.rdzv_backend = "grpc";
+  spec.min_nodes = 2;
+  spec.max_nodes = 4;
+  spec.rdzv_endpoint = endpoint;
+  spec.rdzv_conf = std::move(conf);
+  return spec;
+}
+
+std::string ErrorOf(const JobSpec& spec, const std::map<std::string, std::string>& env = {}) {
+  auto settings = ParseRdzvSettings(spec, env);
+  REQUIRE_FALSE(settings.ok());
+  return std::string(settings.status().message());
+}
+
+TEST_CASE("defaults") {
+  auto s = ParseRdzvSettings(Spec("node0"), {});
+  REQUIRE(s.ok());
+  CHECK(s->host == "node0");
+  CHECK(s->port == 29400);
+  CHECK(s->join_timeout == std::chrono::seconds(600));
+  CHECK(s->last_call_timeout == std::chrono::seconds(30));
+  CHECK(s->heartbeat_interval == std::chrono::seconds(1));
+  CHECK(s->heartbeat_timeout == std::chrono::seconds(5));
+  CHECK_FALSE(s->is_host.has_value());
+  CHECK(s->token.empty());
+  CHECK(s->Endpoint() == "node0:29400");
+}
+
+TEST_CASE("endpoints: host:port and [v6]:port") {
+  CHECK(ParseRdzvSettings(Spec("127.0.0.1:1234"), {})->port == 1234);
+  auto v6 = ParseRdzvSettings(Spec("[::1]:77"), {});
+  REQUIRE(v6.ok());
+  CHECK(v6->host == "::1");
+  CHECK(v6->port == 77);
+  CHECK(v6->Endpoint() == "[::1]:77");
+  CHECK(ErrorOf(Spec("h:x")).rfind("--rdzv-endpoint=h:x: port", 0) == 0);
+  CHECK(ErrorOf(Spec(":5")) == "--rdzv-endpoint=:5: no host");
+  CHECK(ErrorOf(Spec("")).find("needs --rdzv-endpoint") != std::string::npos);
+}
+
+TEST_CASE("timeouts and flags from --rdzv-conf") {
+  auto s = ParseRdzvSettings(Spec("h", {{"join_timeout", "20"}, {"last_call_timeout", "0"},
+                                        {"heartbeat_interval", "0.25"}, {"heartbeat_timeout", "2"},
+                                        {"is_host", "false"}, {"timeout", "900"}}),
+                             {});
+  REQUIRE(s.ok());
+  CHECK(s->join_timeout == std::chrono::seconds(20));
+  CHECK(s->last_call_timeout.count() == 0);
+  CHECK(s->heartbeat_interval == std::chrono::milliseconds(250));
+  CHECK(s->heartbeat_timeout == std::chrono::seconds(2));
+  CHECK(s->is_host == false);
+}
+
+TEST_CASE("torchrun's keep_alive settings map onto the heartbeat") {
+  auto s = ParseRdzvSettings(Spec("h", {{"keep_alive_interval", "2"}, {"keep_alive_max_attempt", "3"}}), {});
+  REQUIRE(s.ok());
+  CHECK(s->heartbeat_interval == std::chrono::seconds(2));
+  CHECK(s->heartbeat_timeout == std::chrono::seconds(6));
+}
+
+TEST_CASE("token from --rdzv-conf wins over ELRUN_RDZV_TOKEN") {
+  CHECK(ParseRdzvSettings(Spec("h"), {{"ELRUN_RDZV_TOKEN", "env"}})->token == "env");
+  CHECK(ParseRdzvSettings(Spec("h", {{"token", "conf"}}), {{"ELRUN_RDZV_TOKEN", "env"}})->token == "conf");
+}
+
+TEST_CASE("bad settings are named") {
+  CHECK(ErrorOf(Spec("h", {{"join_timeout", "soon"}})).rfind("--rdzv-conf join_timeout=soon:", 0) == 0);
+  CHECK(ErrorOf(Spec("h", {{"join_timeout", "0"}})) == "--rdzv-conf join_timeout=0: must be > 0");
+  CHECK(ErrorOf(Spec("h", {{"is_host", "maybe"}})).rfind("--rdzv-conf is_host=maybe:", 0) == 0);
+  CHECK(ErrorOf(Spec("h", {{"colour", "red"}})).rfind("--rdzv-conf: unknown key 'colour'", 0) == 0);
+  CHECK(ErrorOf(Spec("h", {{"heartbeat_timeout", "1"}})).find("must exceed heartbeat_interval") !=
+        std::string::npos);
+  CHECK(ErrorOf(Spec("h", {{"tls_cert", "c.pem"}})) == "--rdzv-conf: tls_cert and tls_key go together");
+}
+
+}  // namespace
+}  // namespace elrun
