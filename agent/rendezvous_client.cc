@@ -18,8 +18,14 @@ class RendezvousClient::Stream {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Rendezvous::Stub> stub;
   grpc::ClientContext context;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::CoordinatorMessage>> rw;
+  std::string endpoint;
+  std::chrono::milliseconds connect_timeout{0};
+  std::atomic<bool> cancelled{false};
   std::mutex write_mu;
+  // Guarded by write_mu: the stream once open, and what was written before.
+  std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::CoordinatorMessage>> rw;
+  std::vector<v1::AgentMessage> unsent;
+  bool broken = false;
 };
 
 absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Open(
@@ -52,10 +58,8 @@ absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Open(
   stream->channel = grpc::CreateCustomChannel(options.endpoint, credentials, args);
   stream->stub = v1::Rendezvous::NewStub(stream->channel);
   if (!options.token.empty()) stream->context.AddMetadata(kTokenMetadata, options.token);
-  // Wait for a coordinator that is not up yet, but not forever.
-  stream->context.set_wait_for_ready(true);
-  stream->context.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(24 * 365));
-  stream->rw = stream->stub->Session(&stream->context);
+  stream->endpoint = options.endpoint;
+  stream->connect_timeout = options.connect_timeout;
 
   std::unique_ptr<RendezvousClient> client(new RendezvousClient(fd, std::move(stream)));
   client->reader_ = std::thread([raw = client.get()] { raw->ReadLoop(); });
@@ -66,12 +70,38 @@ RendezvousClient::RendezvousClient(int event_fd, std::unique_ptr<Stream> stream)
     : event_fd_(event_fd), stream_(std::move(stream)) {}
 
 RendezvousClient::~RendezvousClient() {
+  stream_->cancelled = true;
   stream_->context.TryCancel();
   if (reader_.joinable()) reader_.join();
   ::close(event_fd_);
 }
 
 void RendezvousClient::ReadLoop() {
+  // Connect first, so that a coordinator that starts later is waited for, while a stream that
+  // breaks afterwards fails at once instead of waiting for a new coordinator.
+  auto deadline = std::chrono::system_clock::now() + stream_->connect_timeout;
+  grpc_connectivity_state state = stream_->channel->GetState(/*try_to_connect=*/true);
+  while (state != GRPC_CHANNEL_READY) {
+    if (stream_->cancelled) return End(absl::CancelledError("closed"));
+    if (std::chrono::system_clock::now() >= deadline) {
+      return End(absl::UnavailableError(absl::StrCat(
+          "could not connect within ", stream_->connect_timeout.count() / 1000.0,
+          " s (is the coordinator running there, and do the TLS settings match?)")));
+    }
+    // Bounded waits so that the destructor's cancel is noticed promptly.
+    auto step = std::min(deadline, std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+    if (stream_->channel->WaitForStateChange(state, step)) {
+      state = stream_->channel->GetState(/*try_to_connect=*/true);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(stream_->write_mu);
+    stream_->rw = stream_->stub->Session(&stream_->context);
+    for (const v1::AgentMessage& m : stream_->unsent) {
+      if (!stream_->rw->Write(m)) stream_->broken = true;
+    }
+    stream_->unsent.clear();
+  }
   v1::CoordinatorMessage message;
   while (stream_->rw->Read(&message)) {
     {
@@ -83,9 +113,17 @@ void RendezvousClient::ReadLoop() {
     (void)ignored;
   }
   grpc::Status status = stream_->rw->Finish();
+  End(absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()));
+}
+
+void RendezvousClient::End(const absl::Status& status) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ended_ = absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+    ended_ = status;
+  }
+  {
+    std::lock_guard<std::mutex> lock(stream_->write_mu);
+    stream_->broken = true;
   }
   uint64_t one = 1;
   ssize_t ignored = ::write(event_fd_, &one, sizeof(one));
@@ -94,6 +132,11 @@ void RendezvousClient::ReadLoop() {
 
 bool RendezvousClient::Write(const v1::AgentMessage& message) {
   std::lock_guard<std::mutex> lock(stream_->write_mu);
+  if (stream_->broken) return false;
+  if (!stream_->rw) {
+    stream_->unsent.push_back(message);
+    return true;
+  }
   return stream_->rw->Write(message);
 }
 

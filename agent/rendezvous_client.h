@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <deque>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -30,13 +31,15 @@ struct ClientOptions {
 
 class RendezvousClient {
  public:
-  // Opens the stream (waiting up to connect_timeout for the coordinator). Errors: unreadable TLS
-  // files, eventfd failure. An unreachable coordinator shows up as the stream's end.
+  // Starts connecting in the background (up to connect_timeout: the coordinator may start
+  // after this node) and then opens the stream. Errors: unreadable TLS files, eventfd failure.
+  // A coordinator that cannot be reached in time (down, or TLS settings that do not match)
+  // shows up as the stream's end with UNAVAILABLE.
   static absl::StatusOr<std::unique_ptr<RendezvousClient>> Open(const ClientOptions& options);
   // Cancels the stream and joins the reader thread.
   ~RendezvousClient();
 
-  // Sends one message; false when the stream is broken. One writer thread at a time.
+  // Sends one message (queued until the stream is open); false when the stream is broken.
   bool Write(const v1::AgentMessage& message);
 
   // Readable (level-triggered) while messages are queued or after the stream ended.
@@ -54,6 +57,7 @@ class RendezvousClient {
  private:
   RendezvousClient(int event_fd, std::unique_ptr<Stream> stream);
   void ReadLoop();
+  void End(const absl::Status& status);
 
   const int event_fd_;
   std::unique_ptr<Stream> stream_;

@@ -309,7 +309,7 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
   client_options.endpoint = rdzv.Endpoint();
   client_options.token = rdzv.token;
   client_options.tls = {rdzv.tls_cert, rdzv.tls_key, rdzv.tls_ca};
-  if (!rdzv.tls_ca.empty() && rdzv.tls_cert.empty()) client_options.tls.cert.clear();
+  client_options.connect_timeout = rdzv.join_timeout;
   auto client = rdzv::RendezvousClient::Open(client_options);
   if (!client.ok()) {
     PrintError(std::string(client.status().message()));

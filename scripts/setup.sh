@@ -15,6 +15,8 @@ PACKAGES=(
   dataset-fashion-mnist python3-matplotlib
   # Integration tests: procps (ps) and iproute2 (ss) for process and port checks.
   procps iproute2
+  # TLS tests make a throw-away CA and certificates.
+  openssl
 )
 
 missing=()
