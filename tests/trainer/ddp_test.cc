@@ -6,35 +6,11 @@
 
 #include <functional>
 #include <mutex>
-#include <thread>
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include "tests/trainer/rank_threads.h"
 
 namespace elrun::trainer {
 namespace {
-
-using PG = c10::intrusive_ptr<c10d::ProcessGroup>;
-
-void RunRanks(int world, const std::function<void(int rank, PG pg)>& body) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(world);
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        auto options = c10d::ProcessGroupGloo::Options::create();
-        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-        PG pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
-        body(rank, pg);
-      } catch (const std::exception& e) {
-        errors[rank] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int rank = 0; rank < world; ++rank) CHECK_MESSAGE(errors[rank].empty(), "rank ", rank, ": ", errors[rank]);
-}
 
 std::shared_ptr<torch::nn::SequentialImpl> Mlp(int seed) {
   // The default generator is global and the ranks are threads: seed and initialise atomically.

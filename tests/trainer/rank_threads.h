@@ -1,0 +1,48 @@
+// Runs the body of each rank on its own thread with a real Gloo process group over loopback TCP
+// (an in-memory store), for tests of collectives without spawning processes.
+#ifndef ELRUN_TESTS_TRAINER_RANK_THREADS_H_
+#define ELRUN_TESTS_TRAINER_RANK_THREADS_H_
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+namespace elrun::trainer {
+
+using PG = c10::intrusive_ptr<c10d::ProcessGroup>;
+
+// Exceptions of a rank fail the test with the rank's message. `timeout` bounds every collective.
+inline void RunRanks(int world, const std::function<void(int rank, PG pg)>& body,
+                     std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(world);
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto options = c10d::ProcessGroupGloo::Options::create();
+        options->timeout = timeout;
+        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+        PG pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
+        body(rank, pg);
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < world; ++rank) {
+    CHECK_MESSAGE(errors[rank].empty(), "rank ", rank, ": ", errors[rank]);
+  }
+}
+
+}  // namespace elrun::trainer
+
+#endif  // ELRUN_TESTS_TRAINER_RANK_THREADS_H_

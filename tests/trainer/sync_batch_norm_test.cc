@@ -1,0 +1,200 @@
+// SyncBatchNorm on 2 ranks with different batch sizes against BatchNorm in one process on the
+// union of the batches.
+#include "trainer/sync_batch_norm.h"
+
+#include <doctest/doctest.h>
+
+#include "tests/trainer/rank_threads.h"
+
+namespace elrun::trainer {
+namespace {
+
+constexpr int64_t kChannels = 3;
+
+torch::Tensor Input(int64_t n, int seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  return torch::randn({n, kChannels, 4, 5}, gen) * 3 + 1;
+}
+
+// A fixed, non-trivial loss weighting so that gradients are not uniform.
+torch::Tensor LossWeights(int64_t n, int seed) {
+  auto gen = at::detail::createCPUGenerator(seed + 1000);
+  return torch::randn({n, kChannels, 4, 5}, gen);
+}
+
+void CheckClose(const torch::Tensor& a, const torch::Tensor& b, const char* what) {
+  REQUIRE(a.sizes() == b.sizes());
+  double diff = a.numel() == 0 ? 0.0 : (a - b).abs().max().item<double>();
+  CHECK_MESSAGE(diff < 1e-5, what, ": max |difference| ", diff);
+}
+
+struct RankResult {
+  torch::Tensor out, grad_input, grad_weight, grad_bias, running_mean, running_var;
+};
+
+// Two iterations of forward/backward on each rank; batch sizes per rank as given.
+void RunSync(const std::vector<int64_t>& sizes, std::vector<RankResult>* results) {
+  results->assign(sizes.size(), {});
+  RunRanks(static_cast<int>(sizes.size()), [&](int rank, PG pg) {
+    torch::nn::BatchNorm2d bn(torch::nn::BatchNorm2dOptions(kChannels).momentum(0.3));
+    {
+      torch::NoGradGuard no_grad;
+      bn->weight.copy_(torch::tensor({1.5, 0.5, -1.0}));
+      bn->bias.copy_(torch::tensor({0.1, -0.2, 0.3}));
+    }
+    torch::nn::Sequential net(bn);
+    REQUIRE(ConvertSyncBatchNorm(*net, pg) == 1);
+    auto& sync = *net->named_children()["0"]->as<SyncBatchNormImpl>();
+    for (int iteration = 0; iteration < 2; ++iteration) {
+      auto x = Input(sizes[rank], 10 * iteration + rank).requires_grad_(true);
+      auto out = sync.forward(x);
+      (out * LossWeights(sizes[rank], 10 * iteration + rank)).sum().backward();
+      RankResult& r = (*results)[rank];
+      r.out = out.detach();
+      r.grad_input = x.grad();
+      r.grad_weight = sync.weight.grad().clone();
+      r.grad_bias = sync.bias.grad().clone();
+      sync.weight.mutable_grad().zero_();
+      sync.bias.mutable_grad().zero_();
+    }
+    (*results)[rank].running_mean = sync.running_mean.clone();
+    (*results)[rank].running_var = sync.running_var.clone();
+  });
+}
+
+// The same two iterations in one process on the union.
+RankResult RunUnion(const std::vector<int64_t>& sizes) {
+  torch::nn::BatchNorm2d bn(torch::nn::BatchNorm2dOptions(kChannels).momentum(0.3));
+  {
+    torch::NoGradGuard no_grad;
+    bn->weight.copy_(torch::tensor({1.5, 0.5, -1.0}));
+    bn->bias.copy_(torch::tensor({0.1, -0.2, 0.3}));
+  }
+  RankResult r;
+  for (int iteration = 0; iteration < 2; ++iteration) {
+    std::vector<torch::Tensor> xs, ws;
+    for (size_t rank = 0; rank < sizes.size(); ++rank) {
+      xs.push_back(Input(sizes[rank], 10 * iteration + rank));
+      ws.push_back(LossWeights(sizes[rank], 10 * iteration + rank));
+    }
+    auto x = torch::cat(xs).requires_grad_(true);
+    auto out = bn->forward(x);
+    (out * torch::cat(ws)).sum().backward();
+    r.out = out.detach();
+    r.grad_input = x.grad();
+    r.grad_weight = bn->weight.grad().clone();
+    r.grad_bias = bn->bias.grad().clone();
+    bn->weight.mutable_grad().zero_();
+    bn->bias.mutable_grad().zero_();
+  }
+  r.running_mean = bn->running_mean.clone();
+  r.running_var = bn->running_var.clone();
+  return r;
+}
+
+void CompareWithUnion(const std::vector<int64_t>& sizes) {
+  std::vector<RankResult> ranks;
+  RunSync(sizes, &ranks);
+  RankResult expected = RunUnion(sizes);
+  std::vector<torch::Tensor> outs, grads;
+  torch::Tensor grad_weight = torch::zeros({kChannels}), grad_bias = torch::zeros({kChannels});
+  for (const RankResult& r : ranks) {
+    outs.push_back(r.out);
+    grads.push_back(r.grad_input);
+    grad_weight += r.grad_weight;  // Each rank holds its share; DDP would reduce them.
+    grad_bias += r.grad_bias;
+    CheckClose(r.running_mean, expected.running_mean, "running_mean");
+    CheckClose(r.running_var, expected.running_var, "running_var");
+  }
+  CheckClose(torch::cat(outs), expected.out, "output");
+  CheckClose(torch::cat(grads), expected.grad_input, "input gradient");
+  CheckClose(grad_weight, expected.grad_weight, "weight gradient");
+  CheckClose(grad_bias, expected.grad_bias, "bias gradient");
+}
+
+TEST_CASE("2 ranks with different batch sizes equal BatchNorm on the union") {
+  CompareWithUnion({5, 3});
+}
+
+TEST_CASE("a rank with an empty batch") {
+  CompareWithUnion({6, 0});
+}
+
+TEST_CASE("three ranks") {
+  CompareWithUnion({2, 4, 1});
+}
+
+struct Inner : torch::nn::Module {
+  Inner() {
+    register_module("bn", torch::nn::BatchNorm1d(4));
+    register_module("fc", torch::nn::Linear(4, 4));
+  }
+};
+
+struct Outer : torch::nn::Module {
+  Outer() {
+    register_module("bn", torch::nn::BatchNorm3d(2));
+    inner = register_module("inner", std::make_shared<Inner>());
+    register_module("relu", torch::nn::ReLU());
+  }
+  std::shared_ptr<Inner> inner;
+};
+
+TEST_CASE("conversion keeps weights, running stats and mode; recursive") {
+  RunRanks(1, [](int, PG pg) {
+    Outer outer;
+    auto bn1 = outer.inner->named_children()["bn"]->as<torch::nn::BatchNorm1dImpl>();
+    {
+      torch::NoGradGuard no_grad;
+      bn1->weight.fill_(2.0);
+      bn1->running_mean.fill_(0.5);
+    }
+    outer.eval();
+    CHECK(ConvertSyncBatchNorm(outer, pg) == 2);
+    auto* converted = outer.inner->named_children()["bn"]->as<SyncBatchNormImpl>();
+    REQUIRE(converted != nullptr);
+    CHECK(converted->weight.eq(2.0).all().item<bool>());
+    CHECK(converted->running_mean.eq(0.5).all().item<bool>());
+    CHECK_FALSE(converted->is_training());
+    CHECK(outer.named_children()["bn"]->as<SyncBatchNormImpl>() != nullptr);
+    CHECK(ConvertSyncBatchNorm(outer, pg) == 0);
+  });
+}
+
+TEST_CASE("eval mode uses running stats and does not communicate") {
+  // Only rank 0 runs the eval forward: any collective would wait for rank 1 and time out.
+  RunRanks(
+      2,
+      [](int rank, PG pg) {
+        SyncBatchNorm sync(torch::nn::BatchNormOptions(kChannels), pg);
+        torch::nn::BatchNorm2d reference(kChannels);
+        {
+          torch::NoGradGuard no_grad;
+          sync->running_mean.copy_(torch::tensor({0.5, -1.0, 2.0}));
+          sync->running_var.copy_(torch::tensor({4.0, 0.25, 1.0}));
+          reference->running_mean.copy_(sync->running_mean);
+          reference->running_var.copy_(sync->running_var);
+        }
+        sync->eval();
+        reference->eval();
+        if (rank == 0) {
+          auto x = Input(3, 5);
+          CheckClose(sync->forward(x), reference->forward(x), "eval output");
+        }
+      },
+      std::chrono::seconds(2));
+}
+
+TEST_CASE("ApplyNorm dispatches on the layer's type") {
+  RunRanks(1, [](int, PG pg) {
+    torch::nn::BatchNorm2d bn(kChannels);
+    SyncBatchNorm sync(torch::nn::BatchNormOptions(kChannels), pg);
+    auto x = Input(4, 1);
+    CheckClose(ApplyNorm(*bn, x), ApplyNorm(*sync, x), "same statistics on one rank");
+    torch::nn::Linear linear(2, 2);
+    CHECK_THROWS_AS(ApplyNorm(*linear, x), c10::Error);
+  });
+}
+
+}  // namespace
+}  // namespace elrun::trainer
