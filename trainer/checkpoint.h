@@ -1,0 +1,39 @@
+// Checkpoints in torch::pickle_save format, which Python's torch.load opens: a dict with
+// "model" (name -> tensor, parameters and buffers), "optimizer" (SGD momentum buffers by
+// parameter name), and "step", "epoch", "samples_seen" (the global sample position) and
+// "world_size". Written atomically (temp file, fsync, rename). Thread-compatible.
+#ifndef ELRUN_TRAINER_CHECKPOINT_H_
+#define ELRUN_TRAINER_CHECKPOINT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+
+namespace elrun::trainer {
+
+struct TrainProgress {
+  int64_t step = 0;          // Optimizer steps taken.
+  int64_t epoch = 0;         // The epoch in progress.
+  int64_t samples_seen = 0;  // Samples of this epoch consumed by all ranks together.
+  int64_t world_size = 1;    // The world that wrote it (a restart may have another).
+};
+
+// The checkpoint file of a directory (one per job; replaced atomically on every save).
+std::string CheckpointPath(const std::string& dir);
+
+// Saves module parameters and buffers, the optimizer's momentum buffers and `progress`.
+absl::Status SaveCheckpoint(const std::string& path, torch::nn::Module& module,
+                            torch::optim::SGD& optimizer, const TrainProgress& progress);
+
+// Loads a checkpoint into module and optimizer. NotFound when there is none; InvalidArgument
+// when it does not match the module (names or shapes).
+absl::StatusOr<TrainProgress> LoadCheckpoint(const std::string& path, torch::nn::Module& module,
+                                             torch::optim::SGD& optimizer);
+
+}  // namespace elrun::trainer
+
+#endif  // ELRUN_TRAINER_CHECKPOINT_H_
