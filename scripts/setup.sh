@@ -10,7 +10,7 @@ PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libspdlog-dev libcli11-dev doctest-dev
   # LibTorch (CPU, c10d + Gloo) for the trainer; Python torch for interop tests and references.
-  libtorch-dev libgloo-dev python3-torch
+  libtorch-dev libgloo-dev zlib1g-dev python3-torch
   # Data and benchmark plots.
   dataset-fashion-mnist python3-matplotlib
   # Integration tests: procps (ps) and iproute2 (ss) for process and port checks.

@@ -16,6 +16,7 @@ _PKG_CONFIG_LIBS = {
     "grpc": ["grpc++", "protobuf"],
     "protobuf": ["protobuf"],
     "spdlog": ["spdlog"],
+    "zlib": ["zlib"],
 }
 
 def _pkg_config(ctx, what, modules):

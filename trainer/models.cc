@@ -1,0 +1,75 @@
+#include "trainer/models.h"
+
+#include <torch/torch.h>
+
+#include "absl/strings/str_format.h"
+#include "trainer/sync_batch_norm.h"
+
+namespace elrun::trainer {
+namespace {
+
+// The child registered as `name`: what ConvertSyncBatchNorm may have swapped in since
+// construction (members keep pointing at the original).
+torch::nn::Module& Child(torch::nn::Module& parent, const std::string& name) {
+  return *parent.named_children()[name];
+}
+
+}  // namespace
+
+FashionNetImpl::FashionNetImpl() {
+  namespace nn = torch::nn;
+  conv1_ = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)));
+  register_module("bn1", nn::BatchNorm2d(32));
+  conv2_ = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)));
+  register_module("bn2", nn::BatchNorm2d(64));
+  fc1_ = register_module("fc1", nn::Linear(64 * 7 * 7, 128));
+  fc2_ = register_module("fc2", nn::Linear(128, 10));
+}
+
+torch::Tensor FashionNetImpl::forward(const torch::Tensor& images) {
+  torch::Tensor x = conv1_->forward(images);                          // [B, 32, 28, 28]
+  x = torch::max_pool2d(torch::relu(ApplyNorm(Child(*this, "bn1"), x)), 2);  // [B, 32, 14, 14]
+  x = conv2_->forward(x);                                             // [B, 64, 14, 14]
+  x = torch::max_pool2d(torch::relu(ApplyNorm(Child(*this, "bn2"), x)), 2);  // [B, 64, 7, 7]
+  x = torch::relu(fc1_->forward(x.flatten(1)));                      // [B, 128]
+  return fc2_->forward(x);                                            // [B, 10]
+}
+
+MlpImpl::MlpImpl(const MlpOptions& options) {
+  torch::nn::Sequential layers;
+  int64_t width = options.inputs;
+  for (int64_t hidden : options.hidden) {
+    layers->push_back(torch::nn::Linear(width, hidden));
+    layers->push_back(torch::nn::ReLU());
+    width = hidden;
+  }
+  layers->push_back(torch::nn::Linear(width, options.classes));
+  layers_ = register_module("layers", layers);
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& images) {
+  return layers_->forward(images.flatten(1));
+}
+
+absl::StatusOr<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const MlpOptions& mlp) {
+  if (name == "fashionnet") return std::shared_ptr<Classifier>(FashionNet().ptr());
+  if (name == "mlp") {
+    if (mlp.inputs < 1) {
+      return absl::InvalidArgumentError(absl::StrFormat("mlp: %d inputs, need at least 1", mlp.inputs));
+    }
+    for (size_t i = 0; i < mlp.hidden.size(); ++i) {
+      if (mlp.hidden[i] < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("mlp: hidden layer %d has %d units, need at least 1", i, mlp.hidden[i]));
+      }
+    }
+    if (mlp.classes < 1) {
+      return absl::InvalidArgumentError(absl::StrFormat("mlp: %d classes, need at least 1", mlp.classes));
+    }
+    return std::shared_ptr<Classifier>(Mlp(mlp).ptr());
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("unknown model '%s': expected fashionnet or mlp", name));
+}
+
+}  // namespace elrun::trainer
