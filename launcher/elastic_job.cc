@@ -286,6 +286,18 @@ void RouteGrpcLogs() {
 int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>& env,
                   const std::vector<std::string>& argv_template, const RdzvSettings& rdzv) {
   RouteGrpcLogs();
+  // The runtime first: it blocks the handled signals, and gRPC's threads (server, client) must
+  // inherit that mask, or a SIGTERM delivered to one of them would kill elrun outright instead
+  // of being forwarded. It also forks the guardian while the process has a single thread.
+  ElasticAgent* agent_ptr = nullptr;
+  auto runtime = JobRuntime::Create(spec, env, spec.rdzv_id, [&agent_ptr](int pid, ExitStatus status) {
+    agent_ptr->OnWorkerExit(pid, status);
+  });
+  if (!runtime.ok()) {
+    PrintError(std::string(runtime.status().message()));
+    return kExitJobFailed;
+  }
+  JobRuntime& rt = **runtime;
   // The coordinator, embedded when the endpoint is this machine and its port is free.
   std::unique_ptr<rdzv::CoordinatorServer> server;
   bool want_host = rdzv.is_host.value_or(IsLocalHost(rdzv.host));
@@ -322,15 +334,6 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
         IsLocalHost(rdzv.host) ? "127.0.0.1" : HostName());
   }
 
-  ElasticAgent* agent_ptr = nullptr;
-  auto runtime = JobRuntime::Create(spec, env, spec.rdzv_id, [&agent_ptr](int pid, ExitStatus status) {
-    agent_ptr->OnWorkerExit(pid, status);
-  });
-  if (!runtime.ok()) {
-    PrintError(std::string(runtime.status().message()));
-    return kExitJobFailed;
-  }
-  JobRuntime& rt = **runtime;
   AttemptBuilder builder(spec, argv_template, spec.rdzv_id, rt.layout(), env, PickFreePort);
   ElasticAgent agent(spec, rdzv, rt, **client, builder, master_addr);
   agent_ptr = &agent;
