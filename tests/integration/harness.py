@@ -55,22 +55,29 @@ _become_subreaper()
 _reset_signal_dispositions()
 
 
-def elrun_command():
-    """The command that starts elrun, as a list (ELRUN_BIN may hold a command with arguments)."""
-    override = os.environ.get("ELRUN_BIN")
+def bazel_binary(package, name, override_env):
+    """The command that starts the Bazel-built binary //package:name, as a list: $override_env
+    (which may hold a command with arguments), else Bazel runfiles, else the repo's bazel-bin."""
+    override = os.environ.get(override_env)
     if override:
         return shlex.split(override)
     candidates = []
     for root in (os.environ.get("TEST_SRCDIR"), os.environ.get("RUNFILES_DIR")):
         if root:
-            candidates.append(os.path.join(root, "elrun", "launcher", "elrun"))
+            candidates.append(os.path.join(root, "elrun", package, name))
     repo = os.path.dirname(os.path.dirname(HERE))
-    candidates.append(os.path.join(repo, "bazel-bin", "launcher", "elrun"))
-    candidates.append("/work/main/bazel-bin/launcher/elrun")
+    candidates.append(os.path.join(repo, "bazel-bin", package, name))
+    candidates.append(os.path.join("/work/main/bazel-bin", package, name))
     for path in candidates:
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return [path]
-    raise RuntimeError("elrun binary not found; looked at %s (set ELRUN_BIN)" % candidates)
+    raise RuntimeError("%s binary not found; looked at %s (set %s)"
+                       % (name, candidates, override_env))
+
+
+def elrun_command():
+    """The command that starts elrun, as a list (ELRUN_BIN may hold a command with arguments)."""
+    return bazel_binary("launcher", "elrun", "ELRUN_BIN")
 
 
 # True when ELRUN_BIN points at Debian's torchrun (scripts/bench/torchrun_compat.py), which is only
@@ -264,10 +271,10 @@ class ReadyFifo:
                 watch = [self.fd] + ([proc_fd] if proc_fd is not None else [])
                 ready, _, _ = select.select(watch, [], [], remaining)
                 if self.fd in ready:
-                    self._drain()
+                    self.drain()
                     continue
                 if proc_fd is not None and proc_fd in ready:
-                    self._drain()
+                    self.drain()
                     if len(self.lines) >= count:
                         return self.lines[:count]
                     raise AssertionError(
@@ -279,7 +286,8 @@ class ReadyFifo:
             if proc_fd is not None:
                 os.close(proc_fd)
 
-    def _drain(self):
+    def drain(self):
+        """Reads what has arrived (never blocks) and appends its complete lines to self.lines."""
         for _ in range(10000):
             try:
                 chunk = os.read(self.fd, 65536)
@@ -315,7 +323,8 @@ class Result:
 _SCRUBBED_PREFIXES = ("PET_", "TORCHELASTIC_")
 _SCRUBBED = ("OMP_NUM_THREADS", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
              "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-             "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE")
+             "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE",
+             "ELRUN_RDZV_TOKEN")
 
 
 class ElrunTestCase(unittest.TestCase):
@@ -396,9 +405,10 @@ class ElrunTestCase(unittest.TestCase):
     # -- running --------------------------------------------------------------------------------
 
     def start(self, args, env=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-              preexec_fn=None):
-        """Starts elrun with args; the caller waits for it (self.finish)."""
-        proc = subprocess.Popen(elrun_command() + list(args), env=env or self.env(),
+              preexec_fn=None, command=None):
+        """Starts elrun (or `command`, a list, e.g. the rendezvous daemon) with args; the caller
+        waits for it (self.finish). Cleanup SIGKILLs it if it still runs."""
+        proc = subprocess.Popen((command or elrun_command()) + list(args), env=env or self.env(),
                                 stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                                 cwd=self.tmp, preexec_fn=preexec_fn)
         proc.args_for_report = list(args)
