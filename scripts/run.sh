@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# The README's main-job command: setup, build elrun, then launch a real 2-worker PyTorch DDP job
-# (Gloo, CPU) on this machine with `elrun --standalone`. Extra arguments go to elrun's job.
+# The README's main-job command: setup, build, then elrun --standalone with 2 workers training
+# FashionNet with DDP + SyncBatchNorm on Fashion-MNIST (elrun-train, LibTorch, Gloo on CPU),
+# printing the test accuracy at the end. EPOCHS (default 2) sets the length; extra arguments go
+# to elrun-train (see bazel-bin/trainer/elrun-train --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
-bazel build //launcher:elrun
-export PYTHON_EXEC=${PYTHON_EXEC:-/usr/bin/python3}  # Debian's python3-torch lives here.
+bazel build //launcher:elrun //trainer:elrun-train
+run_dir=${RUN_DIR:-$(mktemp -d /tmp/elrun-run.XXXXXX)}
+echo "checkpoints and metrics in $run_dir"
 exec bazel-bin/launcher/elrun --standalone --nproc-per-node 2 --max-restarts 1 \
-  scripts/jobs/ddp_regression.py "$@"
+  bazel-bin/trainer/elrun-train --model fashionnet --sync-bn --epochs "${EPOCHS:-2}" \
+  --batch-size 64 --threads 1 --checkpoint-dir "$run_dir/checkpoints" --checkpoint-every 200 \
+  --metrics-file "$run_dir/metrics.jsonl" "$@"

@@ -1,0 +1,288 @@
+// elrun-train: the worker binary of the README's main job. Trains FashionNet (or an MLP) on
+// Fashion-MNIST with DistributedDataParallel, optional SyncBatchNorm and gradient accumulation,
+// checkpoints periodically and on SIGTERM, resumes from the latest checkpoint (also under
+// another world size), and reports test accuracy. Runs under elrun or Python's torchrun alike:
+// everything distributed comes from the env contract.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "trainer/checkpoint.h"
+#include "trainer/ddp.h"
+#include "trainer/fashion_mnist.h"
+#include "trainer/models.h"
+#include "trainer/process_group.h"
+#include "trainer/sampler.h"
+#include "trainer/sync_batch_norm.h"
+
+extern char** environ;
+
+namespace elrun::trainer {
+namespace {
+
+std::atomic<bool> g_stop_requested{false};  // Set by the SIGTERM handler only.
+
+struct Options {
+  std::string model = "fashionnet";
+  std::string dataset = "fashion-mnist";
+  std::string data_dir = kFashionMnistDir;
+  int epochs = 1;
+  int64_t max_steps = 0;
+  int64_t batch_size = 64;
+  double lr = 0.05;
+  double momentum = 0.9;
+  int accum_steps = 1;
+  bool sync_bn = false;
+  uint64_t seed = 0;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int threads = 1;
+  double bucket_cap_mb = 25.0;
+  std::string metrics_file;
+  int64_t log_every = 50;
+};
+
+int Fail(const std::string& message, int code = 1) {
+  std::cerr << "elrun-train: " << message << std::endl;
+  return code;
+}
+
+// Appends one JSON line to the metrics file (rank 0 only).
+class Metrics {
+ public:
+  explicit Metrics(const std::string& path) {
+    if (!path.empty()) out_.open(path, std::ios::app);
+  }
+  void Write(const std::string& json) {
+    if (out_.is_open()) out_ << json << "\n" << std::flush;
+  }
+
+ private:
+  std::ofstream out_;
+};
+
+torch::Tensor Gather(const torch::Tensor& data, const std::vector<int64_t>& indices) {
+  return data.index_select(0, torch::tensor(indices, torch::kLong));
+}
+
+// Test accuracy over every rank's strided shard of the test set, reduced across ranks.
+double Evaluate(Classifier& model, const Dataset& test, c10d::ProcessGroup& pg, int rank, int world) {
+  torch::NoGradGuard no_grad;
+  model.eval();
+  int64_t correct = 0, total = 0;
+  std::vector<int64_t> shard;
+  for (int64_t i = rank; i < test.size(); i += world) shard.push_back(i);
+  for (size_t begin = 0; begin < shard.size(); begin += 1000) {
+    std::vector<int64_t> chunk(shard.begin() + begin, shard.begin() + std::min(shard.size(), begin + 1000));
+    auto logits = model.forward(Gather(test.images, chunk));
+    correct += logits.argmax(1).eq(Gather(test.labels, chunk)).sum().item<int64_t>();
+    total += static_cast<int64_t>(chunk.size());
+  }
+  std::vector<torch::Tensor> counts{torch::tensor({correct, total}, torch::kLong)};
+  pg.allreduce(counts)->wait();
+  model.train();
+  return counts[0][0].item<double>() / std::max<int64_t>(1, counts[0][1].item<int64_t>());
+}
+
+int Train(const Options& o) {
+  torch::set_num_threads(o.threads);
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string entry(*e);
+    auto eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  auto dist_env = ReadDistEnv(env);
+  if (!dist_env.ok()) return Fail(std::string(dist_env.status().message()), 2);
+  const int rank = dist_env->rank, world = dist_env->world_size;
+  auto dist = InitProcessGroup(*dist_env, std::chrono::seconds(120));
+  if (!dist.ok()) return Fail(std::string(dist.status().message()));
+
+  absl::StatusOr<Dataset> train, test;
+  if (o.dataset == "fashion-mnist") {
+    train = LoadFashionMnist(o.data_dir, Split::kTrain);
+    test = LoadFashionMnist(o.data_dir, Split::kTest);
+  } else if (o.dataset == "synthetic") {
+    train = SyntheticDataset(4096, o.seed);
+    test = SyntheticDataset(1024, o.seed + 1);
+  } else {
+    return Fail(absl::StrCat("--dataset=", o.dataset, ": expected fashion-mnist or synthetic"), 2);
+  }
+  if (!train.ok()) return Fail(std::string(train.status().message()));
+  if (!test.ok()) return Fail(std::string(test.status().message()));
+  if (o.batch_size % o.accum_steps != 0) {
+    return Fail(absl::StrCat("--batch-size=", o.batch_size, " is not divisible by --accum-steps=",
+                             o.accum_steps), 2);
+  }
+
+  torch::manual_seed(o.seed);
+  auto model = MakeModel(o.model);
+  if (!model.ok()) return Fail(std::string(model.status().message()), 2);
+  if (o.sync_bn) ConvertSyncBatchNorm(**model, dist->pg);
+  torch::optim::SGD optimizer((*model)->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+
+  TrainProgress progress;
+  progress.world_size = world;
+  std::string checkpoint = o.checkpoint_dir.empty() ? "" : CheckpointPath(o.checkpoint_dir);
+  if (!checkpoint.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(o.checkpoint_dir, error);
+    if (error) return Fail(absl::StrCat("--checkpoint-dir=", o.checkpoint_dir, ": ", error.message()));
+  }
+  if (!checkpoint.empty()) {
+    auto loaded = LoadCheckpoint(checkpoint, **model, optimizer);
+    if (loaded.ok()) {
+      progress = *loaded;
+      if (rank == 0) {
+        std::cout << absl::StrFormat("resumed from %s: epoch %d, step %d, sample %d (written by %d ranks, now %d)",
+                                     checkpoint, progress.epoch, progress.step, progress.samples_seen,
+                                     progress.world_size, world)
+                  << std::endl;
+      }
+      progress.world_size = world;
+    } else if (loaded.status().code() != absl::StatusCode::kNotFound) {
+      return Fail(std::string(loaded.status().message()));
+    }
+  }
+
+  DistributedDataParallel ddp(*model, dist->pg, DdpOptions{o.bucket_cap_mb});
+  Metrics metrics(rank == 0 ? o.metrics_file : "");
+  auto save = [&] {
+    if (rank != 0 || checkpoint.empty()) return;
+    absl::Status saved = SaveCheckpoint(checkpoint, **model, optimizer, progress);
+    if (!saved.ok()) std::cerr << "elrun-train: " << saved.message() << std::endl;
+  };
+
+  SamplerOptions sampler_options;
+  sampler_options.dataset_size = train->size();
+  sampler_options.world_size = world;
+  sampler_options.rank = rank;
+  sampler_options.seed = o.seed;
+  sampler_options.drop_last = true;
+  sampler_options.batch_size = o.batch_size;
+  auto sampler = DistributedSampler::Create(sampler_options);
+  if (!sampler.ok()) return Fail(std::string(sampler.status().message()), 2);
+
+  const auto start_time = std::chrono::steady_clock::now();
+  int64_t samples_done = 0;
+  double last_loss = 0;
+  bool stop = false;
+  for (; progress.epoch < o.epochs && !stop; ++progress.epoch, progress.samples_seen = 0) {
+    const int64_t start = progress.samples_seen;
+    auto batches = sampler->Batches(progress.epoch, start);
+    for (size_t b = 0; b < batches.size(); ++b) {
+      auto images = Gather(train->images, batches[b]);
+      auto labels = Gather(train->labels, batches[b]);
+      const int64_t micro = images.size(0) / o.accum_steps;
+      optimizer.zero_grad();
+      double loss_sum = 0;
+      for (int m = 0; m < o.accum_steps; ++m) {
+        int64_t size = m + 1 < o.accum_steps ? micro : images.size(0) - m * micro;
+        auto loss = torch::nn::functional::cross_entropy(
+                        (*model)->forward(images.narrow(0, m * micro, size)),
+                        labels.narrow(0, m * micro, size)) /
+                    o.accum_steps;
+        if (m + 1 < o.accum_steps) {
+          DistributedDataParallel::NoSync no_sync(ddp);
+          loss.backward();
+        } else {
+          loss.backward();
+        }
+        loss_sum += loss.item<double>();
+      }
+      optimizer.step();
+      ++progress.step;
+      samples_done += images.size(0) * world;
+      progress.samples_seen = sampler->Position(start, static_cast<int64_t>(b) + 1);
+      last_loss = loss_sum;
+      if (o.checkpoint_every > 0 && progress.step % o.checkpoint_every == 0) save();
+      if (rank == 0 && o.log_every > 0 && progress.step % o.log_every == 0) {
+        double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+        double rate = samples_done / std::max(elapsed, 1e-9);
+        int64_t left = (o.epochs - progress.epoch) * train->size() - progress.samples_seen;
+        std::cout << absl::StrFormat("epoch %d  step %d  loss %.4f  %.0f samples/s  ETA %.0f s",
+                                     progress.epoch, progress.step, last_loss, rate, left / std::max(rate, 1e-9))
+                  << std::endl;
+        metrics.Write(absl::StrFormat(R"({"event":"step","epoch":%d,"step":%d,"loss":%.6f,"samples_per_s":%.1f})",
+                                      progress.epoch, progress.step, last_loss, rate));
+      }
+      if ((o.max_steps > 0 && progress.step >= o.max_steps) || g_stop_requested) {
+        stop = true;
+        break;
+      }
+    }
+    if (stop) break;
+  }
+  if (g_stop_requested) {
+    save();
+    return 128 + SIGTERM;
+  }
+  save();
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+  double accuracy = Evaluate(**model, *test, *dist->pg, rank, world);
+  double rate = samples_done / std::max(elapsed, 1e-9);
+  if (rank == 0) {
+    std::cout << absl::StrFormat("done: %d steps, %d epochs, %.1f s, %.0f samples/s, test accuracy %.4f",
+                                 progress.step, o.epochs, elapsed, rate, accuracy)
+              << std::endl;
+    metrics.Write(absl::StrFormat(
+        R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d})",
+        accuracy, rate, progress.step, o.epochs, elapsed, world));
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace elrun::trainer
+
+int main(int argc, char** argv) {
+  using elrun::trainer::Options;
+  Options o;
+  CLI::App app("elrun-train: data-parallel training of FashionNet on Fashion-MNIST (LibTorch).",
+               "elrun-train");
+  app.add_option("--model", o.model, "fashionnet or mlp")->capture_default_str();
+  app.add_option("--dataset", o.dataset, "fashion-mnist or synthetic")->capture_default_str();
+  app.add_option("--data-dir", o.data_dir, "Fashion-MNIST IDX files")->capture_default_str();
+  app.add_option("--epochs", o.epochs, "epochs")->capture_default_str()->check(CLI::Range(1, 100000));
+  app.add_option("--max-steps", o.max_steps, "stop after this many steps (0: no limit)")->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "samples per rank per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--lr", o.lr, "SGD learning rate")->capture_default_str();
+  app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--accum-steps", o.accum_steps, "micro-batches per step (communication once per step)")
+      ->capture_default_str()->check(CLI::Range(1, 4096));
+  app.add_flag("--sync-bn", o.sync_bn, "convert BatchNorm layers to SyncBatchNorm");
+  app.add_option("--seed", o.seed, "seed of weights and data order")->capture_default_str();
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "save and resume checkpoint.pt here");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "save every N steps (0: at the end and on SIGTERM)")->capture_default_str();
+  app.add_option("--threads", o.threads, "intra-op threads per rank")->capture_default_str()->check(CLI::Range(1, 256));
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket size")->capture_default_str();
+  app.add_option("--metrics-file", o.metrics_file, "JSON lines: steps and a final {\"event\":\"end\",...}");
+  app.add_option("--log-every", o.log_every, "progress line every N steps (rank 0)")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return 0;
+  } catch (const CLI::ParseError& error) {
+    std::cerr << "elrun-train: " << error.what() << "; see elrun-train --help" << std::endl;
+    return 2;
+  }
+  std::signal(SIGTERM, [](int) { elrun::trainer::g_stop_requested = true; });
+  try {
+    return elrun::trainer::Train(o);
+  } catch (const c10::Error& error) {
+    std::cerr << "elrun-train: " << error.what_without_backtrace() << std::endl;
+    return 1;
+  }
+}
