@@ -1,27 +1,12 @@
 // The coordinator over real gRPC on loopback: the client's stream, token checks, size limits.
 #include <doctest/doctest.h>
-#include <poll.h>
 
 #include "agent/coordinator_server.h"
 #include "agent/rendezvous_client.h"
+#include "tests/agent/client_wait.h"
 
 namespace elrun::rdzv {
 namespace {
-
-constexpr int kWaitMs = 10000;
-
-// Waits until the client has a message or has ended; returns what arrived.
-std::deque<v1::CoordinatorMessage> Next(RendezvousClient& client) {
-  pollfd fd{client.event_fd(), POLLIN, 0};
-  REQUIRE(::poll(&fd, 1, kWaitMs) == 1);
-  return client.Take();
-}
-
-absl::Status WaitEnded(RendezvousClient& client) {
-  for (int i = 0; i < 100 && !client.ended(); ++i) Next(client);
-  REQUIRE(client.ended().has_value());
-  return *client.ended();
-}
 
 v1::AgentMessage Join(const std::string& node, int nodes = 2) {
   v1::AgentMessage m;

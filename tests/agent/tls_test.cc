@@ -1,12 +1,12 @@
 // The coordinator with TLS on loopback: mutual TLS works; plaintext and certificate-less agents
 // are refused. Certificates come from testdata/make_certs.sh (a throw-away CA).
 #include <doctest/doctest.h>
-#include <poll.h>
 
 #include <cstdlib>
 
 #include "agent/coordinator_server.h"
 #include "agent/rendezvous_client.h"
+#include "tests/agent/client_wait.h"
 
 namespace elrun::rdzv {
 namespace {
@@ -15,18 +15,6 @@ std::string Cert(const std::string& name) {
   const char* root = std::getenv("TEST_SRCDIR");
   REQUIRE(root != nullptr);
   return std::string(root) + "/elrun/tests/agent/certs/" + name;
-}
-
-std::deque<v1::CoordinatorMessage> Next(RendezvousClient& client) {
-  pollfd fd{client.event_fd(), POLLIN, 0};
-  REQUIRE(::poll(&fd, 1, 10000) == 1);
-  return client.Take();
-}
-
-absl::Status WaitEnded(RendezvousClient& client) {
-  for (int i = 0; i < 100 && !client.ended(); ++i) Next(client);
-  REQUIRE(client.ended().has_value());
-  return *client.ended();
 }
 
 v1::AgentMessage Join() {

@@ -1,4 +1,5 @@
 #include "launcher/attempt_builder.h"
+#include "tests/temp_dir.h"
 
 #include <doctest/doctest.h>
 
@@ -8,13 +9,6 @@
 namespace elrun {
 namespace {
 
-std::string TempDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string pattern = std::string(base ? base : "/tmp") + "/attemptXXXXXX";
-  REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-  return pattern;
-}
-
 std::string EnvValue(const WorkerLaunch& launch, const std::string& name) {
   for (const std::string& entry : launch.env) {
     if (entry.rfind(name + "=", 0) == 0) return entry.substr(name.size() + 1);
@@ -23,7 +17,7 @@ std::string EnvValue(const WorkerLaunch& launch, const std::string& name) {
 }
 
 struct Fixture {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("attempt");
   JobSpec spec;
   std::map<std::string, std::string> env{{"PATH", "/bin"}};
   int next_port = 40000;

@@ -1,4 +1,5 @@
 #include "launcher/entrypoint.h"
+#include "tests/temp_dir.h"
 
 #include <doctest/doctest.h>
 #include <sys/stat.h>
@@ -12,11 +13,7 @@ namespace {
 
 struct Dir {
   std::string path;
-  Dir() {
-    const char* base = std::getenv("TEST_TMPDIR");
-    path = std::string(base ? base : "/tmp") + "/entryXXXXXX";
-    REQUIRE(::mkdtemp(path.data()) != nullptr);
-  }
+  Dir() : path(testing::MakeTempDir("entry")) {}
   std::string File(const std::string& name, const std::string& contents, mode_t mode) const {
     std::string file = path + "/" + name;
     std::ofstream(file) << contents;

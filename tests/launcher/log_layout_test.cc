@@ -1,4 +1,5 @@
 #include "launcher/log_layout.h"
+#include "tests/temp_dir.h"
 
 #include <doctest/doctest.h>
 #include <sys/stat.h>
@@ -9,13 +10,6 @@
 
 namespace elrun {
 namespace {
-
-std::string TempDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string pattern = std::string(base ? base : "/tmp") + "/layoutXXXXXX";
-  REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-  return pattern;
-}
 
 bool IsDir(const std::string& path) {
   struct stat st;
@@ -32,7 +26,7 @@ TEST_CASE("paths follow <log_dir>/<run_id>/attempt_<n>/<local_rank>/") {
 }
 
 TEST_CASE("PrepareRankDir makes the directories and removes a stale error file") {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("layout");
   LogLayout layout(dir + "/nested/logs", "r");
   REQUIRE(layout.PrepareRankDir(0, 1).ok());
   CHECK(IsDir(layout.RankDir(0, 1)));
@@ -42,7 +36,7 @@ TEST_CASE("PrepareRankDir makes the directories and removes a stale error file")
 }
 
 TEST_CASE("PrepareRankDir reports a directory it cannot create") {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("layout");
   std::ofstream(dir + "/file") << "x";
   LogLayout layout(dir + "/file", "r");
   absl::Status status = layout.PrepareRankDir(0, 0);
@@ -51,7 +45,7 @@ TEST_CASE("PrepareRankDir reports a directory it cannot create") {
 }
 
 TEST_CASE("RemoveEmptyDirs keeps files and removes empty directories") {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("layout");
   LogLayout layout(dir, "r");
   for (int attempt = 0; attempt < 2; ++attempt) {
     for (int rank = 0; rank < 2; ++rank) REQUIRE(layout.PrepareRankDir(attempt, rank).ok());

@@ -1,4 +1,5 @@
 #include "trainer/checkpoint.h"
+#include "tests/temp_dir.h"
 
 #include <doctest/doctest.h>
 
@@ -9,13 +10,6 @@
 
 namespace elrun::trainer {
 namespace {
-
-std::string TempDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string pattern = std::string(base ? base : "/tmp") + "/ckptXXXXXX";
-  REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-  return pattern;
-}
 
 struct Net : torch::nn::Module {
   Net() {
@@ -37,7 +31,7 @@ void Train(Net& net, torch::optim::SGD& opt) {
 }
 
 TEST_CASE("round trip: parameters, buffers, momentum and progress") {
-  std::string path = CheckpointPath(TempDir());
+  std::string path = CheckpointPath(testing::MakeTempDir("ckpt"));
   torch::manual_seed(1);
   Net a;
   torch::optim::SGD opt_a(a.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -66,7 +60,7 @@ TEST_CASE("round trip: parameters, buffers, momentum and progress") {
 }
 
 TEST_CASE("missing, garbage and mismatched checkpoints") {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("ckpt");
   Net net;
   torch::optim::SGD opt(net.parameters(), torch::optim::SGDOptions(0.1));
   CHECK(LoadCheckpoint(dir + "/none.pt", net, opt).status().code() == absl::StatusCode::kNotFound);
@@ -85,7 +79,7 @@ TEST_CASE("missing, garbage and mismatched checkpoints") {
 }
 
 TEST_CASE("no temp file is left behind, and a save replaces the previous one") {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("ckpt");
   Net net;
   torch::optim::SGD opt(net.parameters(), torch::optim::SGDOptions(0.1));
   REQUIRE(SaveCheckpoint(CheckpointPath(dir), net, opt, {1, 0, 0, 1}).ok());
@@ -95,7 +89,7 @@ TEST_CASE("no temp file is left behind, and a save replaces the previous one") {
 }
 
 TEST_CASE("Python's torch.load reads it") {
-  std::string path = CheckpointPath(TempDir());
+  std::string path = CheckpointPath(testing::MakeTempDir("ckpt"));
   Net net;
   torch::optim::SGD opt(net.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   Train(net, opt);
