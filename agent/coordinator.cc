@@ -336,6 +336,7 @@ void Coordinator::RemoveNode(const std::string& run_id, SessionId id, const std:
   job->nodes.erase(it);
   if (job->nodes.empty()) {
     jobs_.erase(run_id);  // Nobody left: a later Join with this run id starts a new job.
+    job_gone_.notify_all();
     return;
   }
   if (job->phase == Phase::kRunning && node.state == NodeState::kActive) {
@@ -425,6 +426,12 @@ std::optional<JobView> Coordinator::View(const std::string& run_id) const {
   view.wait_listed = Count(job, NodeState::kWaitListed);
   view.stopping = Count(job, NodeState::kStopping);
   return view;
+}
+
+bool Coordinator::WaitUntilJobGone(const std::string& run_id,
+                                   std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return job_gone_.wait_until(lock, deadline, [&] { return jobs_.count(run_id) == 0; });
 }
 
 size_t Coordinator::job_count() const {

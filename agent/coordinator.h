@@ -7,6 +7,7 @@
 #define ELRUN_AGENT_COORDINATOR_H_
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -71,6 +72,11 @@ class Coordinator {
   std::optional<JobView> View(const std::string& run_id) const;
   size_t job_count() const;
 
+  // Blocks until no node of `run_id` is connected any more (the job is forgotten) or `deadline`
+  // passes; true in the first case. An agent hosting the coordinator calls this after its own
+  // end so that the other nodes receive the job's end before the server stops.
+  bool WaitUntilJobGone(const std::string& run_id, std::chrono::steady_clock::time_point deadline);
+
  private:
   enum class NodeState { kPending, kWaitListed, kActive, kStopping, kDone };
   enum class Phase { kGathering, kRunning, kDone };
@@ -120,6 +126,7 @@ class Coordinator {
   Job* FindJob(const std::string& run_id);
 
   mutable std::mutex mu_;
+  std::condition_variable job_gone_;  // Notified when a job is erased.
   std::map<SessionId, Session> sessions_;  // Guarded by mu_.
   std::map<std::string, Job> jobs_;        // Guarded by mu_.
 };

@@ -357,8 +357,17 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
     }
     if (!agent.end_detail().empty()) PrintError(absl::StrCat("the job failed: ", agent.end_detail()));
   }
-  client->reset();  // Leave the rendezvous before the embedded coordinator stops.
-  if (server) server->Shutdown();
+  client->reset();  // Leave the rendezvous.
+  if (server) {
+    // The other nodes may not have read the job's end yet: keep serving until they have all
+    // left, for close_timeout at most.
+    if (!server->coordinator().WaitUntilJobGone(spec.rdzv_id,
+                                                std::chrono::steady_clock::now() + rdzv.close_timeout)) {
+      spdlog::warn("nodes of run {} still connected {} s after the job ended; stopping the "
+                   "coordinator", spec.rdzv_id, rdzv.close_timeout.count() / 1000.0);
+    }
+    server->Shutdown();
+  }
   return code;
 }
 

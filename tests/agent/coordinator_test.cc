@@ -4,6 +4,7 @@
 
 #include <deque>
 #include <memory>
+#include <thread>
 
 namespace elrun::rdzv {
 namespace {
@@ -439,6 +440,27 @@ TEST_CASE("a node that succeeded and left does not restart the others") {
   CHECK(h.Sink(1).messages.empty());
   REQUIRE(h.Ended(1, 1, true).ok());
   CHECK(h.Sink(1).Pop().job_ended().success());
+}
+
+}  // namespace
+}  // namespace elrun::rdzv
+
+namespace elrun::rdzv {
+namespace {
+
+TEST_CASE("WaitUntilJobGone returns once every node has left, or at the deadline") {
+  Harness h;
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  auto soon = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  CHECK_FALSE(h.coordinator.WaitUntilJobGone("job", soon));
+  std::thread leaver([&] {
+    h.coordinator.OnDisconnect(h.agents[0].id, h.now);
+    h.coordinator.OnDisconnect(h.agents[1].id, h.now);
+  });
+  CHECK(h.coordinator.WaitUntilJobGone("job", std::chrono::steady_clock::now() + std::chrono::seconds(10)));
+  leaver.join();
+  CHECK(h.coordinator.WaitUntilJobGone("other", std::chrono::steady_clock::now()));
 }
 
 }  // namespace
