@@ -17,10 +17,8 @@ stdout, progress on stderr, and writes a PNG bar chart. Python stdlib + matplotl
 """
 import argparse
 import ctypes
-import hashlib
 import json
 import os
-import platform
 import shlex
 import shutil
 import signal
@@ -31,12 +29,13 @@ import tempfile
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+from bench_common import (HERE, PYTHON, REPO, TORCHRUN_COMPAT, ForeignCpu, RunError, binary_id,
+                          clean_env, fmt, kill_group as _kill_group, log, loadavg, stats,
+                          tail as _tail, verdict, wait_idle, with_retries)
+from bench_common import machine_info as _machine_info
+
 DEFAULT_ELRUN = os.path.join(REPO, "bazel-bin", "launcher", "elrun")
 DEFAULT_PNG = os.path.join(HERE, "launcher_bench.png")
-TORCHRUN_COMPAT = os.path.join(HERE, "torchrun_compat.py")
-PYTHON = "/usr/bin/python3"
 
 # Worker script of the restart benchmark: fails on attempt 0, succeeds on attempt 1 and later.
 FAIL_ONCE = 'test "$TORCHELASTIC_RESTART_COUNT" != 0'
@@ -50,33 +49,6 @@ TARGET_RESTART_MS = 20.0
 TARGET_RSS_MIB = 15.0
 
 PR_SET_CHILD_SUBREAPER = 36
-
-
-class RunError(Exception):
-    pass
-
-
-def clean_env():
-    """The caller's environment without anything that would steer a launcher or its workers."""
-    drop_prefixes = ("PET_", "TORCHELASTIC_")
-    drop = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-            "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "LAUNCHER_BENCH_LOG"}
-    return {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(drop_prefixes)}
-
-
-def _kill_group(pgid):
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _tail(f, n=200):
-    """The last non-empty line of a captured stderr, at most n characters."""
-    f.seek(0)
-    lines = [l.strip() for l in f.read().decode(errors="replace").splitlines() if l.strip()]
-    text = lines[-1] if lines else ""
-    return ("..." + text[-n:]) if len(text) > n else text
 
 
 def timed_run(argv, timeout, env):
@@ -293,67 +265,6 @@ def build_cases(args):
     return cases
 
 
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
-def with_retries(c, retries, fn):
-    """fn() with up to `retries` more tries; failed tries are recorded in c.failures."""
-    for attempt in range(retries + 1):
-        try:
-            return fn()
-        except (RunError, subprocess.TimeoutExpired) as ex:
-            c.failures.append(str(ex))
-            log(f"  {c.key} / {c.launcher}: run failed ({ex})"
-                + ("; retrying" if attempt < retries else "; giving up on this case"))
-            if attempt == retries:
-                raise
-
-
-def wait_idle(limit_s):
-    """Waits (at most limit_s) until other processes use under 10% of the CPUs over 1 s."""
-    if limit_s <= 0:
-        return
-    t0 = time.monotonic()
-    share = None
-    while time.monotonic() - t0 < limit_s:
-        before = cpu_snapshot()
-        time.sleep(1.0)
-        share = foreign_cpu_share(before, cpu_snapshot())
-        if share is None or share < 0.10:
-            break
-    waited = time.monotonic() - t0
-    if share is not None and share >= 0.10:
-        log(f"  machine still busy after {waited:.0f} s ({100 * share:.0f}% CPU used by others); "
-            f"going on")
-    elif waited > 1.5:
-        log(f"  waited {waited:.0f} s for the machine to become idle")
-
-
-class ForeignCpu:
-    """Adds up the CPU other processes use during the measured phases (not the idle waits)."""
-
-    def __init__(self):
-        self.foreign = self.capacity = 0.0
-        self.known = True
-
-    def phase(self, fn):
-        before = cpu_snapshot()
-        try:
-            return fn()
-        finally:
-            after = cpu_snapshot()
-            if before[0] is None or after[0] is None:
-                self.known = False
-            else:
-                self.foreign += max((after[0] - before[0]) - (after[1] - before[1]), 0.0)
-                self.capacity += (after[2] - before[2]) * len(os.sched_getaffinity(0))
-
-    @property
-    def share(self):
-        return self.foreign / self.capacity if self.known and self.capacity > 0 else None
-
-
 def warm_up(cases, args, env):
     # Warm-up (page cache, and a check of each command) for the fast cases. The slow torchrun cases
     # run the same Python imports as the tuned ones, so their caches are warm already.
@@ -405,100 +316,8 @@ def run_cases(cases, args):
 
 # --- report ----------------------------------------------------------------------------------
 
-def sh_out(argv):
-    try:
-        return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=10,
-                              text=True).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-
-
 def machine_info(args):
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
-    except OSError:
-        pass
-    torch_deb = sh_out(["dpkg-query", "-W", "-f", "${Version}", "python3-torch"])
-    try:
-        import importlib.metadata
-        torch_meta = importlib.metadata.version("torch")
-    except Exception:  # noqa: BLE001 - informational only
-        torch_meta = "?"
-    if os.access(args.elrun, os.X_OK):
-        st = os.stat(args.elrun)
-        elrun = (f"{args.elrun} ({st.st_size} bytes, sha256 {binary_id(args.elrun)[:12]}, built "
-                 f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(st.st_mtime))})")
-    else:
-        elrun = f"{args.elrun}: MISSING"
-    return [
-        ("machine", f"{cpu or platform.machine()}, nproc {len(os.sched_getaffinity(0))} "
-                    f"(os.cpu_count {os.cpu_count()})"),
-        ("kernel", f"{platform.system()} {platform.release()}"),
-        ("os", sh_out(["sh", "-c", ". /etc/os-release && echo \"$PRETTY_NAME\""]) or "?"),
-        ("python", f"{PYTHON} {platform.python_version()}"),
-        ("torch", f"Debian python3-torch {torch_deb or '?'} (torch metadata: {torch_meta}); "
-                  f"torchrun run through scripts/bench/torchrun_compat.py"),
-        ("elrun", elrun),
-        ("date", time.strftime("%Y-%m-%d %H:%M:%S %Z")),
-    ]
-
-
-def loadavg():
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "?"
-
-
-def cpu_snapshot():
-    """(busy CPU seconds of the whole machine, CPU seconds of this process and its reaped children,
-    monotonic time), to tell afterwards how much CPU other processes took during the benchmark."""
-    busy = None
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        # user nice system idle iowait irq softirq steal: all but idle and iowait.
-        busy = (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        pass
-    t = os.times()
-    return busy, t.user + t.system + t.children_user + t.children_system, time.monotonic()
-
-
-def foreign_cpu_share(before, after):
-    """Share of all CPUs used by processes other than this benchmark between two snapshots."""
-    if before[0] is None or after[0] is None:
-        return None
-    foreign = (after[0] - before[0]) - (after[1] - before[1])
-    capacity = (after[2] - before[2]) * len(os.sched_getaffinity(0))
-    return max(foreign, 0.0) / max(capacity, 1e-9)
-
-
-def binary_id(path):
-    """sha256 of a file, or "" when it cannot be read."""
-    try:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
-    except OSError:
-        return ""
-
-
-def fmt(x, digits=1):
-    return f"{x:.{digits}f}"
-
-
-def stats(xs):
-    return statistics.median(xs), min(xs), max(xs)
-
-
-def verdict(value, target):
-    return "yes" if value <= target else "NO"
+    return _machine_info([("elrun", args.elrun)])
 
 
 def find(cases, key, launcher):
