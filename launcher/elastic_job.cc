@@ -54,7 +54,6 @@ class ElasticAgent {
   }
 
   void OnSignal(int signo) {
-    signal_ = signo;
     if (supervisor_ && !supervisor_->done()) {
       supervisor_->OnSignal(signo);
       CheckSupervisor();
@@ -267,7 +266,6 @@ class ElasticAgent {
   int end_code_ = kExitJobFailed;
   std::string end_detail_;
   std::optional<int> exit_code_;
-  std::optional<int> signal_;
   bool stream_lost_ = false;
   steady_clock::time_point next_heartbeat_;
   steady_clock::time_point join_deadline_;

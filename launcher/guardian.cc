@@ -85,7 +85,6 @@ void Guardian::Send(char op, int pgid) {
   (void)ignored;
 }
 
-void Guardian::Register(int pgid) { Send('+', pgid); }
 void Guardian::Unregister(int pgid) { Send('-', pgid); }
 
 }  // namespace elrun

@@ -21,10 +21,9 @@ class Guardian {
   Guardian(const Guardian&) = delete;
   Guardian& operator=(const Guardian&) = delete;
 
-  // Adds or removes a process group to kill if the launcher dies. Register before the worker
-  // can start children (a cloned child may write the record itself to fd(), see
-  // posix_process_table.cc); Unregister before reaping the group's leader.
-  void Register(int pgid);
+  // Removes a process group from those to kill if the launcher dies; call before reaping the
+  // group's leader. Workers register themselves, before exec, by writing "+<pgid>\n" to fd()
+  // (see posix_process_table.cc), so that no grandchild can exist unguarded.
   void Unregister(int pgid);
 
   // The write end of the guardian's pipe (close-on-exec): "+<pgid>\n" registers, "-<pgid>\n"
