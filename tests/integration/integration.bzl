@@ -1,0 +1,16 @@
+"""A multi-process integration test: one Python test file run by /usr/bin/python3."""
+
+def py_integration_test(name, size = "small", rdzv = False):
+    """sh_test running <name>.py with the elrun binary (and, for rdzv, the daemon)."""
+    data = ["%s.py" % name, "harness.py", "//launcher:elrun"] + native.glob(["workers/*.py"])
+    if rdzv:
+        data += ["rdzv_harness.py", "//agent:elrun-rdzv"]
+    native.sh_test(
+        name = name,
+        size = size,
+        srcs = ["run_py_test.sh"],
+        args = ["$(location %s.py)" % name],
+        data = data,
+        # Multi-node PyTorch jobs start 8 to 14 interpreters on 2 cores: run them alone.
+        tags = ["cpu:2"] if rdzv and size == "medium" else [],
+    )
