@@ -14,7 +14,7 @@ PACKAGES=(
   # Data and benchmark plots.
   dataset-fashion-mnist python3-matplotlib
   # Integration tests: procps (ps) and iproute2 (ss) for process and port checks.
-  procps iproute2
+  procps iproute2 time
   # TLS tests make a throw-away CA and certificates.
   openssl
 )
