@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -43,6 +45,8 @@ struct Options {
   int64_t batch_size = 64;
   double lr = 0.05;
   double momentum = 0.9;
+  double weight_decay = 0.0;
+  std::string lr_schedule = "cosine";
   int accum_steps = 1;
   bool sync_bn = false;
   uint64_t seed = 0;
@@ -72,6 +76,20 @@ class Metrics {
  private:
   std::ofstream out_;
 };
+
+// The learning rate of the step that starts at `position` of the whole run, a fraction in [0, 1]
+// of epochs x dataset samples. Derived from the global sample position, not the step count, so a
+// run resumed under another world size continues on the same curve.
+double ScheduledLr(const Options& o, double position) {
+  if (o.lr_schedule == "constant") return o.lr;
+  return o.lr * 0.5 * (1.0 + std::cos(M_PI * std::clamp(position, 0.0, 1.0)));
+}
+
+void SetLr(torch::optim::SGD& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) {
+    static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
+  }
+}
 
 torch::Tensor Gather(const torch::Tensor& data, const std::vector<int64_t>& indices) {
   return data.index_select(0, torch::tensor(indices, torch::kLong));
@@ -131,7 +149,12 @@ int Train(const Options& o) {
   auto model = MakeModel(o.model);
   if (!model.ok()) return Fail(std::string(model.status().message()), 2);
   if (o.sync_bn) ConvertSyncBatchNorm(**model, dist->pg);
-  torch::optim::SGD optimizer((*model)->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+  if (o.lr_schedule != "constant" && o.lr_schedule != "cosine") {
+    return Fail(absl::StrCat("--lr-schedule=", o.lr_schedule, ": expected constant or cosine"), 2);
+  }
+  torch::optim::SGD optimizer(
+      (*model)->parameters(),
+      torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
 
   TrainProgress progress;
   progress.world_size = world;
@@ -202,6 +225,10 @@ int Train(const Options& o) {
         }
         loss_sum += loss.item<double>();
       }
+      const double position =
+          (static_cast<double>(progress.epoch) * train->size() + sampler->Position(start, static_cast<int64_t>(b))) /
+          (static_cast<double>(o.epochs) * train->size());
+      SetLr(optimizer, ScheduledLr(o, position));
       optimizer.step();
       ++progress.step;
       samples_done += images.size(0) * world;
@@ -212,11 +239,12 @@ int Train(const Options& o) {
         double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
         double rate = samples_done / std::max(elapsed, 1e-9);
         int64_t left = (o.epochs - progress.epoch) * train->size() - progress.samples_seen;
-        std::cout << absl::StrFormat("epoch %d  step %d  loss %.4f  %.0f samples/s  ETA %.0f s",
-                                     progress.epoch, progress.step, last_loss, rate, left / std::max(rate, 1e-9))
+        std::cout << absl::StrFormat("epoch %d  step %d  loss %.4f  lr %.4g  %.0f samples/s  ETA %.0f s",
+                                     progress.epoch, progress.step, last_loss, ScheduledLr(o, position), rate,
+                                     left / std::max(rate, 1e-9))
                   << std::endl;
-        metrics.Write(absl::StrFormat(R"({"event":"step","epoch":%d,"step":%d,"loss":%.6f,"samples_per_s":%.1f})",
-                                      progress.epoch, progress.step, last_loss, rate));
+        metrics.Write(absl::StrFormat(R"({"event":"step","epoch":%d,"step":%d,"loss":%.6f,"lr":%.6g,"samples_per_s":%.1f})",
+                                      progress.epoch, progress.step, last_loss, ScheduledLr(o, position), rate));
       }
       if ((o.max_steps > 0 && progress.step >= o.max_steps) || g_stop_requested) {
         stop = true;
@@ -260,6 +288,10 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", o.batch_size, "samples per rank per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   app.add_option("--lr", o.lr, "SGD learning rate")->capture_default_str();
   app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "SGD weight decay (L2)")->capture_default_str();
+  app.add_option("--lr-schedule", o.lr_schedule,
+                 "constant, or cosine: lr x (1 + cos(pi x fraction of epochs done)) / 2, per step")
+      ->capture_default_str();
   app.add_option("--accum-steps", o.accum_steps, "micro-batches per step (communication once per step)")
       ->capture_default_str()->check(CLI::Range(1, 4096));
   app.add_flag("--sync-bn", o.sync_bn, "convert BatchNorm layers to SyncBatchNorm");
