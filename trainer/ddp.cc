@@ -5,6 +5,8 @@
 
 #include <sstream>
 
+#include "trainer/collectives.h"
+
 namespace elrun::trainer {
 
 struct DistributedDataParallel::Bucket {
@@ -14,29 +16,6 @@ struct DistributedDataParallel::Bucket {
   c10::intrusive_ptr<c10d::Work> work;
 };
 
-namespace {
-
-// Broadcasts tensors from rank 0, coalesced into one flat buffer per dtype.
-void BroadcastCoalesced(c10d::ProcessGroup& pg, const std::vector<torch::Tensor>& tensors) {
-  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_type;
-  for (const auto& t : tensors) by_type[t.scalar_type()].push_back(t);
-  for (auto& [type, group] : by_type) {
-    std::vector<torch::Tensor> flats;
-    for (const auto& t : group) flats.push_back(t.detach().reshape({-1}));
-    std::vector<torch::Tensor> flat{torch::cat(flats)};
-    c10d::BroadcastOptions options;
-    options.rootRank = 0;
-    pg.broadcast(flat, options)->wait();
-    int64_t offset = 0;
-    torch::NoGradGuard no_grad;
-    for (auto& t : group) {
-      t.copy_(flat[0].narrow(0, offset, t.numel()).view_as(t));
-      offset += t.numel();
-    }
-  }
-}
-
-}  // namespace
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
                                                  c10::intrusive_ptr<c10d::ProcessGroup> pg,
@@ -49,7 +28,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
   std::vector<torch::Tensor> state = params_;
   for (const auto& buffer : module_->buffers()) state.push_back(buffer);
-  if (!state.empty()) BroadcastCoalesced(*pg_, state);
+  if (!state.empty()) BroadcastFromRank0(*pg_, state);
 
   // Buckets in reverse registration order (roughly the order backward produces gradients),
   // each up to the cap, one dtype per bucket.
@@ -182,7 +161,7 @@ void DistributedDataParallel::Finalize() {
 void DistributedDataParallel::BroadcastBuffers() {
   std::vector<torch::Tensor> buffers;
   for (const auto& buffer : module_->buffers()) buffers.push_back(buffer);
-  if (!buffers.empty()) BroadcastCoalesced(*pg_, buffers);
+  if (!buffers.empty()) BroadcastFromRank0(*pg_, buffers);
 }
 
 }  // namespace elrun::trainer

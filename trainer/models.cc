@@ -27,28 +27,33 @@ FashionNetImpl::FashionNetImpl() {
 }
 
 torch::Tensor FashionNetImpl::forward(const torch::Tensor& images) {
-  torch::Tensor x = conv1_->forward(images);                          // [B, 32, 28, 28]
-  x = torch::max_pool2d(torch::relu(ApplyNorm(Child(*this, "bn1"), x)), 2);  // [B, 32, 14, 14]
-  x = conv2_->forward(x);                                             // [B, 64, 14, 14]
-  x = torch::max_pool2d(torch::relu(ApplyNorm(Child(*this, "bn2"), x)), 2);  // [B, 64, 7, 7]
-  x = torch::relu(fc1_->forward(x.flatten(1)));                      // [B, 128]
-  return fc2_->forward(x);                                            // [B, 10]
+  auto norm = [&](const std::string& name, const torch::Tensor& x) {
+    return CallChild(name, [&] { return ApplyNorm(Child(*this, name), x); });
+  };
+  torch::Tensor x = CallChild("conv1", [&] { return conv1_->forward(images); });  // [B, 32, 28, 28]
+  x = torch::max_pool2d(torch::relu(norm("bn1", x)), 2);                          // [B, 32, 14, 14]
+  x = CallChild("conv2", [&] { return conv2_->forward(x); });                     // [B, 64, 14, 14]
+  x = torch::max_pool2d(torch::relu(norm("bn2", x)), 2);                          // [B, 64, 7, 7]
+  x = torch::relu(CallChild("fc1", [&] { return fc1_->forward(x.flatten(1)); }));  // [B, 128]
+  return CallChild("fc2", [&] { return fc2_->forward(x); });                      // [B, 10]
 }
 
 MlpImpl::MlpImpl(const MlpOptions& options) {
-  torch::nn::Sequential layers;
   int64_t width = options.inputs;
-  for (int64_t hidden : options.hidden) {
-    layers->push_back(torch::nn::Linear(width, hidden));
-    layers->push_back(torch::nn::ReLU());
-    width = hidden;
+  for (size_t i = 0; i <= options.hidden.size(); ++i) {
+    const int64_t out = i < options.hidden.size() ? options.hidden[i] : options.classes;
+    layers_.push_back(register_module("fc" + std::to_string(i), torch::nn::Linear(width, out)));
+    width = out;
   }
-  layers->push_back(torch::nn::Linear(width, options.classes));
-  layers_ = register_module("layers", layers);
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& images) {
-  return layers_->forward(images.flatten(1));
+  torch::Tensor x = images.flatten(1);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    x = CallChild("fc" + std::to_string(i), [&] { return layers_[i]->forward(x); });
+    if (i + 1 < layers_.size()) x = torch::relu(x);
+  }
+  return x;
 }
 
 absl::StatusOr<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const MlpOptions& mlp) {

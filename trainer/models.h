@@ -5,12 +5,12 @@
 #define ELRUN_TRAINER_MODELS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
@@ -19,10 +19,34 @@
 
 namespace elrun::trainer {
 
-// A module mapping a batch of images [B, ...] to class logits [B, classes].
+// Called around the forward of each child that a model runs through Classifier::CallChild.
+// FullyShardedDataParallel (fsdp.h) installs one to gather a unit's parameters just before its
+// forward and to free them right after: LibTorch modules have no forward hooks of their own.
+class ChildForwardHooks {
+ public:
+  virtual ~ChildForwardHooks() = default;
+  virtual void BeforeChild(const std::string& name) = 0;
+  // May wrap `output` (e.g. register a gradient hook on it); returns what the model goes on with.
+  virtual torch::Tensor AfterChild(const std::string& name, torch::Tensor output) = 0;
+};
+
+// A module mapping a batch of images [B, ...] to class logits [B, classes]. Every child with
+// parameters is run through CallChild under its registered name.
 class Classifier : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(const torch::Tensor& images) = 0;
+  // Installs (or, with nullptr, removes) the hooks; not owned, must outlive their use.
+  void set_child_hooks(ChildForwardHooks* hooks) { hooks_ = hooks; }
+
+ protected:
+  torch::Tensor CallChild(const std::string& name, const std::function<torch::Tensor()>& run) {
+    if (hooks_ == nullptr) return run();
+    hooks_->BeforeChild(name);
+    return hooks_->AfterChild(name, run());
+  }
+
+ private:
+  ChildForwardHooks* hooks_ = nullptr;
 };
 
 // conv 1->32 k3 pad1, BatchNorm2d, ReLU, maxpool 2; conv 32->64 k3 pad1, BatchNorm2d, ReLU,
@@ -46,15 +70,15 @@ struct MlpOptions {
   int64_t classes = 10;
 };
 
-// Linear layers inputs -> hidden[0] -> ... -> classes with ReLU between, in one Sequential
-// child named "layers". Sizes must be positive (MakeModel checks; the constructor does not).
+// Linear layers inputs -> hidden[0] -> ... -> classes with ReLU between, children fc0, fc1, ...
+// Sizes must be positive (MakeModel checks; the constructor does not).
 class MlpImpl : public Classifier {
  public:
   explicit MlpImpl(const MlpOptions& options = {});
   torch::Tensor forward(const torch::Tensor& images) override;
 
  private:
-  torch::nn::Sequential layers_{nullptr};
+  std::vector<torch::nn::Linear> layers_;
 };
 TORCH_MODULE(Mlp);
 

@@ -1,0 +1,78 @@
+// The reduce-scatter and all-gather built from Gloo's alltoall_base and allgather, on 2 and 3
+// ranks (threads, real Gloo over loopback): values, determinism, byte counts, misuse.
+#include "trainer/collectives.h"
+
+#include <doctest/doctest.h>
+
+#include "tests/trainer/rank_threads.h"
+
+namespace elrun::trainer {
+namespace {
+
+torch::Tensor RankInput(int rank, int64_t numel) {
+  return torch::arange(numel, torch::kFloat) * (rank + 1) + 0.25 * rank;
+}
+
+TEST_CASE("ReduceScatter sums chunk r of every rank into rank r; AllGather undoes the split") {
+  for (int world : {1, 2, 3}) {
+    CAPTURE(world);
+    const int64_t shard = 5;
+    RunRanks(world, [&](int rank, PG pg) {
+      CommBytes bytes;
+      torch::Tensor input = RankInput(rank, world * shard);
+      torch::Tensor out = torch::empty({shard});
+      ReduceScatter(*pg, input, out, &bytes);
+      torch::Tensor expected = torch::zeros({world * shard});
+      for (int r = 0; r < world; ++r) expected += RankInput(r, world * shard);
+      CHECK(torch::equal(out, expected.narrow(0, rank * shard, shard)));
+      CHECK(bytes.reduce_scatter == int64_t{4} * shard * (world - 1));  // (n-1)/n of the buffer.
+
+      torch::Tensor full = torch::full({world * shard}, -1.0);
+      AllGather(*pg, out, full, &bytes);
+      CHECK(torch::equal(full, expected));
+      CHECK(bytes.all_gather == int64_t{4} * shard * (world - 1));
+      // In place: the shard may be a view of the full buffer it is gathered into.
+      torch::Tensor again = torch::zeros({world * shard});
+      again.narrow(0, rank * shard, shard).copy_(out);
+      AllGather(*pg, again.narrow(0, rank * shard, shard), again);
+      CHECK(torch::equal(again, expected));
+    });
+  }
+}
+
+TEST_CASE("ReduceScatterOp: asynchronous, scaled and accumulating") {
+  RunRanks(2, [](int rank, PG pg) {
+    torch::Tensor input = RankInput(rank, 8);
+    ReduceScatterOp op = ReduceScatterOp::Start(*pg, input, nullptr);
+    CHECK(op.active());
+    torch::Tensor out = torch::ones({4});
+    op.Finish(out, 0.5, /*accumulate=*/true);
+    CHECK_FALSE(op.active());
+    torch::Tensor sum = (RankInput(0, 8) + RankInput(1, 8)).narrow(0, rank * 4, 4);
+    CHECK(torch::allclose(out, 1 + 0.5 * sum));
+  });
+}
+
+TEST_CASE("Misuse is an error, not a hang") {
+  RunRanks(2, [](int, PG pg) {
+    CHECK_THROWS_WITH_AS(ReduceScatter(*pg, torch::zeros({5}), torch::zeros({2})),
+                         doctest::Contains("do not split evenly over 2 ranks"), c10::Error);
+    CHECK_THROWS_WITH_AS(AllGather(*pg, torch::zeros({3}), torch::zeros({5})),
+                         doctest::Contains("expected 2 x 3"), c10::Error);
+  });
+}
+
+TEST_CASE("BroadcastFromRank0 overwrites every rank's tensors with rank 0's, per dtype") {
+  RunRanks(3, [](int rank, PG pg) {
+    torch::Tensor a = torch::full({2, 2}, static_cast<float>(rank));
+    torch::Tensor b = torch::full({3}, static_cast<int64_t>(rank + 10));
+    CommBytes bytes;
+    BroadcastFromRank0(*pg, {a, b}, &bytes);
+    CHECK(torch::equal(a, torch::zeros({2, 2})));
+    CHECK(torch::equal(b, torch::full({3}, int64_t{10})));
+    CHECK(bytes.broadcast == (rank == 0 ? (16 + 24) * 2 : 0));
+  });
+}
+
+}  // namespace
+}  // namespace elrun::trainer

@@ -1,0 +1,58 @@
+#include "trainer/memory.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_format.h"
+
+namespace elrun::trainer {
+namespace {
+
+int64_t Bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+}  // namespace
+
+int64_t OptimizerStateBytes(const torch::optim::Optimizer& optimizer) {
+  int64_t total = 0;
+  for (const auto& entry : optimizer.state()) {
+    const torch::optim::OptimizerParamState* state = entry.second.get();
+    if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
+      total += Bytes(sgd->momentum_buffer());
+    } else if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
+      total += Bytes(adam->exp_avg()) + Bytes(adam->exp_avg_sq()) + Bytes(adam->max_exp_avg_sq());
+    }
+  }
+  return total;
+}
+
+int64_t ExpectedAdamStateBytes(const std::string& strategy, int64_t params, int world_size) {
+  const double p = static_cast<double>(params), n = world_size;
+  double bytes = 16 * p;
+  if (strategy == "zero1") bytes = 8 * p + 8 * p / n;
+  if (strategy == "zero2") bytes = 4 * p + 12 * p / n;
+  if (strategy == "fsdp") bytes = 16 * p / n;
+  return static_cast<int64_t>(bytes);
+}
+
+int64_t PeakRssBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      std::istringstream fields(line.substr(6));
+      int64_t kib = 0;
+      fields >> kib;
+      return kib * 1024;
+    }
+  }
+  return 0;
+}
+
+std::string FormatMemoryReport(const MemoryReport& r) {
+  auto mib = [](int64_t bytes) { return bytes / (1024.0 * 1024.0); };
+  return absl::StrFormat(
+      "params %.2f MiB  grads %.2f MiB  optimizer %.2f MiB  state %.2f MiB  peak %.2f MiB  peak RSS %.1f MiB",
+      mib(r.params), mib(r.grads), mib(r.optimizer_state), mib(r.state()), mib(r.peak), mib(r.peak_rss));
+}
+
+}  // namespace elrun::trainer
