@@ -9,14 +9,9 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "trainer/optimizer_state.h"
 
 namespace elrun::trainer {
-namespace {
-
-// How LibTorch's optimizers key their per-parameter state.
-std::string StateKey(const torch::Tensor& param) {
-  return c10::guts::to_string(param.unsafeGetTensorImpl());
-}
 
 absl::Status WriteAtomically(const std::string& path, const std::vector<char>& bytes) {
   std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
@@ -42,28 +37,31 @@ absl::Status WriteAtomically(const std::string& path, const std::vector<char>& b
   return absl::OkStatus();
 }
 
+namespace {
+
+// SGD momentum under the parameter's name; Adam's tensors under "<name>.<field>".
+std::string StateName(const std::string& param, const std::string& field) {
+  return field == "momentum_buffer" ? param : absl::StrCat(param, ".", field);
+}
+
 }  // namespace
 
 std::string CheckpointPath(const std::string& dir) { return dir + "/checkpoint.pt"; }
 
-absl::Status SaveCheckpoint(const std::string& path, torch::nn::Module& module,
-                            torch::optim::SGD& optimizer, const TrainProgress& progress) {
+absl::Status WriteCheckpointFile(const std::string& path, const std::map<std::string, torch::Tensor>& tensors,
+                                 const std::map<std::string, ParamState>& optimizer_state,
+                                 const std::string& optimizer_kind, const TrainProgress& progress) {
   try {
     c10::Dict<std::string, torch::Tensor> model;
-    for (const auto& p : module.named_parameters()) model.insert(p.key(), p.value().detach().clone());
-    for (const auto& b : module.named_buffers()) model.insert(b.key(), b.value().detach().clone());
-
-    c10::Dict<std::string, torch::Tensor> momentum;
-    auto& state = optimizer.state();
-    for (const auto& p : module.named_parameters()) {
-      auto it = state.find(StateKey(p.value()));
-      if (it == state.end()) continue;
-      auto& sgd = static_cast<torch::optim::SGDParamState&>(*it->second);
-      if (sgd.momentum_buffer().defined()) momentum.insert(p.key(), sgd.momentum_buffer().clone());
+    for (const auto& [name, tensor] : tensors) model.insert(name, tensor);
+    c10::Dict<std::string, torch::Tensor> state;
+    for (const auto& [param, fields] : optimizer_state) {
+      for (const auto& [field, tensor] : fields) state.insert(StateName(param, field), tensor);
     }
     c10::impl::GenericDict root(c10::StringType::get(), c10::AnyType::get());
     root.insert("model", model);
-    root.insert("optimizer", momentum);
+    root.insert("optimizer", state);
+    root.insert("optimizer_kind", optimizer_kind);
     root.insert("step", progress.step);
     root.insert("epoch", progress.epoch);
     root.insert("samples_seen", progress.samples_seen);
@@ -74,8 +72,25 @@ absl::Status SaveCheckpoint(const std::string& path, torch::nn::Module& module,
   }
 }
 
+absl::Status SaveCheckpoint(const std::string& path, torch::nn::Module& module,
+                            torch::optim::Optimizer& optimizer, const TrainProgress& progress) {
+  absl::StatusOr<std::string> kind = OptimizerKind(optimizer);
+  if (!kind.ok()) return kind.status();
+  std::map<std::string, torch::Tensor> tensors;
+  std::map<std::string, ParamState> state;
+  for (const auto& p : module.named_parameters()) {
+    tensors[p.key()] = p.value().detach().clone();
+    ParamState fields = ExportParamState(optimizer, p.value());
+    if (!fields.empty()) state[p.key()] = std::move(fields);
+  }
+  for (const auto& b : module.named_buffers()) tensors[b.key()] = b.value().detach().clone();
+  return WriteCheckpointFile(path, tensors, state, *kind, progress);
+}
+
 absl::StatusOr<TrainProgress> LoadCheckpoint(const std::string& path, torch::nn::Module& module,
-                                             torch::optim::SGD& optimizer) {
+                                             torch::optim::Optimizer& optimizer) {
+  absl::StatusOr<std::string> kind = OptimizerKind(optimizer);
+  if (!kind.ok()) return kind.status();
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -99,13 +114,22 @@ absl::StatusOr<TrainProgress> LoadCheckpoint(const std::string& path, torch::nn:
     for (auto& b : module.named_buffers()) {
       if (absl::Status s = restore(b.key(), b.value()); !s.ok()) return s;
     }
-    auto momentum = root.at("optimizer").toGenericDict();
+    const std::string saved_kind = root.contains("optimizer_kind") ? root.at("optimizer_kind").toStringRef() : "sgd";
+    if (saved_kind != *kind) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, " holds ", saved_kind, " state; this run uses ", *kind));
+    }
+    auto saved_state = root.at("optimizer").toGenericDict();
     for (auto& p : module.named_parameters()) {
-      auto it = momentum.find(p.key());
-      if (it == momentum.end()) continue;
-      auto state = std::make_unique<torch::optim::SGDParamState>();
-      state->momentum_buffer(it->value().toTensor().clone());
-      optimizer.state()[StateKey(p.value())] = std::move(state);
+      ParamState state;
+      for (const std::string field : {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step"}) {
+        auto it = saved_state.find(StateName(p.key(), field));
+        if (it != saved_state.end()) state[field] = it->value().toTensor();
+      }
+      if (state.empty()) continue;
+      if (absl::Status s = ImportParamState(optimizer, p.value(), state); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": ", p.key(), ": ", s.message()));
+      }
     }
     TrainProgress progress;
     progress.step = root.at("step").toInt();

@@ -1,17 +1,19 @@
 // Checkpoints in torch::pickle_save format, which Python's torch.load opens: a dict with
 // "model" (name -> tensor, parameters and buffers), "optimizer" (SGD momentum buffers by
-// parameter name), and "step", "epoch", "samples_seen" (the global sample position) and
+// parameter name; Adam's exp_avg, exp_avg_sq and step as "<name>.<field>"), "optimizer_kind", and "step", "epoch", "samples_seen" (the global sample position) and
 // "world_size". Written atomically (temp file, fsync, rename). Thread-compatible.
 #ifndef ELRUN_TRAINER_CHECKPOINT_H_
 #define ELRUN_TRAINER_CHECKPOINT_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
+#include "trainer/optimizer_state.h"
 
 namespace elrun::trainer {
 
@@ -22,17 +24,26 @@ struct TrainProgress {
   int64_t world_size = 1;    // The world that wrote it (a restart may have another).
 };
 
+// Writes `bytes` to `path` through a temporary file, fsync and rename.
+absl::Status WriteAtomically(const std::string& path, const std::vector<char>& bytes);
+
 // The checkpoint file of a directory (one per job; replaced atomically on every save).
 std::string CheckpointPath(const std::string& dir);
 
-// Saves module parameters and buffers, the optimizer's momentum buffers and `progress`.
+// Saves module parameters and buffers, the optimizer's state (SGD or Adam) and `progress`.
 absl::Status SaveCheckpoint(const std::string& path, torch::nn::Module& module,
-                            torch::optim::SGD& optimizer, const TrainProgress& progress);
+                            torch::optim::Optimizer& optimizer, const TrainProgress& progress);
+
+// Writes the file SaveCheckpoint writes from its parts: parameters and buffers by name, the
+// optimizer state by parameter name. FSDP's consolidated export uses it.
+absl::Status WriteCheckpointFile(const std::string& path, const std::map<std::string, torch::Tensor>& tensors,
+                                 const std::map<std::string, ParamState>& optimizer_state,
+                                 const std::string& optimizer_kind, const TrainProgress& progress);
 
 // Loads a checkpoint into module and optimizer. NotFound when there is none; InvalidArgument
 // when it does not match the module (names or shapes).
 absl::StatusOr<TrainProgress> LoadCheckpoint(const std::string& path, torch::nn::Module& module,
-                                             torch::optim::SGD& optimizer);
+                                             torch::optim::Optimizer& optimizer);
 
 }  // namespace elrun::trainer
 

@@ -94,6 +94,7 @@ class FullyShardedDataParallel : private ChildForwardHooks {
   Classifier& module() { return *module_; }
   int rank() const { return rank_; }
   int shard_count() const { return shards_per_unit_; }
+  c10d::ProcessGroup& process_group() { return *pg_; }
 
   const CommBytes& comm_bytes() const { return bytes_; }
   FsdpMemory memory() const;

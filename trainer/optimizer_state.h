@@ -1,0 +1,30 @@
+// One parameter's optimizer state as named tensors, for checkpoints: SGD {"momentum_buffer"};
+// Adam {"exp_avg", "exp_avg_sq", ["max_exp_avg_sq"], "step" (0-d int64)}. Other optimizers are
+// refused. Thread-compatible.
+#ifndef ELRUN_TRAINER_OPTIMIZER_STATE_H_
+#define ELRUN_TRAINER_OPTIMIZER_STATE_H_
+
+#include <map>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+
+namespace elrun::trainer {
+
+using ParamState = std::map<std::string, torch::Tensor>;
+
+// "sgd" or "adam"; InvalidArgument for other optimizer types.
+absl::StatusOr<std::string> OptimizerKind(const torch::optim::Optimizer& optimizer);
+
+// The state of `param` (cloned); empty before the optimizer's first step on it.
+ParamState ExportParamState(const torch::optim::Optimizer& optimizer, const torch::Tensor& param);
+
+// Replaces the state of `param`; InvalidArgument when a tensor is missing or has another size.
+absl::Status ImportParamState(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
+                              const ParamState& state);
+
+}  // namespace elrun::trainer
+
+#endif  // ELRUN_TRAINER_OPTIMIZER_STATE_H_
