@@ -158,6 +158,12 @@ void DistributedDataParallel::Finalize() {
   ResetIteration();
 }
 
+int64_t DistributedDataParallel::bucket_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& bucket : buckets_) bytes += bucket->flat.numel() * bucket->flat.element_size();
+  return bytes;
+}
+
 void DistributedDataParallel::BroadcastBuffers() {
   std::vector<torch::Tensor> buffers;
   for (const auto& buffer : module_->buffers()) buffers.push_back(buffer);

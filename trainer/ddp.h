@@ -64,6 +64,9 @@ class DistributedDataParallel {
   // Broadcasts rank 0's buffers (e.g. BatchNorm running stats) to every rank.
   void BroadcastBuffers();
 
+  // Bytes of the buckets' flat buffers (held besides the parameters' gradients).
+  int64_t bucket_bytes() const;
+
  private:
   struct Bucket;
   void OnGradReady(size_t param_index);

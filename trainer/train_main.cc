@@ -22,7 +22,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "trainer/checkpoint.h"
-#include "trainer/ddp.h"
+#include "trainer/memory.h"
+#include "trainer/data_parallel.h"
 #include "trainer/fashion_mnist.h"
 #include "trainer/models.h"
 #include "trainer/process_group.h"
@@ -47,6 +48,10 @@ struct Options {
   double momentum = 0.9;
   double weight_decay = 0.0;
   std::string lr_schedule = "cosine";
+  std::string optimizer = "sgd";
+  std::string strategy = "ddp";
+  std::vector<int64_t> mlp_hidden = MlpOptions{}.hidden;
+  bool report_memory = false;
   int accum_steps = 1;
   bool sync_bn = false;
   uint64_t seed = 0;
@@ -85,10 +90,30 @@ double ScheduledLr(const Options& o, double position) {
   return o.lr * 0.5 * (1.0 + std::cos(M_PI * std::clamp(position, 0.0, 1.0)));
 }
 
-void SetLr(torch::optim::SGD& optimizer, double lr) {
-  for (auto& group : optimizer.param_groups()) {
-    static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
+void SetLr(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const Options& o, const std::vector<torch::Tensor>& params) {
+  if (o.optimizer == "adam") {
+    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr).weight_decay(o.weight_decay));
   }
+  return std::make_unique<torch::optim::SGD>(
+      params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+}
+
+// True on every rank when any rank asked to stop: ranks must leave the loop at the same step,
+// because checkpointing (and, for the sharded strategies, saving itself) is collective.
+bool AnyRankStopping(c10d::ProcessGroup& pg, bool local) {
+  std::vector<torch::Tensor> flag{torch::tensor({local ? 1 : 0}, torch::kInt)};
+  pg.allreduce(flag)->wait();
+  return flag[0].item<int>() > 0;
+}
+
+std::string MemoryJson(const MemoryReport& m) {
+  return absl::StrFormat(
+      R"("params_bytes":%d,"grads_bytes":%d,"optimizer_bytes":%d,"state_bytes":%d,"peak_bytes":%d,"peak_rss_bytes":%d)",
+      m.params, m.grads, m.optimizer_state, m.state(), m.peak, m.peak_rss);
 }
 
 torch::Tensor Gather(const torch::Tensor& data, const std::vector<int64_t>& indices) {
@@ -96,7 +121,8 @@ torch::Tensor Gather(const torch::Tensor& data, const std::vector<int64_t>& indi
 }
 
 // Test accuracy over every rank's strided shard of the test set, reduced across ranks.
-double Evaluate(Classifier& model, const Dataset& test, c10d::ProcessGroup& pg, int rank, int world) {
+double Evaluate(Classifier& model, DataParallel& parallel, const Dataset& test, c10d::ProcessGroup& pg, int rank,
+                int world) {
   torch::NoGradGuard no_grad;
   model.eval();
   int64_t correct = 0, total = 0;
@@ -104,7 +130,7 @@ double Evaluate(Classifier& model, const Dataset& test, c10d::ProcessGroup& pg, 
   for (int64_t i = rank; i < test.size(); i += world) shard.push_back(i);
   for (size_t begin = 0; begin < shard.size(); begin += 1000) {
     std::vector<int64_t> chunk(shard.begin() + begin, shard.begin() + std::min(shard.size(), begin + 1000));
-    auto logits = model.forward(Gather(test.images, chunk));
+    auto logits = parallel.Forward(Gather(test.images, chunk));
     correct += logits.argmax(1).eq(Gather(test.labels, chunk)).sum().item<int64_t>();
     total += static_cast<int64_t>(chunk.size());
   }
@@ -146,26 +172,32 @@ int Train(const Options& o) {
   }
 
   torch::manual_seed(o.seed);
-  auto model = MakeModel(o.model);
+  MlpOptions mlp;
+  mlp.hidden = o.mlp_hidden;
+  auto model = MakeModel(o.model, mlp);
   if (!model.ok()) return Fail(std::string(model.status().message()), 2);
   if (o.sync_bn) ConvertSyncBatchNorm(**model, dist->pg);
   if (o.lr_schedule != "constant" && o.lr_schedule != "cosine") {
     return Fail(absl::StrCat("--lr-schedule=", o.lr_schedule, ": expected constant or cosine"), 2);
   }
-  torch::optim::SGD optimizer(
-      (*model)->parameters(),
-      torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+  if (o.optimizer != "sgd" && o.optimizer != "adam") {
+    return Fail(absl::StrCat("--optimizer=", o.optimizer, ": expected sgd or adam"), 2);
+  }
+  auto parallel = DataParallel::Create(o.strategy, *model, dist->pg, o.bucket_cap_mb);
+  if (!parallel.ok()) return Fail(std::string(parallel.status().message()), 2);
+  std::unique_ptr<torch::optim::Optimizer> optimizer_owner = MakeOptimizer(o, (*parallel)->OptimizerParameters());
+  torch::optim::Optimizer& optimizer = *optimizer_owner;
 
   TrainProgress progress;
   progress.world_size = world;
-  std::string checkpoint = o.checkpoint_dir.empty() ? "" : CheckpointPath(o.checkpoint_dir);
+  const std::string& checkpoint = o.checkpoint_dir;
   if (!checkpoint.empty()) {
     std::error_code error;
     std::filesystem::create_directories(o.checkpoint_dir, error);
     if (error) return Fail(absl::StrCat("--checkpoint-dir=", o.checkpoint_dir, ": ", error.message()));
   }
   if (!checkpoint.empty()) {
-    auto loaded = LoadCheckpoint(checkpoint, **model, optimizer);
+    auto loaded = (*parallel)->Load(checkpoint, optimizer);
     if (loaded.ok()) {
       progress = *loaded;
       if (rank == 0) {
@@ -180,11 +212,11 @@ int Train(const Options& o) {
     }
   }
 
-  DistributedDataParallel ddp(*model, dist->pg, DdpOptions{o.bucket_cap_mb});
+  DataParallel& dp = **parallel;
   Metrics metrics(rank == 0 ? o.metrics_file : "");
-  auto save = [&] {
-    if (rank != 0 || checkpoint.empty()) return;
-    absl::Status saved = SaveCheckpoint(checkpoint, **model, optimizer, progress);
+  auto save = [&](bool final) {
+    if (checkpoint.empty()) return;
+    absl::Status saved = final ? dp.Export(checkpoint, optimizer, progress) : dp.Save(checkpoint, optimizer, progress);
     if (!saved.ok()) std::cerr << "elrun-train: " << saved.message() << std::endl;
   };
 
@@ -202,6 +234,7 @@ int Train(const Options& o) {
   int64_t samples_done = 0;
   double last_loss = 0;
   bool stop = false;
+  bool signalled = false;  // SIGTERM reached some rank: all save and exit 143 together.
   for (; progress.epoch < o.epochs && !stop; ++progress.epoch, progress.samples_seen = 0) {
     const int64_t start = progress.samples_seen;
     auto batches = sampler->Batches(progress.epoch, start);
@@ -213,16 +246,10 @@ int Train(const Options& o) {
       double loss_sum = 0;
       for (int m = 0; m < o.accum_steps; ++m) {
         int64_t size = m + 1 < o.accum_steps ? micro : images.size(0) - m * micro;
-        auto loss = torch::nn::functional::cross_entropy(
-                        (*model)->forward(images.narrow(0, m * micro, size)),
-                        labels.narrow(0, m * micro, size)) /
+        auto loss = torch::nn::functional::cross_entropy(dp.Forward(images.narrow(0, m * micro, size)),
+                                                         labels.narrow(0, m * micro, size)) /
                     o.accum_steps;
-        if (m + 1 < o.accum_steps) {
-          DistributedDataParallel::NoSync no_sync(ddp);
-          loss.backward();
-        } else {
-          loss.backward();
-        }
+        dp.Backward(loss, /*synchronize=*/m + 1 == o.accum_steps);
         loss_sum += loss.item<double>();
       }
       const double position =
@@ -234,7 +261,7 @@ int Train(const Options& o) {
       samples_done += images.size(0) * world;
       progress.samples_seen = sampler->Position(start, static_cast<int64_t>(b) + 1);
       last_loss = loss_sum;
-      if (o.checkpoint_every > 0 && progress.step % o.checkpoint_every == 0) save();
+      if (o.checkpoint_every > 0 && progress.step % o.checkpoint_every == 0) save(false);
       if (rank == 0 && o.log_every > 0 && progress.step % o.log_every == 0) {
         double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
         double rate = samples_done / std::max(elapsed, 1e-9);
@@ -246,28 +273,47 @@ int Train(const Options& o) {
         metrics.Write(absl::StrFormat(R"({"event":"step","epoch":%d,"step":%d,"loss":%.6f,"lr":%.6g,"samples_per_s":%.1f})",
                                       progress.epoch, progress.step, last_loss, ScheduledLr(o, position), rate));
       }
-      if ((o.max_steps > 0 && progress.step >= o.max_steps) || g_stop_requested) {
+      signalled = checkpoint.empty() ? g_stop_requested.load() : AnyRankStopping(*dist->pg, g_stop_requested);
+      if ((o.max_steps > 0 && progress.step >= o.max_steps) || signalled) {
         stop = true;
         break;
       }
     }
     if (stop) break;
   }
-  if (g_stop_requested) {
-    save();
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+  const int64_t steps_done = samples_done / std::max<int64_t>(1, o.batch_size * world);
+  const MemoryReport memory = dp.Memory(optimizer);
+  if (o.report_memory) {
+    std::string expected;
+    if (o.optimizer == "adam") {
+      int64_t params = 0;
+      for (const auto& p : (*model)->parameters()) params += p.numel();
+      expected = absl::StrFormat("  (ZeRO formula for fp32 Adam: %.2f MiB)",
+                                 ExpectedAdamStateBytes(o.strategy == "no_shard" ? "ddp" : o.strategy, params, world) /
+                                     (1024.0 * 1024.0));
+    }
+    std::cout << absl::StrFormat("memory rank %d %s: %s%s", rank, o.strategy, FormatMemoryReport(memory), expected)
+              << std::endl;
+    std::cout << absl::StrFormat(R"(memory-json {"rank":%d,"strategy":"%s",%s,"step_time_s":%.6f})", rank,
+                                 o.strategy, MemoryJson(memory), elapsed / std::max<int64_t>(1, steps_done))
+              << std::endl;
+  }
+  if (signalled) {
+    save(false);
     return 128 + SIGTERM;
   }
-  save();
-  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
-  double accuracy = Evaluate(**model, *test, *dist->pg, rank, world);
+  save(true);
+  double accuracy = Evaluate(**model, dp, *test, *dist->pg, rank, world);
   double rate = samples_done / std::max(elapsed, 1e-9);
   if (rank == 0) {
     std::cout << absl::StrFormat("done: %d steps, %d epochs, %.1f s, %.0f samples/s, test accuracy %.4f",
                                  progress.step, o.epochs, elapsed, rate, accuracy)
               << std::endl;
     metrics.Write(absl::StrFormat(
-        R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d})",
-        accuracy, rate, progress.step, o.epochs, elapsed, world));
+        R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d,"strategy":"%s","optimizer":"%s","step_time_s":%.6f,%s})",
+        accuracy, rate, progress.step, o.epochs, elapsed, world, o.strategy, o.optimizer,
+        elapsed / std::max<int64_t>(1, steps_done), MemoryJson(memory)));
   }
   return 0;
 }
@@ -286,8 +332,16 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", o.epochs, "epochs")->capture_default_str()->check(CLI::Range(1, 100000));
   app.add_option("--max-steps", o.max_steps, "stop after this many steps (0: no limit)")->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "samples per rank per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  app.add_option("--lr", o.lr, "SGD learning rate")->capture_default_str();
+  CLI::Option* lr = app.add_option("--lr", o.lr, "learning rate (default 0.05 for sgd, 0.001 for adam)");
   app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "sgd or adam")->capture_default_str();
+  app.add_option("--strategy", o.strategy,
+                 "ddp (bucketed all-reduce), no_shard, zero1, zero2 or fsdp (FullyShardedDataParallel)")
+      ->capture_default_str();
+  app.add_option("--mlp-hidden", o.mlp_hidden, "hidden layer widths of --model mlp")
+      ->delimiter(',')->capture_default_str();
+  app.add_flag("--report-memory", o.report_memory,
+               "print each rank's parameter, gradient and optimizer-state bytes, peak and peak RSS");
   app.add_option("--weight-decay", o.weight_decay, "SGD weight decay (L2)")->capture_default_str();
   app.add_option("--lr-schedule", o.lr_schedule,
                  "constant, or cosine: lr x (1 + cos(pi x fraction of epochs done)) / 2, per step")
@@ -304,6 +358,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", o.log_every, "progress line every N steps (rank 0)")->capture_default_str();
   try {
     app.parse(argc, argv);
+    if (lr->count() == 0 && o.optimizer == "adam") o.lr = 1e-3;
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();
     return 0;

@@ -1,0 +1,124 @@
+#include "trainer/data_parallel.h"
+
+#include "absl/strings/str_cat.h"
+#include "trainer/ddp.h"
+#include "trainer/fsdp.h"
+#include "trainer/sharded_checkpoint.h"
+
+namespace elrun::trainer {
+namespace {
+
+int64_t Bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+class Ddp final : public DataParallel {
+ public:
+  Ddp(std::shared_ptr<Classifier> model, c10::intrusive_ptr<c10d::ProcessGroup> pg, double bucket_cap_mb)
+      : model_(model), rank_(pg->getRank()), ddp_(model, std::move(pg), DdpOptions{bucket_cap_mb}) {}
+
+  torch::Tensor Forward(const torch::Tensor& input) override { return model_->forward(input); }
+
+  void Backward(const torch::Tensor& loss, bool synchronize) override {
+    if (synchronize) {
+      loss.backward();
+    } else {
+      DistributedDataParallel::NoSync no_sync(ddp_);
+      loss.backward();
+    }
+  }
+
+  std::vector<torch::Tensor> OptimizerParameters() override { return model_->parameters(); }
+
+  absl::StatusOr<TrainProgress> Load(const std::string& dir, torch::optim::Optimizer& optimizer) override {
+    return LoadCheckpoint(CheckpointPath(dir), *model_, optimizer);
+  }
+
+  absl::Status Save(const std::string& dir, torch::optim::Optimizer& optimizer, const TrainProgress& progress) override {
+    return rank_ == 0 ? SaveCheckpoint(CheckpointPath(dir), *model_, optimizer, progress) : absl::OkStatus();
+  }
+
+  absl::Status Export(const std::string& dir, torch::optim::Optimizer& optimizer, const TrainProgress& progress) override {
+    return Save(dir, optimizer, progress);
+  }
+
+  MemoryReport Memory(const torch::optim::Optimizer& optimizer) override {
+    MemoryReport r;
+    for (const auto& p : model_->parameters()) {
+      r.params += Bytes(p);
+      r.grads += Bytes(p.grad());
+    }
+    r.working = ddp_.bucket_bytes();
+    r.optimizer_state = OptimizerStateBytes(optimizer);
+    r.peak = r.params + r.grads + r.working + r.optimizer_state;  // Nothing transient.
+    r.peak_rss = PeakRssBytes();
+    return r;
+  }
+
+ private:
+  const std::shared_ptr<Classifier> model_;
+  const int rank_;
+  DistributedDataParallel ddp_;
+};
+
+class Fsdp final : public DataParallel {
+ public:
+  Fsdp(std::shared_ptr<Classifier> model, c10::intrusive_ptr<c10d::ProcessGroup> pg, ShardingStrategy strategy)
+      : fsdp_(std::move(model), std::move(pg), FsdpOptions{strategy}) {}
+
+  torch::Tensor Forward(const torch::Tensor& input) override { return fsdp_.forward(input); }
+
+  void Backward(const torch::Tensor& loss, bool synchronize) override {
+    if (synchronize) {
+      loss.backward();
+    } else {
+      FullyShardedDataParallel::NoSync no_sync(fsdp_);
+      loss.backward();
+    }
+  }
+
+  std::vector<torch::Tensor> OptimizerParameters() override { return fsdp_.parameters(); }
+
+  absl::StatusOr<TrainProgress> Load(const std::string& dir, torch::optim::Optimizer& optimizer) override {
+    return LoadSharded(dir, fsdp_, optimizer);
+  }
+
+  absl::Status Save(const std::string& dir, torch::optim::Optimizer& optimizer, const TrainProgress& progress) override {
+    return SaveSharded(dir, fsdp_, optimizer, progress);
+  }
+
+  absl::Status Export(const std::string& dir, torch::optim::Optimizer& optimizer, const TrainProgress& progress) override {
+    absl::Status saved = Save(dir, optimizer, progress);
+    if (!saved.ok()) return saved;
+    return ExportConsolidated(dir + "/model.pt", fsdp_, optimizer, progress);
+  }
+
+  MemoryReport Memory(const torch::optim::Optimizer& optimizer) override {
+    const FsdpMemory m = fsdp_.memory();
+    MemoryReport r;
+    r.params = m.params;
+    r.grads = m.grads;
+    r.working = m.working;
+    r.optimizer_state = OptimizerStateBytes(optimizer);
+    r.peak = m.peak + r.optimizer_state;  // The state exists from the first step on.
+    r.peak_rss = PeakRssBytes();
+    return r;
+  }
+
+ private:
+  FullyShardedDataParallel fsdp_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(const std::string& strategy,
+                                                                   std::shared_ptr<Classifier> model,
+                                                                   c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                                                                   double bucket_cap_mb) {
+  if (strategy == "ddp") return std::unique_ptr<DataParallel>(new Ddp(std::move(model), std::move(pg), bucket_cap_mb));
+  if (strategy == "no_shard" || strategy == "zero1" || strategy == "zero2" || strategy == "fsdp") {
+    return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(pg), *ParseShardingStrategy(strategy)));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--strategy=", strategy, ": expected ddp, no_shard, zero1, zero2 or fsdp"));
+}
+
+}  // namespace elrun::trainer

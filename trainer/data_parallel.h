@@ -1,0 +1,54 @@
+// The data-parallel wrapper elrun-train trains through, chosen by --strategy: "ddp" is
+// DistributedDataParallel (bucketed all-reduce overlapping backward, ddp.h); "no_shard",
+// "zero1", "zero2" and "fsdp" are FullyShardedDataParallel strategies (fsdp.h). Checkpoints:
+// ddp writes <dir>/checkpoint.pt from rank 0; the sharded strategies write sharded checkpoints
+// from every rank (sharded_checkpoint.h) and export a consolidated <dir>/model.pt at the end.
+// Thread-compatible; Save, Load and Export are collective for the sharded strategies.
+#ifndef ELRUN_TRAINER_DATA_PARALLEL_H_
+#define ELRUN_TRAINER_DATA_PARALLEL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "absl/status/statusor.h"
+#include "trainer/checkpoint.h"
+#include "trainer/memory.h"
+#include "trainer/models.h"
+
+namespace elrun::trainer {
+
+class DataParallel {
+ public:
+  // InvalidArgument naming the choices for an unknown strategy.
+  static absl::StatusOr<std::unique_ptr<DataParallel>> Create(const std::string& strategy,
+                                                              std::shared_ptr<Classifier> model,
+                                                              c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                                                              double bucket_cap_mb);
+  virtual ~DataParallel() = default;
+
+  virtual torch::Tensor Forward(const torch::Tensor& input) = 0;
+  // Backward of `loss`; without `synchronize`, gradients accumulate locally (NoSync).
+  virtual void Backward(const torch::Tensor& loss, bool synchronize) = 0;
+  // What the optimizer steps.
+  virtual std::vector<torch::Tensor> OptimizerParameters() = 0;
+
+  // NotFound when `dir` holds no checkpoint of this kind.
+  virtual absl::StatusOr<TrainProgress> Load(const std::string& dir, torch::optim::Optimizer& optimizer) = 0;
+  virtual absl::Status Save(const std::string& dir, torch::optim::Optimizer& optimizer,
+                            const TrainProgress& progress) = 0;
+  // The end-of-run artefact Python opens: ddp's checkpoint.pt already is one; the sharded
+  // strategies write a consolidated <dir>/model.pt.
+  virtual absl::Status Export(const std::string& dir, torch::optim::Optimizer& optimizer,
+                              const TrainProgress& progress) = 0;
+
+  // This rank's model-state bytes now, and the peak of params + grads + buffers (+ state).
+  virtual MemoryReport Memory(const torch::optim::Optimizer& optimizer) = 0;
+};
+
+}  // namespace elrun::trainer
+
+#endif  // ELRUN_TRAINER_DATA_PARALLEL_H_
