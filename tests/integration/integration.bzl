@@ -1,7 +1,11 @@
 """A multi-process integration test: one Python test file run by /usr/bin/python3."""
 
-def py_integration_test(name, size = "small", rdzv = False):
-    """sh_test running <name>.py with the elrun binary (and, for rdzv, the daemon)."""
+def py_integration_test(name, size = "small", rdzv = False, extra_data = [], tags = []):
+    """sh_test running <name>.py with the elrun binary (and, for rdzv, the daemon).
+
+    extra_data: more runfiles (helper modules, other binaries such as //trainer:elrun-train).
+    tags: added to the default ones (cpu:2 for medium rdzv tests).
+    """
     data = ["%s.py" % name, "harness.py", "//launcher:elrun"] + native.glob(["workers/*.py"])
     if rdzv:
         data += ["rdzv_harness.py", "//agent:elrun-rdzv"]
@@ -10,7 +14,7 @@ def py_integration_test(name, size = "small", rdzv = False):
         size = size,
         srcs = ["run_py_test.sh"],
         args = ["$(location %s.py)" % name],
-        data = data,
+        data = data + extra_data,
         # Multi-node PyTorch jobs start 8 to 14 interpreters on 2 cores: run them alone.
-        tags = ["cpu:2"] if rdzv and size == "medium" else [],
+        tags = (["cpu:2"] if rdzv and size == "medium" else []) + tags,
     )

@@ -1,0 +1,267 @@
+"""Helpers for the integration tests of elrun-train (the LibTorch worker, //trainer:elrun-train):
+its command line, a launcher run whose output is read as it arrives (so a test can act at a given
+training step), and checkpoints compared through Python's torch.load.
+Everything waits on pipes and pidfds with bounded deadlines, never with sleeps; cleanup is
+harness.ElrunTestCase's (SIGKILL and reap whatever is left, fail on leftovers).
+Single-threaded, like harness: unittest runs one test at a time in this process.
+"""
+import json
+import os
+import re
+import select
+import time
+
+import harness
+from harness import ElrunTestCase
+
+# One training job from start to exit, restarts included. A job of these tests takes 10 to 25 s
+# on 2 idle cores (LibTorch start-up is several seconds per attempt); allow for a loaded machine.
+TRAIN_TIMEOUT_S = 150.0
+
+# Rank 0's progress line (--log-every 1 prints one per step) and its line after a resume.
+STEP_LINE = re.compile(r"^epoch (\d+)\s+step (\d+)\s", re.M)
+RESUMED_LINE = re.compile(r"^resumed from (\S+): epoch (\d+), step (\d+), sample (\d+) "
+                          r"\(written by (\d+) ranks, now (\d+)\)", re.M)
+
+# The data set of these tests: 4096 seeded training samples (elrun-train --dataset synthetic).
+SYNTHETIC_TRAIN_SAMPLES = 4096
+
+
+def train_command():
+    """The command that starts elrun-train, as a list (ELRUN_TRAIN_BIN overrides)."""
+    return harness.bazel_binary("trainer", "elrun-train", "ELRUN_TRAIN_BIN")
+
+
+def torchrun_command():
+    """Debian's torchrun (torch 1.13.1) through scripts/bench/torchrun_compat.py, with exits
+    noticed every 0.1 s instead of torchrun's default 5 s. TORCHRUN_COMPAT overrides the path."""
+    path = os.environ.get("TORCHRUN_COMPAT")
+    if not path:
+        candidates = []
+        for root in (os.environ.get("TEST_SRCDIR"), os.environ.get("RUNFILES_DIR")):
+            if root:
+                candidates.append(os.path.join(root, "elrun", "scripts", "bench",
+                                               "torchrun_compat.py"))
+        repo = os.path.dirname(os.path.dirname(harness.HERE))
+        candidates.append(os.path.join(repo, "scripts", "bench", "torchrun_compat.py"))
+        found = [p for p in candidates if os.path.isfile(p)]
+        if not found:
+            raise RuntimeError("torchrun_compat.py not found; looked at %s (set TORCHRUN_COMPAT)"
+                               % candidates)
+        path = found[0]
+    return [harness.PYTHON, path, "--monitor_interval", "0.1"]
+
+
+def train_args(**options):
+    """elrun-train's arguments: the deterministic CPU job of these tests, with `options` (Python
+    names, e.g. max_steps=40; True for a flag, None to drop an option) over the defaults."""
+    settings = {"model": "fashionnet", "dataset": "synthetic", "sync_bn": True, "threads": 1,
+                "seed": 7, "batch_size": 32, "lr": 0.02, "epochs": 1, "log_every": 1}
+    settings.update(options)
+    args = []
+    for key, value in settings.items():
+        if value is None or value is False:
+            continue
+        args.append("--" + key.replace("_", "-"))
+        if value is not True:
+            args.append(str(value))
+    return args
+
+
+def end_record(metrics_path):
+    """The last line of a --metrics-file, which must be rank 0's {"event": "end", ...}."""
+    with open(metrics_path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    if not records or records[-1].get("event") != "end":
+        raise AssertionError("expected %s to end with an \"end\" record; its last lines: %s"
+                             % (metrics_path, records[-3:]))
+    return records[-1]
+
+
+def load_checkpoint(path):
+    """A checkpoint.pt of elrun-train, read by Python's torch.load."""
+    import torch  # Only the tests of this module pay for importing torch.
+    return torch.load(path)
+
+
+def checkpoint_differences(a, b, tolerance, ignore=()):
+    """What differs between two checkpoints: progress fields (except those in `ignore`), tensor
+    names or shapes, and every tensor (model parameters and buffers, optimizer momentum) whose
+    largest absolute difference exceeds `tolerance`, worst first. Also returns the largest
+    difference seen overall."""
+    problems = []
+    for key in ("step", "epoch", "samples_seen", "world_size"):
+        if key not in ignore and a.get(key) != b.get(key):
+            problems.append((float("inf"), "%s: %r vs %r" % (key, a.get(key), b.get(key))))
+    worst = 0.0
+    for part in ("model", "optimizer"):
+        ta, tb = a.get(part, {}), b.get(part, {})
+        if sorted(ta) != sorted(tb):
+            problems.append((float("inf"), "%s names differ: only in the first %s, only in the "
+                             "second %s" % (part, sorted(set(ta) - set(tb)),
+                                            sorted(set(tb) - set(ta)))))
+        for name in sorted(set(ta) & set(tb)):
+            x, y = ta[name], tb[name]
+            if x.shape != y.shape:
+                problems.append((float("inf"), "%s[%s]: shape %s vs %s"
+                                 % (part, name, tuple(x.shape), tuple(y.shape))))
+                continue
+            diff = (x.double() - y.double()).abs().max().item() if x.numel() else 0.0
+            worst = max(worst, diff)
+            if not diff <= tolerance:  # Also catches NaN.
+                problems.append((diff, "%s[%s]: max |difference| %.3g (largest value %.3g)"
+                                 % (part, name, diff, x.double().abs().max().item())))
+    problems.sort(key=lambda p: -p[0])
+    return [text for _, text in problems], worst
+
+
+class LiveRun:
+    """A started launcher (elrun or torchrun): its stdout and stderr as they arrive, read from
+    non-blocking pipes, and its exit, seen on a pidfd opened while it is our unreaped child."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        self.pidfd = os.pidfd_open(proc.pid)
+        self.out, self.err = b"", b""
+        self.rc = None
+        self.ended_at = None
+        self.streams = {}
+        for stream, attr in ((proc.stdout, "out"), (proc.stderr, "err")):
+            os.set_blocking(stream.fileno(), False)
+            self.streams[stream.fileno()] = attr
+
+    @property
+    def stdout(self):
+        return self.out.decode("utf-8", "replace")
+
+    @property
+    def stderr(self):
+        return self.err.decode("utf-8", "replace")
+
+    def _read(self, fd):
+        """Appends what fd has now; forgets fd at EOF."""
+        for _ in range(1000):
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            if not chunk:
+                del self.streams[fd]
+                return
+            setattr(self, self.streams[fd], getattr(self, self.streams[fd]) + chunk)
+
+    def _reap(self):
+        self.rc = self.proc.wait(timeout=harness.DEATH_TIMEOUT_S)
+        self.ended_at = time.monotonic()
+        for fd in list(self.streams):  # What workers wrote before it exited is in the pipes.
+            self._read(fd)
+
+    def pump(self, until, timeout):
+        """Reads output and the exit as they come until until() is true, the launcher has exited
+        or timeout seconds have passed. Returns until()."""
+        deadline = time.monotonic() + timeout
+        for _ in range(1000000):  # Bounded: each round reads output, sees the exit or times out.
+            if until() or self.rc is not None:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            watch = list(self.streams) + [self.pidfd]
+            ready, _, _ = select.select(watch, [], [], remaining)
+            for fd in ready:
+                if fd == self.pidfd:
+                    self._reap()
+                elif fd in self.streams:
+                    self._read(fd)
+        return until()
+
+    def result(self):
+        end = self.ended_at if self.ended_at is not None else time.monotonic()
+        return harness.Result(self.proc.args_for_report, self.rc, self.stdout, self.stderr,
+                              end - self.proc.started_at)
+
+    def close(self):
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+class TrainTestCase(ElrunTestCase):
+    """Runs elrun-train jobs under a launcher and compares what they leave behind."""
+
+    def launch(self, launcher_args, trainer_args, torchrun=False, env=None):
+        """Starts elrun (or, with torchrun=True, Debian's torchrun) with launcher_args, then
+        elrun-train with trainer_args (--no-python, spelled as that launcher wants it)."""
+        command = torchrun_command() if torchrun else None
+        flag = "--no_python" if torchrun or harness.TORCHRUN_REFERENCE else "--no-python"
+        proc = self.start(list(launcher_args) + [flag] + train_command() + list(trainer_args),
+                          command=command, env=env)
+        run = LiveRun(proc)
+        self.addCleanup(run.close)
+        return run
+
+    def wait_exit(self, run, timeout=TRAIN_TIMEOUT_S):
+        """Waits for the launcher to exit; fails (and reports its output) after timeout."""
+        if not run.pump(lambda: False, timeout) and run.rc is None:
+            self.fail("expected the training job to finish within %.0f s; it did not (its "
+                      "processes: %s)\n%s" % (timeout, harness.describe(
+                          harness.descendants(run.proc.pid)), run.result()))
+        return run.result()
+
+    def workers(self, run):
+        """{rank: pid} of the elrun-train processes below the launcher now, by their RANK."""
+        found = {}
+        train = os.path.basename(train_command()[0])
+        for pid in harness.descendants(run.proc.pid):
+            if train not in harness.cmdline(pid):
+                continue
+            try:
+                with open("/proc/%d/environ" % pid, "rb") as f:
+                    env = dict(item.split(b"=", 1) for item in f.read().split(b"\0")
+                               if b"=" in item)
+            except OSError:
+                continue  # Gone since the scan.
+            if b"RANK" in env:
+                found[int(env[b"RANK"])] = pid
+        return found
+
+    def kill_worker(self, run, rank):
+        """SIGKILLs the elrun-train worker of `rank` below the launcher (never the launcher) and
+        waits until it is dead. Returns its pid."""
+        pid = self.workers(run).get(rank)
+        self.assertIsNotNone(pid, "expected a running elrun-train worker of rank %d below the "
+                             "launcher; found %s\n%s" % (rank, self.workers(run), run.result()))
+        start = harness.descendants(run.proc.pid).get(pid)
+        fds = harness.Pidfds([pid])
+        try:
+            stat = harness.proc_stat(pid)
+            self.assertTrue(fds.fds and stat is not None and stat[3] == start
+                            and stat[0] not in ("Z", "X"),
+                            "expected rank %d's worker (pid %d) to be running when the test "
+                            "killed it\n%s" % (rank, pid, run.result()))
+            fds.kill_all()
+            alive = fds.wait_all_dead(harness.DEATH_TIMEOUT_S)
+            self.assertEqual(alive, [], "expected rank %d's worker %d dead after SIGKILL"
+                             % (rank, pid))
+        finally:
+            fds.close()
+        return pid
+
+    def run_job(self, launcher_args, trainer_args, what, torchrun=False, env=None):
+        """Runs a training job to completion; expects exit 0 and returns its Result."""
+        run = self.launch(launcher_args, trainer_args, torchrun=torchrun, env=env)
+        result = self.wait_exit(run)
+        self.assertEqual(result.rc, 0, "expected %s to exit 0\n%s" % (what, result))
+        return result
+
+    def assertSameCheckpoint(self, path_a, path_b, what, tolerance=1e-6, ignore=()):
+        """Expects two checkpoints to hold the same progress (but the fields in `ignore`) and,
+        within `tolerance`, the same parameters, buffers (BatchNorm running statistics) and
+        momentum buffers. Returns the first one (as torch.load gives it) and the largest
+        difference."""
+        a, b = load_checkpoint(path_a), load_checkpoint(path_b)
+        problems, worst = checkpoint_differences(a, b, tolerance, ignore)
+        self.assertEqual(problems, [], "expected %s to hold the same state within %g; they "
+                         "differ (largest difference %.3g):\n  %s\n(%s\n %s)"
+                         % (what, tolerance, worst, "\n  ".join(problems[:20]), path_a, path_b))
+        return a, worst
