@@ -13,6 +13,22 @@
 
 namespace elrun::trainer {
 
+void InsertProgress(c10::impl::GenericDict& dict, const TrainProgress& progress) {
+  dict.insert("step", progress.step);
+  dict.insert("epoch", progress.epoch);
+  dict.insert("samples_seen", progress.samples_seen);
+  dict.insert("world_size", progress.world_size);
+}
+
+TrainProgress ReadProgress(const c10::impl::GenericDict& dict) {
+  TrainProgress progress;
+  progress.step = dict.at("step").toInt();
+  progress.epoch = dict.at("epoch").toInt();
+  progress.samples_seen = dict.at("samples_seen").toInt();
+  progress.world_size = dict.at("world_size").toInt();
+  return progress;
+}
+
 absl::Status WriteAtomically(const std::string& path, const std::vector<char>& bytes) {
   std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -62,10 +78,7 @@ absl::Status WriteCheckpointFile(const std::string& path, const std::map<std::st
     root.insert("model", model);
     root.insert("optimizer", state);
     root.insert("optimizer_kind", optimizer_kind);
-    root.insert("step", progress.step);
-    root.insert("epoch", progress.epoch);
-    root.insert("samples_seen", progress.samples_seen);
-    root.insert("world_size", progress.world_size);
+    InsertProgress(root, progress);
     return WriteAtomically(path, torch::pickle_save(root));
   } catch (const c10::Error& error) {
     return absl::InternalError(absl::StrCat("save ", path, ": ", error.what_without_backtrace()));
@@ -131,12 +144,7 @@ absl::StatusOr<TrainProgress> LoadCheckpoint(const std::string& path, torch::nn:
         return absl::InvalidArgumentError(absl::StrCat(path, ": ", p.key(), ": ", s.message()));
       }
     }
-    TrainProgress progress;
-    progress.step = root.at("step").toInt();
-    progress.epoch = root.at("epoch").toInt();
-    progress.samples_seen = root.at("samples_seen").toInt();
-    progress.world_size = root.at("world_size").toInt();
-    return progress;
+    return ReadProgress(root);
   } catch (const c10::Error& error) {
     return absl::InvalidArgumentError(absl::StrCat(path, " is not an elrun checkpoint: ",
                                                    error.what_without_backtrace()));

@@ -24,6 +24,10 @@ struct TrainProgress {
   int64_t world_size = 1;    // The world that wrote it (a restart may have another).
 };
 
+// The progress fields of a checkpoint dict ("step", "epoch", "samples_seen", "world_size").
+void InsertProgress(c10::impl::GenericDict& dict, const TrainProgress& progress);
+TrainProgress ReadProgress(const c10::impl::GenericDict& dict);  // Throws c10::Error if missing.
+
 // Writes `bytes` to `path` through a temporary file, fsync and rename.
 absl::Status WriteAtomically(const std::string& path, const std::vector<char>& bytes);
 

@@ -146,12 +146,7 @@ absl::StatusOr<TrainProgress> LoadOwnShards(const std::string& dir, FullySharded
       b.value().copy_(it->value().toTensor());
     }
     fsdp.ShardsChanged();
-    TrainProgress progress;
-    progress.step = files[0].at("step").toInt();
-    progress.epoch = files[0].at("epoch").toInt();
-    progress.samples_seen = files[0].at("samples_seen").toInt();
-    progress.world_size = files[0].at("world_size").toInt();
-    return progress;
+    return ReadProgress(files[0]);
   } catch (const c10::Error& error) {
     return absl::InvalidArgumentError(absl::StrCat(where, error.what_without_backtrace()));
   }
@@ -201,10 +196,7 @@ absl::Status SaveSharded(const std::string& dir, FullyShardedDataParallel& fsdp,
       file.insert("optimizer_kind", *OptimizerKind(optimizer));
       file.insert("units", units);
       file.insert("buffers", buffers);
-      file.insert("step", progress.step);
-      file.insert("epoch", progress.epoch);
-      file.insert("samples_seen", progress.samples_seen);
-      file.insert("world_size", progress.world_size);
+      InsertProgress(file, progress);
       status = WriteAtomically(ShardFile(step_dir, k, count), torch::pickle_save(file));
     } catch (const c10::Error& error) {
       status = absl::InternalError(absl::StrCat("save shard: ", error.what_without_backtrace()));

@@ -308,6 +308,53 @@ class ReadyFifo:
 # ---------------------------------------------------------------------------------------------
 # Running elrun.
 
+class WatchedProcess:
+    """A started process: its stdout and stderr so far, read from non-blocking pipes, and its
+    exit, seen on a pidfd opened while it was still our unreaped child. Callers select() on
+    list(streams) + [pidfd] and call read(fd) / reap()."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        self.pidfd = os.pidfd_open(proc.pid)
+        self.out, self.err = b"", b""
+        self.rc, self.exited_at = None, None
+        self.streams = {}
+        for stream, attr in ((proc.stdout, "out"), (proc.stderr, "err")):
+            os.set_blocking(stream.fileno(), False)
+            self.streams[stream.fileno()] = attr
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    @property
+    def stdout(self):
+        return self.out.decode("utf-8", "replace")
+
+    @property
+    def stderr(self):
+        return self.err.decode("utf-8", "replace")
+
+    def read(self, fd):
+        """Appends what fd has now; forgets fd at EOF (a leaked worker may keep it open)."""
+        for _ in range(1000):
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            if not chunk:
+                del self.streams[fd]
+                return
+            setattr(self, self.streams[fd], getattr(self, self.streams[fd]) + chunk)
+
+    def reap(self):
+        """Called when the pidfd is readable: records the exit and what was left in the pipes."""
+        self.rc = self.proc.wait(timeout=DEATH_TIMEOUT_S)
+        self.exited_at = time.monotonic()
+        for fd in list(self.streams):
+            self.read(fd)
+
+
 class Result:
     def __init__(self, args, rc, out, err, elapsed):
         self.args, self.rc, self.out, self.err, self.elapsed = args, rc, out, err, elapsed

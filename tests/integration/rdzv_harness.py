@@ -59,52 +59,15 @@ def rdzv_command():
     return harness.bazel_binary("agent", "elrun-rdzv", "ELRUN_RDZV_BIN")
 
 
-class Watched:
-    """A started process (the daemon or an agent): its output so far, read from non-blocking
-    pipes, and its exit, seen on a pidfd opened while it was still our unreaped child."""
+class Watched(harness.WatchedProcess):
+    """A started process (the daemon or an agent), with its name, and for an agent its node
+    number (start_agent), for the daemon its port (start_daemon)."""
 
     def __init__(self, name, proc):
-        self.name, self.proc = name, proc
-        self.pidfd = os.pidfd_open(proc.pid)
-        self.out, self.err = b"", b""
-        self.rc, self.exited_at = None, None
-        self.node = None  # An agent's node number (start_agent).
-        self.port, self.port_file = None, None  # The daemon's (start_daemon).
-        self.streams = {}
-        for stream, attr in ((proc.stdout, "out"), (proc.stderr, "err")):
-            os.set_blocking(stream.fileno(), False)
-            self.streams[stream.fileno()] = attr
-
-    @property
-    def pid(self):
-        return self.proc.pid
-
-    @property
-    def stdout(self):
-        return self.out.decode("utf-8", "replace")
-
-    @property
-    def stderr(self):
-        return self.err.decode("utf-8", "replace")
-
-    def read(self, fd):
-        """Appends what fd has now; forgets fd at EOF (a leaked worker may keep it open)."""
-        for _ in range(1000):
-            try:
-                chunk = os.read(fd, 65536)
-            except BlockingIOError:
-                return
-            if not chunk:
-                del self.streams[fd]
-                return
-            setattr(self, self.streams[fd], getattr(self, self.streams[fd]) + chunk)
-
-    def reap(self):
-        """Called when the pidfd is readable: records the exit and what was left in the pipes."""
-        self.rc = self.proc.wait(timeout=harness.DEATH_TIMEOUT_S)
-        self.exited_at = time.monotonic()
-        for fd in list(self.streams):
-            self.read(fd)
+        super().__init__(proc)
+        self.name = name
+        self.node = None
+        self.port, self.port_file = None, None
 
     def rounds(self):
         """elrun's round lines so far: [{round, group, groups, world, restarts, master}]."""

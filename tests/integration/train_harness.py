@@ -115,46 +115,8 @@ def checkpoint_differences(a, b, tolerance, ignore=()):
     return [text for _, text in problems], worst
 
 
-class LiveRun:
-    """A started launcher (elrun or torchrun): its stdout and stderr as they arrive, read from
-    non-blocking pipes, and its exit, seen on a pidfd opened while it is our unreaped child."""
-
-    def __init__(self, proc):
-        self.proc = proc
-        self.pidfd = os.pidfd_open(proc.pid)
-        self.out, self.err = b"", b""
-        self.rc = None
-        self.ended_at = None
-        self.streams = {}
-        for stream, attr in ((proc.stdout, "out"), (proc.stderr, "err")):
-            os.set_blocking(stream.fileno(), False)
-            self.streams[stream.fileno()] = attr
-
-    @property
-    def stdout(self):
-        return self.out.decode("utf-8", "replace")
-
-    @property
-    def stderr(self):
-        return self.err.decode("utf-8", "replace")
-
-    def _read(self, fd):
-        """Appends what fd has now; forgets fd at EOF."""
-        for _ in range(1000):
-            try:
-                chunk = os.read(fd, 65536)
-            except BlockingIOError:
-                return
-            if not chunk:
-                del self.streams[fd]
-                return
-            setattr(self, self.streams[fd], getattr(self, self.streams[fd]) + chunk)
-
-    def _reap(self):
-        self.rc = self.proc.wait(timeout=harness.DEATH_TIMEOUT_S)
-        self.ended_at = time.monotonic()
-        for fd in list(self.streams):  # What workers wrote before it exited is in the pipes.
-            self._read(fd)
+class LiveRun(harness.WatchedProcess):
+    """A started launcher (elrun or torchrun), pumped until a condition on its output holds."""
 
     def pump(self, until, timeout):
         """Reads output and the exit as they come until until() is true, the launcher has exited
@@ -170,13 +132,13 @@ class LiveRun:
             ready, _, _ = select.select(watch, [], [], remaining)
             for fd in ready:
                 if fd == self.pidfd:
-                    self._reap()
+                    self.reap()
                 elif fd in self.streams:
-                    self._read(fd)
+                    self.read(fd)
         return until()
 
     def result(self):
-        end = self.ended_at if self.ended_at is not None else time.monotonic()
+        end = self.exited_at if self.exited_at is not None else time.monotonic()
         return harness.Result(self.proc.args_for_report, self.rc, self.stdout, self.stderr,
                               end - self.proc.started_at)
 
