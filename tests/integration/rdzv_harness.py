@@ -24,9 +24,11 @@ LISTENING = re.compile(r"^elrun-rdzv listening on 127\.0\.0\.1:(\d+)", re.M)
 ROUND_LINE = re.compile(r"\[elrun\] info: round (\d+): group rank (\d+) of (\d+), world size "
                         r"(\d+), restart count (\d+), master (\S+):(\d+)")
 
-# The sh worker of these tests: starts a grandchild, reports itself on $READY as one line of
+# The sh worker of these tests: runs $SETUP (e.g. a trap, which must be in place before the
+# worker says it is ready), starts a grandchild, reports itself on $READY as one line of
 # key=value pairs (parse_record), then runs $RULE, one of the rules below.
 WORKER = r'''
+eval "$SETUP"
 sleep 300 </dev/null >/dev/null 2>&1 &
 echo "node=$NODE run=$TORCHELASTIC_RUN_ID group=$GROUP_RANK groups=$GROUP_WORLD_SIZE" \
      "rank=$RANK local=$LOCAL_RANK nproc=$LOCAL_WORLD_SIZE world=$WORLD_SIZE" \
@@ -143,7 +145,7 @@ class RdzvTestCase(ElrunTestCase):
                 "--rdzv-conf", ",".join("%s=%s" % kv for kv in settings.items())]
         argv += list(args) + list(worker or self.worker_args)
         overrides = {"NODE": node, "READY": self.ready.path, "GO": self.go_path, "RULE": rule,
-                     "LOGLEVEL": "info"}
+                     "SETUP": "", "LOGLEVEL": "info"}
         overrides.update(env or {})
         agent = self._watch("node %d" % node, self.start(argv, env=self.env(**overrides)))
         agent.node = node

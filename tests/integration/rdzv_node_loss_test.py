@@ -118,9 +118,11 @@ class NodeLossTest(RdzvTestCase):
     # delivered to one of them kills elrun (returncode -15) instead of being forwarded.
     def test_sigterm_to_a_node_forwarded_then_survivors_go_on(self):
         daemon = self.start_daemon()
-        rule = ("trap 'echo TERM > \"$OUT_DIR/term.$NODE.$LOCAL_RANK\"; exit 0' TERM; "
-                + rdzv_harness.hold_while_world(6))
-        agents = [self.start_agent(node, daemon.port, nnodes="2:3", nproc=2, rule=rule)
+        # The trap is set before the worker reports ready: a SIGTERM right after the report
+        # must find it (under load it once arrived before a trap set by the rule).
+        trap = "trap 'echo TERM > \"$OUT_DIR/term.$NODE.$LOCAL_RANK\"; exit 0' TERM"
+        agents = [self.start_agent(node, daemon.port, nnodes="2:3", nproc=2,
+                                   rule=rdzv_harness.hold_while_world(6), env={"SETUP": trap})
                   for node in (1, 2, 3)]
         first = self.wait_workers(6, alive=agents, what="round 1's 6 workers to start")
         victim, victim_records = self.victim(agents, first)
