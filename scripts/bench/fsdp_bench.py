@@ -507,8 +507,9 @@ def plot(args, summary, path):
         ax1.axhline(TARGET_STATE_RATIO * summary["ddp"]["state"] / MIB, color="green",
                     linestyle="--", linewidth=1,
                     label=f"fsdp target ≤ {TARGET_STATE_RATIO:g}× ddp")
+    ax1.set_ylim(0, max(bottom) * 1.35)
     ax1.set_title("Model state per rank (MiB)", fontsize=10)
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=8, loc="upper center", ncol=2)
 
     w = 0.38
     ax2.bar([i - w / 2 for i in x], [summary[s]["peak"] / MIB for s in names], w,
@@ -525,16 +526,17 @@ def plot(args, summary, path):
     if all("steady" in summary[s] for s in names):
         ax3.scatter(x, [summary[s]["steady"] for s in names], marker="_", s=900, color="black",
                     zorder=3, label="steady-state step")
-    for i, v in enumerate(steps):
-        ax3.text(i, v * 1.03, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+    for i, s in enumerate(names):
+        ax3.text(i + 0.32, summary[s]["step"], f"{summary[s]['step']:.2f}", ha="left",
+                 va="center", fontsize=8)
     if "ddp" in summary:
         ax3.axhline(TARGET_STEP_RATIO * summary["ddp"]["step"], color="green", linestyle="--",
                     linewidth=1, label=f"fsdp target ≤ {TARGET_STEP_RATIO:g}× ddp")
     top = max([summary[s]["step_max"] for s in names]
               + ([TARGET_STEP_RATIO * summary["ddp"]["step"]] if "ddp" in summary else []))
-    ax3.set_ylim(0, top * 1.25)
+    ax3.set_ylim(0, top * 1.4)
     ax3.set_title("Step time (s; median, whiskers min/max)", fontsize=10)
-    ax3.legend(fontsize=8)
+    ax3.legend(fontsize=8, loc="upper left")
     for ax in (ax1, ax2, ax3):
         ax.set_xticks(list(x))
         ax.set_xticklabels(names, fontsize=9)
