@@ -241,3 +241,41 @@ def stats(xs):
 
 def verdict(value, target):
     return "yes" if value <= target else "NO"
+
+
+def tagged_pids(tag_var, prefix):
+    """Live (not zombie) processes whose environment has tag_var=<prefix>..."""
+    needle = f"\0{tag_var}={prefix}".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = b"\0" + f.read()
+            with open(f"/proc/{name}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if needle in env and state != "Z":
+            out.append(int(name))
+    return out
+
+
+def kill_tagged(tag_var, prefix):
+    """SIGKILLs every live process carrying the tag (only the calling benchmark's); returns how
+    many there were."""
+    seen = set()
+    for _ in range(50):
+        pids = tagged_pids(tag_var, prefix)
+        if not pids:
+            return len(seen)
+        seen.update(pids)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.02)  # Bounded: SIGKILLed processes take a moment to become zombies.
+    log(f"  warning: processes tagged {prefix} survive SIGKILL: {tagged_pids(tag_var, prefix)}")
+    return len(seen)

@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 
+import bench_common
 from bench_common import (HERE, REPO, ForeignCpu, RunError, binary_id, clean_env, cpu_snapshot,
                           foreign_cpu_share, kill_group, log, loadavg, mem_available_mib,
                           verdict)
@@ -90,40 +91,11 @@ def formula_text(strategy):
 # --- running ---------------------------------------------------------------------------------
 
 def tagged_pids(prefix):
-    """Live (not zombie) processes whose environment has TAG_VAR=<prefix>..."""
-    needle = f"\0{TAG_VAR}={prefix}".encode()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = b"\0" + f.read()
-            with open(f"/proc/{name}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if needle in env and state != "Z":
-            out.append(int(name))
-    return out
+    return bench_common.tagged_pids(TAG_VAR, prefix)
 
 
 def kill_tagged(prefix):
-    """SIGKILLs every live process carrying the tag (only this benchmark's); returns how many."""
-    seen = set()
-    for _ in range(50):
-        pids = tagged_pids(prefix)
-        if not pids:
-            return len(seen)
-        seen.update(pids)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.02)  # Bounded: SIGKILLed processes take a moment to become zombies.
-    log(f"  warning: processes tagged {prefix} survive SIGKILL: {tagged_pids(prefix)}")
-    return len(seen)
+    return bench_common.kill_tagged(TAG_VAR, prefix)
 
 
 def other_benchmarks():
