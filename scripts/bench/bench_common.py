@@ -279,3 +279,11 @@ def kill_tagged(tag_var, prefix):
         time.sleep(0.02)  # Bounded: SIGKILLed processes take a moment to become zombies.
     log(f"  warning: processes tagged {prefix} survive SIGKILL: {tagged_pids(tag_var, prefix)}")
     return len(seen)
+
+
+def stop_launcher(proc, tag_var, tag):
+    """Kills a launcher started with start_new_session=True (its whole session), reaps it, then
+    SIGKILLs whatever still carries the tag; returns how many tagged processes were left."""
+    kill_group(proc.pid)
+    proc.wait()
+    return kill_tagged(tag_var, tag)

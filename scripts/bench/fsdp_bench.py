@@ -44,7 +44,7 @@ import time
 
 import bench_common
 from bench_common import (HERE, REPO, ForeignCpu, RunError, binary_id, clean_env, cpu_snapshot,
-                          foreign_cpu_share, kill_group, log, loadavg, mem_available_mib,
+                          foreign_cpu_share, log, loadavg, mem_available_mib,
                           verdict)
 from bench_common import machine_info as _machine_info
 
@@ -202,20 +202,15 @@ def run_once(args, strategy, env, rnd):
             try:
                 lines = read_until_exit(p, t0 + args.timeout)
             except subprocess.TimeoutExpired:
-                kill_group(p.pid)
-                p.wait()
-                kill_tagged(tag)
+                bench_common.stop_launcher(p, TAG_VAR, tag)
                 raise RunError(f"timed out after {args.timeout:g} s")
             except BaseException:  # Ctrl-C: the launcher is in its own session; stop it here.
-                kill_group(p.pid)
-                p.wait()
-                kill_tagged(tag)
+                bench_common.stop_launcher(p, TAG_VAR, tag)
                 raise
             finally:
                 p.stdout.close()
             wall = time.monotonic() - t0
-            kill_group(p.pid)  # Stragglers, if any (there should be none).
-            left = kill_tagged(tag)
+            left = bench_common.stop_launcher(p, TAG_VAR, tag)  # Stragglers (there should be none).
             if left:
                 log(f"  warning: {left} process(es) of {strategy} outlived the launcher; killed")
             return p.returncode, t0, wall, lines

@@ -34,7 +34,7 @@ import time
 
 import bench_common
 from bench_common import (HERE, PYTHON, REPO, TORCHRUN_COMPAT, ForeignCpu, RunError, binary_id,
-                          clean_env, fmt, kill_group, log, loadavg, stats, wait_idle)
+                          clean_env, fmt, log, loadavg, stats, wait_idle)
 from bench_common import machine_info as _machine_info
 
 DEFAULT_ELRUN = os.path.join(REPO, "bazel-bin", "launcher", "elrun")
@@ -121,18 +121,13 @@ def run_once(args, c, env, workdir, rnd):
             try:
                 rc = p.wait(timeout=args.timeout)
             except subprocess.TimeoutExpired:
-                kill_group(p.pid)
-                p.wait()
-                kill_tagged(tag)
+                bench_common.stop_launcher(p, TAG_VAR, tag)
                 raise RunError(f"timed out after {args.timeout:g} s; stderr ends:\n{last_lines(err)}")
             except BaseException:  # Ctrl-C: the launcher is in its own session; stop it here.
-                kill_group(p.pid)
-                p.wait()
-                kill_tagged(tag)
+                bench_common.stop_launcher(p, TAG_VAR, tag)
                 raise
             wall = time.perf_counter() - t0
-            kill_group(p.pid)  # Stragglers, if any (there should be none).
-            left = kill_tagged(tag)
+            left = bench_common.stop_launcher(p, TAG_VAR, tag)  # Stragglers (there should be none).
             if left:
                 log(f"  warning: {left} process(es) of {c.key} outlived the launcher; killed")
             if rc != 0:
