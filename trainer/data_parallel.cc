@@ -12,8 +12,8 @@ int64_t Bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.eleme
 
 class Ddp final : public DataParallel {
  public:
-  Ddp(std::shared_ptr<Classifier> model, c10::intrusive_ptr<c10d::ProcessGroup> pg, double bucket_cap_mb)
-      : model_(model), rank_(pg->getRank()), ddp_(model, std::move(pg), DdpOptions{bucket_cap_mb}) {}
+  Ddp(std::shared_ptr<Classifier> model, c10::intrusive_ptr<c10d::ProcessGroup> pg, const DdpOptions& options)
+      : model_(model), rank_(pg->getRank()), ddp_(model, std::move(pg), options) {}
 
   torch::Tensor Forward(const torch::Tensor& input) override { return model_->forward(input); }
 
@@ -112,8 +112,8 @@ class Fsdp final : public DataParallel {
 absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(const std::string& strategy,
                                                                    std::shared_ptr<Classifier> model,
                                                                    c10::intrusive_ptr<c10d::ProcessGroup> pg,
-                                                                   double bucket_cap_mb) {
-  if (strategy == "ddp") return std::unique_ptr<DataParallel>(new Ddp(std::move(model), std::move(pg), bucket_cap_mb));
+                                                                   const DdpOptions& ddp_options) {
+  if (strategy == "ddp") return std::unique_ptr<DataParallel>(new Ddp(std::move(model), std::move(pg), ddp_options));
   if (strategy == "no_shard" || strategy == "zero1" || strategy == "zero2" || strategy == "fsdp") {
     return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(pg), *ParseShardingStrategy(strategy)));
   }

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "trainer/checkpoint.h"
+#include "trainer/ddp.h"
 #include "trainer/memory.h"
 #include "trainer/models.h"
 
@@ -23,11 +24,11 @@ namespace elrun::trainer {
 
 class DataParallel {
  public:
-  // InvalidArgument naming the choices for an unknown strategy.
+  // InvalidArgument naming the choices for an unknown strategy. `ddp_options` apply to "ddp".
   static absl::StatusOr<std::unique_ptr<DataParallel>> Create(const std::string& strategy,
                                                               std::shared_ptr<Classifier> model,
                                                               c10::intrusive_ptr<c10d::ProcessGroup> pg,
-                                                              double bucket_cap_mb);
+                                                              const DdpOptions& ddp_options);
   virtual ~DataParallel() = default;
 
   virtual torch::Tensor Forward(const torch::Tensor& input) = 0;

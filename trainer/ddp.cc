@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "trainer/collectives.h"
@@ -30,24 +31,26 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   for (const auto& buffer : module_->buffers()) state.push_back(buffer);
   if (!state.empty()) BroadcastFromRank0(*pg_, state);
 
-  // Buckets in reverse registration order (roughly the order backward produces gradients),
-  // each up to the cap, one dtype per bucket.
-  const int64_t cap_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
+  // Buckets in reverse registration order (roughly the order backward produces gradients), one
+  // dtype each; a bucket closes once it reaches its limit (see DdpOptions).
+  const int64_t first_cap = static_cast<int64_t>(options_.first_bucket_mb * 1024 * 1024);
+  const int64_t cap = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
   bucket_of_.assign(params_.size(), -1);
   offset_.assign(params_.size(), 0);
   ready_.assign(params_.size(), false);
   int64_t bytes = 0;
+  bool open = false;
   for (size_t k = params_.size(); k-- > 0;) {
     const torch::Tensor& p = params_[k];
-    int64_t size = p.numel() * p.element_size();
-    bool new_bucket = layout_.empty() || bytes + size > cap_bytes ||
-                      params_[layout_.back().front()].scalar_type() != p.scalar_type();
-    if (new_bucket) {
+    if (open && params_[layout_.back().front()].scalar_type() != p.scalar_type()) open = false;
+    if (!open) {
       layout_.emplace_back();
       bytes = 0;
+      open = true;
     }
     layout_.back().push_back(k);
-    bytes += size;
+    bytes += p.numel() * p.element_size();
+    if (bytes >= (layout_.size() == 1 ? std::min(first_cap, cap) : cap)) open = false;
   }
   for (size_t b = 0; b < layout_.size(); ++b) {
     auto bucket = std::make_unique<Bucket>();

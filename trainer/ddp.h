@@ -19,10 +19,15 @@
 namespace elrun::trainer {
 
 struct DdpOptions {
+  // Bucket sizes as in PyTorch's DDP: gradients are taken in reverse registration order and a
+  // bucket is closed as soon as it holds at least its limit (so its last tensor may take it past
+  // the limit). The first bucket's limit is small so that the gradients backward
+  // produces first (the last layers) are all-reduced while the rest of backward still runs.
   double bucket_cap_mb = 25.0;
   // Parameters that get no gradient in an iteration are an error unless this is set; then they
   // are reduced as zeros (the way Python's find_unused_parameters=True behaves).
   bool find_unused_parameters = false;
+  double first_bucket_mb = 1.0;  // PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES.
 };
 
 // What the last synchronized backward did (for tests and metrics).

@@ -59,6 +59,7 @@ struct Options {
   int64_t checkpoint_every = 0;
   int threads = 1;
   double bucket_cap_mb = 25.0;
+  double first_bucket_mb = 1.0;
   std::string metrics_file;
   int64_t log_every = 50;
 };
@@ -183,7 +184,10 @@ int Train(const Options& o) {
   if (o.optimizer != "sgd" && o.optimizer != "adam") {
     return Fail(absl::StrCat("--optimizer=", o.optimizer, ": expected sgd or adam"), 2);
   }
-  auto parallel = DataParallel::Create(o.strategy, *model, dist->pg, o.bucket_cap_mb);
+  DdpOptions ddp_options;
+  ddp_options.bucket_cap_mb = o.bucket_cap_mb;
+  ddp_options.first_bucket_mb = o.first_bucket_mb;
+  auto parallel = DataParallel::Create(o.strategy, *model, dist->pg, ddp_options);
   if (!parallel.ok()) return Fail(std::string(parallel.status().message()), 2);
   std::unique_ptr<torch::optim::Optimizer> optimizer_owner = MakeOptimizer(o, (*parallel)->OptimizerParameters());
   torch::optim::Optimizer& optimizer = *optimizer_owner;
@@ -357,7 +361,13 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "save and resume checkpoint.pt here");
   app.add_option("--checkpoint-every", o.checkpoint_every, "save every N steps (0: at the end and on SIGTERM)")->capture_default_str();
   app.add_option("--threads", o.threads, "intra-op threads per rank")->capture_default_str()->check(CLI::Range(1, 256));
-  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket size")->capture_default_str();
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket size limit (MiB)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--first-bucket-mb", o.first_bucket_mb,
+                 "limit of DDP's first bucket (MiB), small so the last layers' all-reduce overlaps backward")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--metrics-file", o.metrics_file, "JSON lines: steps and a final {\"event\":\"end\",...}");
   app.add_option("--log-every", o.log_every, "progress line every N steps (rank 0)")->capture_default_str();
   try {

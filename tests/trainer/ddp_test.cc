@@ -118,7 +118,7 @@ TEST_CASE("gradient accumulation: k micro-batches of b equal one batch of k*b") 
 TEST_CASE("uneven bucket boundaries give the same parameters") {
   std::vector<torch::Tensor> results;
   std::vector<size_t> buckets;
-  TrainDdp(0.0007, 1, &results, nullptr, &buckets);  // ~730 bytes: layers split across buckets.
+  TrainDdp(0.0001, 1, &results, nullptr, &buckets);  // ~105 bytes: layers split across buckets.
   REQUIRE(buckets.size() == 1);
   CHECK(buckets[0] >= 4);
   torch::Tensor expected = Reference(StepsData(), 7);
@@ -129,7 +129,7 @@ TEST_CASE("uneven bucket boundaries give the same parameters") {
 TEST_CASE("overlap: the first bucket's all-reduce starts before backward has all gradients") {
   std::vector<torch::Tensor> results;
   std::vector<DdpStats> stats;
-  TrainDdp(0.0007, 1, &results, &stats);
+  TrainDdp(0.0001, 1, &results, &stats);
   for (const DdpStats& s : stats) {
     CHECK(s.buckets >= 4);
     CHECK(s.buckets_launched_before_backward_end == s.buckets);
@@ -147,6 +147,29 @@ TEST_CASE("buckets follow reverse registration order") {
     REQUIRE(order.size() == 6);
     CHECK(order.front() == 5);
     CHECK(order.back() == 0);
+  });
+}
+
+// Parameters of given float counts, registered in order p0, p1, ...
+struct Sized : torch::nn::Module {
+  explicit Sized(const std::vector<int64_t>& numels) {
+    for (size_t i = 0; i < numels.size(); ++i) register_parameter("p" + std::to_string(i), torch::zeros({numels[i]}));
+  }
+};
+
+TEST_CASE("bucket limits follow PyTorch: a small first bucket, a bucket closes once it reaches its limit") {
+  constexpr int64_t kMiB = 1024 * 1024 / 4;  // floats
+  // Reverse registration order: p4 (0.5 MiB), p3 (0.6 MiB), p2 (0.1 MiB), p1 (3 MiB), p0 (1 KiB).
+  auto model = std::make_shared<Sized>(std::vector<int64_t>{256, 3 * kMiB, kMiB / 10, kMiB * 6 / 10, kMiB / 2});
+  RunRanks(1, [&](int, PG pg) {
+    DistributedDataParallel ddp(model, pg, DdpOptions{/*bucket_cap_mb=*/2.0});
+    const std::vector<std::vector<size_t>> expected{{4, 3}, {2, 1}, {0}};
+    CHECK(ddp.bucket_layout() == expected);
+    DdpOptions one_bucket;
+    one_bucket.bucket_cap_mb = 25.0;
+    one_bucket.first_bucket_mb = 25.0;
+    DistributedDataParallel single(model, pg, one_bucket);
+    CHECK(single.bucket_layout().size() == 1);
   });
 }
 
