@@ -5,6 +5,7 @@ import harness
 from rdzv_harness import RdzvTestCase
 
 HOSTING = "hosting the rendezvous coordinator on 127.0.0.1:%d"
+JOINED = "joined; waiting for the round to complete"
 
 
 @harness.elrun_only("multi-node rendezvous through an embedded coordinator")
@@ -15,6 +16,10 @@ class EmbeddedCoordinatorTest(RdzvTestCase):
         host = self.start_agent(1, port, nnodes=3, nproc=2)
         self.pump(lambda: HOSTING % port in host.stderr, "node 1 to host the coordinator",
                   10, alive=[host])
+        # Group ranks follow join order: the others start once the host has joined (hosting is
+        # logged before the host's own join reaches the coordinator).
+        self.pump(lambda: JOINED in host.stderr, "node 1 to join its own coordinator", 10,
+                  alive=[host])
         agents = [host] + [self.start_agent(node, port, nnodes=3, nproc=2) for node in (2, 3)]
         records = self.wait_workers(6, alive=agents, what="the 3 nodes' 6 workers to start")
         self.assertAllExit(agents, 0)
