@@ -6,7 +6,11 @@ On this machine, in one invocation:
   - scripts/bench/fashion_twin.py (the same model, data, data order, optimizer and step, with
     torch.nn.parallel.DistributedDataParallel on gloo) under Debian's torchrun 1.13, started through
     scripts/bench/torchrun_compat.py --standalone --nproc_per_node K, K = 1 and 2;
-  - one extra row: elrun-train --sync-bn at 2 ranks.
+  - one extra row: elrun-train --sync-bn at 2 ranks;
+  - the machine's ceiling: two independent 1-rank elrun-train jobs started at the same moment
+    (no communication between them, so they compete only for the cores, caches and memory
+    bandwidth); their summed rate over 2 x rate(1 rank) is the best scaling efficiency this
+    machine allows two ranks of this workload, whatever the data-parallel implementation.
 Every run: FashionNet, batch 64 per rank, --threads 1, --max-steps S (300), --lr-schedule constant,
 seed 0. Each configuration runs R (3) times, interleaved round-robin (the order rotates by one
 configuration each round); the throughput of a run is the samples_per_s of its --metrics-file end
@@ -22,6 +26,7 @@ non-zero, times out or leaves no end record stops the benchmark with exit status
   /usr/bin/python3 scripts/bench/train_bench.py [--max-steps 300] [--runs 3] [--wait-idle 120]
 """
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -49,11 +54,12 @@ TAG_VAR = "TRAIN_BENCH_TAG"
 TARGET_RATIO = 1.15    # elrun-train samples/s at 2 ranks >= 1.15 x the Python twin's
 TARGET_SCALING = 0.95  # elrun-train rate(2 ranks) / (2 x rate(1 rank)) >= 0.95
 
-ELRUN, PY, SYNC = "elrun", "python", "elrun-syncbn"
+ELRUN, PY, SYNC, PAIR = "elrun", "python", "elrun-syncbn", "elrun-pair"
 LABELS = {
     ELRUN: "elrun + elrun-train (C++ DDP, BatchNorm2d)",
     PY: "torchrun + fashion_twin.py (Python DDP, BatchNorm2d)",
     SYNC: "elrun + elrun-train --sync-bn (C++ DDP, SyncBatchNorm)",
+    PAIR: "2 × (elrun + elrun-train, 1 rank), at once, no communication [c]",
 }
 
 
@@ -77,7 +83,7 @@ def worker_args(args, metrics):
 
 
 def command(args, c, metrics):
-    k = str(c.nproc)
+    k = "1" if c.kind == PAIR else str(c.nproc)
     if c.kind == PY:
         return ([PYTHON, TORCHRUN_COMPAT, "--standalone", "--nproc_per_node", k, TWIN]
                 + worker_args(args, metrics))
@@ -106,36 +112,8 @@ def shown(args, argv):
     return [{args.elrun_copy: args.elrun, args.train_copy: args.train}.get(a, a) for a in argv]
 
 
-def run_once(args, c, env, workdir, rnd):
-    """One run of config c: (wall seconds, end record, foreign CPU share). Raises RunError."""
-    metrics = os.path.join(workdir, f"{c.kind}_{c.nproc}_{rnd}.jsonl")
-    argv = command(args, c, metrics)
-    foreign = ForeignCpu()
-    tag = f"{args.tag}:{c.key}:{rnd}"
-    env = dict(env, **{TAG_VAR: tag})
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        def go():
-            t0 = time.perf_counter()
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                                 cwd=REPO, start_new_session=True)
-            try:
-                rc = p.wait(timeout=args.timeout)
-            except subprocess.TimeoutExpired:
-                bench_common.stop_launcher(p, TAG_VAR, tag)
-                raise RunError(f"timed out after {args.timeout:g} s; stderr ends:\n{last_lines(err)}")
-            except BaseException:  # Ctrl-C: the launcher is in its own session; stop it here.
-                bench_common.stop_launcher(p, TAG_VAR, tag)
-                raise
-            wall = time.perf_counter() - t0
-            left = bench_common.stop_launcher(p, TAG_VAR, tag)  # Stragglers (there should be none).
-            if left:
-                log(f"  warning: {left} process(es) of {c.key} outlived the launcher; killed")
-            if rc != 0:
-                raise RunError(f"exit status {rc}; stdout ends:\n{last_lines(out)}\n"
-                               f"stderr ends:\n{last_lines(err)}")
-            return wall
-
-        wall = foreign.phase(go)
+def read_end(args, metrics, world_size):
+    """The end record of one run's metrics file. Raises RunError."""
     try:
         with open(metrics) as f:
             ends = [json.loads(l) for l in f if '"event":"end"' in l.replace(" ", "")]
@@ -144,15 +122,68 @@ def run_once(args, c, env, workdir, rnd):
     if len(ends) != 1:
         raise RunError(f"{metrics}: {len(ends)} end records, expected 1")
     end = ends[0]
-    if end.get("world_size") != c.nproc:
-        raise RunError(f"{metrics}: world_size {end.get('world_size')}, expected {c.nproc}")
+    if end.get("world_size") != world_size:
+        raise RunError(f"{metrics}: world_size {end.get('world_size')}, expected {world_size}")
     if end.get("steps") != args.max_steps:
         raise RunError(f"{metrics}: {end.get('steps')} steps, expected {args.max_steps}")
-    return wall, end, foreign.share, argv
+    return end
+
+
+def run_once(args, c, env, workdir, rnd):
+    """One run of config c: (wall seconds, end record, foreign CPU share, argv). Raises RunError.
+    PAIR starts two 1-rank launchers at once; its end record sums their rates."""
+    copies = 2 if c.kind == PAIR else 1
+    metrics = [os.path.join(workdir, f"{c.kind}_{c.nproc}_{rnd}_{i}.jsonl") for i in range(copies)]
+    argvs = [command(args, c, m) for m in metrics]
+    tags = [f"{args.tag}:{c.key}:{rnd}:{i}" for i in range(copies)]
+    foreign = ForeignCpu()
+    with contextlib.ExitStack() as stack:
+        outs = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(copies)]
+        errs = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(copies)]
+
+        def stop_all(procs):
+            return sum(bench_common.stop_launcher(p, TAG_VAR, t) for p, t in zip(procs, tags))
+
+        def go():
+            t0 = time.perf_counter()
+            procs = []
+            try:
+                for argv, tag, out, err in zip(argvs, tags, outs, errs):
+                    procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                                  stderr=err, env=dict(env, **{TAG_VAR: tag}),
+                                                  cwd=REPO, start_new_session=True))
+                rcs = [p.wait(timeout=max(0.0, t0 + args.timeout - time.perf_counter()))
+                       for p in procs]
+            except subprocess.TimeoutExpired:
+                stop_all(procs)
+                raise RunError(f"timed out after {args.timeout:g} s; stderr ends:\n"
+                               f"{last_lines(errs[0])}")
+            except BaseException:  # Ctrl-C: the launchers are in their own sessions; stop them.
+                stop_all(procs)
+                raise
+            wall = time.perf_counter() - t0
+            left = stop_all(procs)  # Stragglers (there should be none).
+            if left:
+                log(f"  warning: {left} process(es) of {c.key} outlived the launcher; killed")
+            for rc, out, err in zip(rcs, outs, errs):
+                if rc != 0:
+                    raise RunError(f"exit status {rc}; stdout ends:\n{last_lines(out)}\n"
+                                   f"stderr ends:\n{last_lines(err)}")
+            return wall
+
+        wall = foreign.phase(go)
+    ends = [read_end(args, m, 1 if c.kind == PAIR else c.nproc) for m in metrics]
+    end = ends[0]
+    if c.kind == PAIR:
+        end = dict(end, samples_per_s=sum(e["samples_per_s"] for e in ends),
+                   seconds=max(e["seconds"] for e in ends), world_size=2,
+                   pair_rates=[e["samples_per_s"] for e in ends])
+    return wall, end, foreign.share, argvs[0]
 
 
 def bench(args, workdir):
-    configs = [Config(ELRUN, 1), Config(PY, 1), Config(ELRUN, 2), Config(PY, 2), Config(SYNC, 2)]
+    configs = [Config(ELRUN, 1), Config(PY, 1), Config(ELRUN, 2), Config(PY, 2), Config(SYNC, 2),
+               Config(PAIR, 2)]
     env = clean_env((TAG_VAR,))
     commands = {}
     t0 = time.monotonic()
@@ -200,9 +231,10 @@ def rate_cell(c):
 def summary(configs):
     e1, e2 = med(get(configs, ELRUN, 1)), med(get(configs, ELRUN, 2))
     p1, p2 = med(get(configs, PY, 1)), med(get(configs, PY, 2))
-    s2 = med(get(configs, SYNC, 2))
-    return {"e1": e1, "e2": e2, "p1": p1, "p2": p2, "s2": s2,
+    s2, pair = med(get(configs, SYNC, 2)), med(get(configs, PAIR, 2))
+    return {"e1": e1, "e2": e2, "p1": p1, "p2": p2, "s2": s2, "pair": pair,
             "e_scaling": e2 / (2 * e1), "p_scaling": p2 / (2 * p1), "s_scaling": s2 / (2 * e1),
+            "ceiling": pair / (2 * e1), "e_of_ceiling": e2 / pair,
             "ratio": e2 / p2, "s_ratio": s2 / p2, "ratio1": e1 / p1}
 
 
@@ -219,6 +251,8 @@ def table(configs, s):
                  f"{rate_cell(get(configs, PY, 2))} | {s['p_scaling']:.3f} | 1.00× |")
     lines.append(f"| {LABELS[SYNC]} | — | {rate_cell(get(configs, SYNC, 2))} | "
                  f"{s['s_scaling']:.3f} [a] | {s['s_ratio']:.2f}× [b] |")
+    lines.append(f"| {LABELS[PAIR]} | — | {rate_cell(get(configs, PAIR, 2))} | "
+                 f"{s['ceiling']:.3f} [a] | — |")
     return lines
 
 
@@ -283,6 +317,12 @@ def report(args, configs, commands, s, info, load, elapsed):
         f"[a] against the plain-BatchNorm elrun-train at 1 rank ({fmt(s['e1'])} samples/s). "
         f"[b] against the plain-BatchNorm Python twin at 2 ranks: not the same work (SyncBatchNorm "
         "all-reduces batch statistics in every forward and backward).",
+        f"[c] The machine's ceiling: two independent 1-rank elrun-train jobs started at the same "
+        "moment, the rate their two end records report, summed. They do not communicate, so "
+        "their shortfall from 2 × rate(1 rank) is what two ranks lose on this machine to sharing "
+        "its cores, caches and memory bandwidth alone. elrun-train's DDP at 2 ranks reached "
+        f"{s['e_of_ceiling']:.3f} of this ceiling (scaling {s['e_scaling']:.3f} against a ceiling "
+        f"of {s['ceiling']:.3f}).",
         "",
         "Wall time of a run, launch to exit (includes launcher start-up, rendezvous, interpreter "
         "and library loading, dataset loading, training and the test-set evaluation):",
@@ -313,7 +353,8 @@ def report(args, configs, commands, s, info, load, elapsed):
             i = argv.index("--metrics-file") + 1
             argv = shown(args, argv)
             cmd = shlex.join(argv[:i] + ["METRICS"] + argv[i + 1:]).replace(REPO + "/", "")
-            out.append(f"{cmd}  # {c.key}")
+            out.append(f"{cmd}  # {c.key}" + (" (two at once, each with its own METRICS)"
+                                               if c.kind == PAIR else ""))
     out += ["```", ""]
     return "\n".join(out)
 
@@ -342,6 +383,7 @@ def plot(configs, s, path):
     handles, labels = ax1.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
     ax1.legend(uniq.values(), uniq.keys(), fontsize=8, loc="upper left")
+    # (The ceiling configuration is drawn only in the scaling panel.)
     ax1.set_xticks([0, 1])
     ax1.set_xticklabels(["1 rank", "2 ranks"])
     ax1.set_ylim(0, top * 1.25)
@@ -351,7 +393,8 @@ def plot(configs, s, path):
 
     bars = [("elrun-train", s["e_scaling"], colors[ELRUN]),
             ("Python twin", s["p_scaling"], colors[PY]),
-            ("elrun-train\n--sync-bn [a]", s["s_scaling"], colors[SYNC])]
+            ("elrun-train\n--sync-bn [a]", s["s_scaling"], colors[SYNC]),
+            ("ceiling: 2 × 1-rank\njobs at once [a]", s["ceiling"], "#999999")]
     for i, (name, v, color) in enumerate(bars):
         ax2.bar(i, v, 0.6, color=color)
         ax2.text(i, v + 0.01, f"{v:.3f}", ha="center", va="bottom", fontsize=9)
