@@ -27,7 +27,8 @@ struct DdpOptions {
   // Parameters that get no gradient in an iteration are an error unless this is set; then they
   // are reduced as zeros (the way Python's find_unused_parameters=True behaves).
   bool find_unused_parameters = false;
-  double first_bucket_mb = 1.0;  // PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES.
+  // PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES; bucket_cap_mb applies instead when smaller.
+  double first_bucket_mb = 1.0;
 };
 
 // What the last synchronized backward did (for tests and metrics).
