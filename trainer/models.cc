@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "absl/strings/str_format.h"
+#include "trainer/linear_kernel.h"
 #include "trainer/sync_batch_norm.h"
 
 namespace elrun::trainer {
@@ -16,7 +17,7 @@ torch::nn::Module& Child(torch::nn::Module& parent, const std::string& name) {
 
 }  // namespace
 
-FashionNetImpl::FashionNetImpl() {
+FashionNetImpl::FashionNetImpl(LinearKernel linear) : linear_(linear) {
   namespace nn = torch::nn;
   conv1_ = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)));
   register_module("bn1", nn::BatchNorm2d(32));
@@ -31,14 +32,14 @@ torch::Tensor FashionNetImpl::forward(const torch::Tensor& images) {
     return CallChild(name, [&] { return ApplyNorm(Child(*this, name), x); });
   };
   torch::Tensor x = CallChild("conv1", [&] { return conv1_->forward(images); });  // [B, 32, 28, 28]
-  x = torch::max_pool2d(torch::relu(norm("bn1", x)), 2);                          // [B, 32, 14, 14]
+  x = torch::relu(torch::max_pool2d(norm("bn1", x), 2));                          // [B, 32, 14, 14]
   x = CallChild("conv2", [&] { return conv2_->forward(x); });                     // [B, 64, 14, 14]
-  x = torch::max_pool2d(torch::relu(norm("bn2", x)), 2);                          // [B, 64, 7, 7]
-  x = torch::relu(CallChild("fc1", [&] { return fc1_->forward(x.flatten(1)); }));  // [B, 128]
-  return CallChild("fc2", [&] { return fc2_->forward(x); });                      // [B, 10]
+  x = torch::relu(torch::max_pool2d(norm("bn2", x), 2));                          // [B, 64, 7, 7]
+  x = torch::relu(CallChild("fc1", [&] { return Linear(x.flatten(1), fc1_->weight, fc1_->bias, linear_); }));
+  return CallChild("fc2", [&] { return Linear(x, fc2_->weight, fc2_->bias, linear_); });  // [B, 10]
 }
 
-MlpImpl::MlpImpl(const MlpOptions& options) {
+MlpImpl::MlpImpl(const MlpOptions& options) : linear_(options.linear) {
   int64_t width = options.inputs;
   for (size_t i = 0; i <= options.hidden.size(); ++i) {
     const int64_t out = i < options.hidden.size() ? options.hidden[i] : options.classes;
@@ -50,14 +51,15 @@ MlpImpl::MlpImpl(const MlpOptions& options) {
 torch::Tensor MlpImpl::forward(const torch::Tensor& images) {
   torch::Tensor x = images.flatten(1);
   for (size_t i = 0; i < layers_.size(); ++i) {
-    x = CallChild("fc" + std::to_string(i), [&] { return layers_[i]->forward(x); });
+    x = CallChild("fc" + std::to_string(i), [&] { return Linear(x, layers_[i]->weight, layers_[i]->bias, linear_); });
     if (i + 1 < layers_.size()) x = torch::relu(x);
   }
   return x;
 }
 
-absl::StatusOr<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const MlpOptions& mlp) {
-  if (name == "fashionnet") return std::shared_ptr<Classifier>(FashionNet().ptr());
+absl::StatusOr<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const MlpOptions& mlp,
+                                                      LinearKernel linear) {
+  if (name == "fashionnet") return std::shared_ptr<Classifier>(FashionNet(linear).ptr());
   if (name == "mlp") {
     if (mlp.inputs < 1) {
       return absl::InvalidArgumentError(absl::StrFormat("mlp: %d inputs, need at least 1", mlp.inputs));
@@ -71,7 +73,9 @@ absl::StatusOr<std::shared_ptr<Classifier>> MakeModel(const std::string& name, c
     if (mlp.classes < 1) {
       return absl::InvalidArgumentError(absl::StrFormat("mlp: %d classes, need at least 1", mlp.classes));
     }
-    return std::shared_ptr<Classifier>(Mlp(mlp).ptr());
+    MlpOptions options = mlp;
+    options.linear = linear;
+    return std::shared_ptr<Classifier>(Mlp(options).ptr());
   }
   return absl::InvalidArgumentError(
       absl::StrFormat("unknown model '%s': expected fashionnet or mlp", name));

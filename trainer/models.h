@@ -16,6 +16,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "absl/status/statusor.h"
+#include "trainer/linear_kernel.h"
 
 namespace elrun::trainer {
 
@@ -50,15 +51,18 @@ class Classifier : public torch::nn::Module {
 };
 
 // conv 1->32 k3 pad1, BatchNorm2d, ReLU, maxpool 2; conv 32->64 k3 pad1, BatchNorm2d, ReLU,
-// maxpool 2; flatten; Linear 3136->128, ReLU; Linear 128->10. Input [B, 1, 28, 28].
+// maxpool 2; flatten; Linear 3136->128, ReLU; Linear 128->10. Input [B, 1, 28, 28]. ReLU runs
+// after the pooling, on a quarter of the values: the same outputs and gradients (max and ReLU
+// commute, and both route a gradient to the same element). `linear` picks the Linear kernel.
 // Children are registered as conv1, bn1, conv2, bn2, fc1, fc2. The norm layers are looked up
 // in the registry at every forward, so ConvertSyncBatchNorm (sync_batch_norm.h) takes effect.
 class FashionNetImpl : public Classifier {
  public:
-  FashionNetImpl();
+  explicit FashionNetImpl(LinearKernel linear = LinearKernel::kOneDnn);
   torch::Tensor forward(const torch::Tensor& images) override;
 
  private:
+  const LinearKernel linear_;
   torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr};
   torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
 };
@@ -68,6 +72,7 @@ struct MlpOptions {
   int64_t inputs = 28 * 28;  // Images are flattened from dimension 1 on.
   std::vector<int64_t> hidden = {256, 128};  // One Linear + ReLU per entry.
   int64_t classes = 10;
+  LinearKernel linear = LinearKernel::kOneDnn;
 };
 
 // Linear layers inputs -> hidden[0] -> ... -> classes with ReLU between, children fc0, fc1, ...
@@ -78,6 +83,7 @@ class MlpImpl : public Classifier {
   torch::Tensor forward(const torch::Tensor& images) override;
 
  private:
+  const LinearKernel linear_;
   std::vector<torch::nn::Linear> layers_;
 };
 TORCH_MODULE(Mlp);
@@ -86,8 +92,9 @@ TORCH_MODULE(Mlp);
 // torch::manual_seed for reproducible weights). InvalidArgument naming the choices for another
 // name, or naming the size for non-positive MLP sizes. The result converts to
 // std::shared_ptr<torch::nn::Module> for DistributedDataParallel.
-[[nodiscard]] absl::StatusOr<std::shared_ptr<Classifier>> MakeModel(const std::string& name,
-                                                                    const MlpOptions& mlp = {});
+// `linear` applies to both models (for the MLP it overrides mlp.linear).
+[[nodiscard]] absl::StatusOr<std::shared_ptr<Classifier>> MakeModel(
+    const std::string& name, const MlpOptions& mlp = {}, LinearKernel linear = LinearKernel::kOneDnn);
 
 }  // namespace elrun::trainer
 

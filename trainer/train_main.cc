@@ -25,6 +25,7 @@
 #include "trainer/memory.h"
 #include "trainer/data_parallel.h"
 #include "trainer/fashion_mnist.h"
+#include "trainer/linear_kernel.h"
 #include "trainer/models.h"
 #include "trainer/process_group.h"
 #include "trainer/sampler.h"
@@ -39,6 +40,7 @@ std::atomic<bool> g_stop_requested{false};  // Set by the SIGTERM handler only.
 
 struct Options {
   std::string model = "fashionnet";
+  std::string linear = "onednn";
   std::string dataset = "fashion-mnist";
   std::string data_dir = kFashionMnistDir;
   int epochs = 1;
@@ -175,7 +177,9 @@ int Train(const Options& o) {
   torch::manual_seed(o.seed);
   MlpOptions mlp;
   mlp.hidden = o.mlp_hidden;
-  auto model = MakeModel(o.model, mlp);
+  auto linear = ParseLinearKernel(o.linear);
+  if (!linear.ok()) return Fail(absl::StrCat("--linear: ", linear.status().message()), 2);
+  auto model = MakeModel(o.model, mlp, *linear);
   if (!model.ok()) return Fail(std::string(model.status().message()), 2);
   if (o.sync_bn) ConvertSyncBatchNorm(**model, dist->pg);
   if (o.lr_schedule != "constant" && o.lr_schedule != "cosine") {
@@ -319,8 +323,8 @@ int Train(const Options& o) {
                                  progress.step, o.epochs, elapsed, rate, accuracy)
               << std::endl;
     metrics.Write(absl::StrFormat(
-        R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d,"strategy":"%s","optimizer":"%s","step_time_s":%.6f,%s})",
-        accuracy, rate, progress.step, o.epochs, elapsed, world, o.strategy, o.optimizer,
+        R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","step_time_s":%.6f,%s})",
+        accuracy, rate, progress.step, o.epochs, elapsed, world, o.strategy, o.optimizer, o.linear,
         elapsed / std::max<int64_t>(1, steps_done), MemoryJson(memory)));
   }
   return 0;
@@ -335,6 +339,9 @@ int main(int argc, char** argv) {
   CLI::App app("elrun-train: data-parallel training of FashionNet on Fashion-MNIST (LibTorch).",
                "elrun-train");
   app.add_option("--model", o.model, "fashionnet or mlp")->capture_default_str();
+  app.add_option("--linear", o.linear,
+                 "kernel of the fully connected layers: onednn (as a 1x1 convolution) or aten (the linked BLAS)")
+      ->capture_default_str();
   app.add_option("--dataset", o.dataset, "fashion-mnist or synthetic")->capture_default_str();
   app.add_option("--data-dir", o.data_dir, "Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--epochs", o.epochs, "epochs")->capture_default_str()->check(CLI::Range(1, 100000));
