@@ -22,6 +22,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
                                                  c10::intrusive_ptr<c10d::ProcessGroup> pg,
                                                  DdpOptions options)
     : module_(std::move(module)), pg_(std::move(pg)), options_(options) {
+  TORCH_CHECK(!options_.shm || (options_.shm->world_size() == pg_->getSize() && options_.shm->rank() == pg_->getRank()),
+              "DistributedDataParallel: the shared-memory all-reduce spans rank ", options_.shm ? options_.shm->rank() : 0,
+              " of ", options_.shm ? options_.shm->world_size() : 0, ", the process group rank ", pg_->getRank(), " of ",
+              pg_->getSize());
   for (const auto& item : module_->named_parameters()) {
     if (!item.value().requires_grad()) continue;
     params_.push_back(item.value());
@@ -117,8 +121,12 @@ void DistributedDataParallel::LaunchReadyBuckets() {
   // Collectives must be issued in the same order on every rank: launch in bucket order.
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) {
     Bucket& bucket = *buckets_[next_launch_++];
-    std::vector<torch::Tensor> tensors{bucket.flat};
-    bucket.work = pg_->allreduce(tensors);
+    if (options_.shm && options_.shm->Fits(bucket.flat)) {  // The same choice on every rank.
+      bucket.work = options_.shm->Allreduce(bucket.flat);
+    } else {
+      std::vector<torch::Tensor> tensors{bucket.flat};
+      bucket.work = pg_->allreduce(tensors);
+    }
     if (stats_.bytes_reduced == 0) stats_.first_launch = std::chrono::steady_clock::now();
     stats_.bytes_reduced += bucket.flat.numel() * bucket.flat.element_size();
   }

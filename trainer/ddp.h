@@ -16,6 +16,8 @@
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "trainer/shm_allreduce.h"
+
 namespace elrun::trainer {
 
 struct DdpOptions {
@@ -29,6 +31,9 @@ struct DdpOptions {
   bool find_unused_parameters = false;
   // PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES; bucket_cap_mb applies instead when smaller.
   double first_bucket_mb = 1.0;
+  // When set, buckets it fits (shm_allreduce.h) are all-reduced through shared memory instead of
+  // the process group: for ranks on one host. It must span the same ranks as the group.
+  std::shared_ptr<ShmAllreduce> shm;
 };
 
 // What the last synchronized backward did (for tests and metrics).

@@ -29,6 +29,7 @@
 #include "trainer/models.h"
 #include "trainer/process_group.h"
 #include "trainer/sampler.h"
+#include "trainer/shm_allreduce.h"
 #include "trainer/sync_batch_norm.h"
 
 extern char** environ;
@@ -62,6 +63,7 @@ struct Options {
   int threads = 1;
   double bucket_cap_mb = 25.0;
   double first_bucket_mb = 1.0;
+  std::string allreduce = "auto";
   std::string metrics_file;
   int64_t log_every = 50;
 };
@@ -191,6 +193,26 @@ int Train(const Options& o) {
   DdpOptions ddp_options;
   ddp_options.bucket_cap_mb = o.bucket_cap_mb;
   ddp_options.first_bucket_mb = o.first_bucket_mb;
+  if (o.allreduce != "auto" && o.allreduce != "shm" && o.allreduce != "gloo") {
+    return Fail(absl::StrCat("--allreduce=", o.allreduce, ": expected auto, shm or gloo"), 2);
+  }
+  std::string allreduce = world > 1 ? "gloo" : "none";
+  if (o.strategy == "ddp" && world > 1 && o.allreduce != "gloo") {
+    // A bucket holds at most its limit plus its last tensor.
+    int64_t largest = 0;
+    for (const auto& p : (*model)->parameters()) largest = std::max<int64_t>(largest, p.numel() * p.element_size());
+    const double limit_mb = std::max(o.bucket_cap_mb, o.first_bucket_mb);
+    auto shm = ShmAllreduce::Create(*dist->store, "ddp_shm", rank, world,
+                                    static_cast<int64_t>(limit_mb * 1024 * 1024) + largest, std::chrono::seconds(120));
+    if (shm.ok()) {
+      ddp_options.shm = std::move(*shm);
+      allreduce = "shm";
+    } else if (o.allreduce == "shm") {
+      return Fail(std::string(shm.status().message()));
+    } else if (rank == 0) {
+      std::cerr << "elrun-train: " << shm.status().message() << "; DDP all-reduces through Gloo" << std::endl;
+    }
+  }
   auto parallel = DataParallel::Create(o.strategy, *model, dist->pg, ddp_options);
   if (!parallel.ok()) return Fail(std::string(parallel.status().message()), 2);
   std::unique_ptr<torch::optim::Optimizer> optimizer_owner = MakeOptimizer(o, (*parallel)->OptimizerParameters());
@@ -323,8 +345,8 @@ int Train(const Options& o) {
                                  progress.step, o.epochs, elapsed, rate, accuracy)
               << std::endl;
     metrics.Write(absl::StrFormat(
-        R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","step_time_s":%.6f,%s})",
-        accuracy, rate, progress.step, o.epochs, elapsed, world, o.strategy, o.optimizer, o.linear,
+        R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","allreduce":"%s","step_time_s":%.6f,%s})",
+        accuracy, rate, progress.step, o.epochs, elapsed, world, o.strategy, o.optimizer, o.linear, allreduce,
         elapsed / std::max<int64_t>(1, steps_done), MemoryJson(memory)));
   }
   return 0;
@@ -375,6 +397,10 @@ int main(int argc, char** argv) {
                  "limit of DDP's first bucket (MiB), small so the last layers' all-reduce overlaps backward")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--allreduce", o.allreduce,
+                 "DDP's gradient all-reduce: shm (shared memory, all ranks on this host), gloo, or auto "
+                 "(shm where every rank can map it, else gloo)")
+      ->capture_default_str();
   app.add_option("--metrics-file", o.metrics_file, "JSON lines: steps and a final {\"event\":\"end\",...}");
   app.add_option("--log-every", o.log_every, "progress line every N steps (rank 0)")->capture_default_str();
   try {

@@ -1,10 +1,12 @@
-"""elrun-train's Linear kernels (--linear): the oneDNN route (the default) and ATen's BLAS Linear
-train the same job to the same checkpoint, up to float rounding; an unknown kernel is one line
-on stderr and exit 2, before any training.
+"""elrun-train's kernel and transport options. --linear: the oneDNN route (the default) and ATen's
+BLAS Linear train the same job to the same checkpoint, up to float rounding. --allreduce: DDP's
+buckets through shared memory and through Gloo give the same checkpoint, and the shared-memory
+segment leaves nothing in /dev/shm. Unknown values are one line on stderr and exit 2.
 
-The job: 1 worker, 40 steps of batch 32 on the seeded synthetic data set (FashionNet with
+The jobs: 40 steps of batch 32 per worker on the seeded synthetic data set (FashionNet with
 SyncBatchNorm, as the other train_* tests), ~10 s each on 2 idle cores.
 """
+import glob
 import os
 import subprocess
 
@@ -37,14 +39,36 @@ class TrainOptionsTest(TrainTestCase):
             "the checkpoints of --linear onednn and --linear aten", tolerance=1e-4)
         print("largest difference %.3g" % worst)
 
-    def test_unknown_linear_kernel_is_one_line_and_exit_2(self):
-        command = train_harness.train_command() + train_args(max_steps=1, linear="mkl")
-        result = subprocess.run(command, capture_output=True, text=True, timeout=60,
-                                env=dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"))
-        self.assertEqual(result.returncode, 2, "expected exit 2; stderr:\n%s" % result.stderr)
-        self.assertEqual(result.stderr.strip().splitlines(),
-                         ["elrun-train: --linear: linear kernel 'mkl': expected onednn or aten"])
-        self.assertNotIn("step", result.stdout)
+    def test_shared_memory_and_gloo_all_reduce_train_to_the_same_checkpoint(self):
+        segments = set(glob.glob("/dev/shm/elrun-allreduce-*"))
+        for transport in ("shm", "gloo"):
+            self.run_job(["--standalone", "--nproc_per_node", "2"],
+                         self.job(transport, sync_bn=None, allreduce=transport),
+                         "the 2-worker job with --allreduce %s" % transport)
+            end = train_harness.end_record(self.path(transport, "metrics.jsonl"))
+            self.assertEqual((end["steps"], end["allreduce"]), (STEPS, transport),
+                             "expected %d steps all-reduced through %s in %s"
+                             % (STEPS, transport, end))
+        # Both sum the two ranks' buckets in float32, rank 0 first (measured: bit-identical).
+        _, worst = self.assertSameCheckpoint(
+            self.path("shm", "checkpoints", "checkpoint.pt"),
+            self.path("gloo", "checkpoints", "checkpoint.pt"),
+            "the checkpoints of --allreduce shm and --allreduce gloo", tolerance=1e-5)
+        print("largest difference %.3g" % worst)
+        self.assertEqual(set(glob.glob("/dev/shm/elrun-allreduce-*")) - segments, set(),
+                         "expected the job to leave no shared-memory segment behind")
+
+    def test_unknown_values_are_one_line_and_exit_2(self):
+        for option, value, message in [
+                ("linear", "mkl", "--linear: linear kernel 'mkl': expected onednn or aten"),
+                ("allreduce", "tcp", "--allreduce=tcp: expected auto, shm or gloo")]:
+            command = train_harness.train_command() + train_args(max_steps=1, **{option: value})
+            result = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                                    env=dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"))
+            self.assertEqual(result.returncode, 2, "expected exit 2 for --%s %s; stderr:\n%s"
+                             % (option, value, result.stderr))
+            self.assertEqual(result.stderr.strip().splitlines(), ["elrun-train: " + message])
+            self.assertNotIn("step", result.stdout)
 
 
 if __name__ == "__main__":

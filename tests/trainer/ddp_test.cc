@@ -66,14 +66,22 @@ std::vector<Data> StepsData() {
   return steps;
 }
 
+// With `shm`, buckets are summed through a ShmAllreduce (shm_allreduce.h) instead of Gloo.
 void TrainDdp(double bucket_cap_mb, int accum, std::vector<torch::Tensor>* results,
-              std::vector<DdpStats>* stats = nullptr, std::vector<size_t>* buckets = nullptr) {
+              std::vector<DdpStats>* stats = nullptr, std::vector<size_t>* buckets = nullptr, bool shm = false) {
   std::vector<Data> steps = StepsData();
   results->assign(kWorld, {});
   if (stats) stats->assign(kWorld, {});
-  RunRanks(kWorld, [&](int rank, PG pg) {
+  RunRanksWithStore(kWorld, [&](int rank, PG pg, c10d::Store& store) {
     auto model = Mlp(rank == 0 ? 7 : 99);  // Rank 1 starts different: the wrap must fix that.
-    DistributedDataParallel ddp(model, pg, DdpOptions{bucket_cap_mb});
+    DdpOptions options;
+    options.bucket_cap_mb = bucket_cap_mb;
+    if (shm) {
+      auto created = ShmAllreduce::Create(store, "ddp_test_shm", rank, kWorld, 1 << 20, std::chrono::seconds(30));
+      REQUIRE_MESSAGE(created.ok(), created.status().ToString());
+      options.shm = std::move(*created);
+    }
+    DistributedDataParallel ddp(model, pg, options);
     if (buckets && rank == 0) *buckets = {ddp.bucket_layout().size()};
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
     for (const Data& d : steps) {
@@ -124,6 +132,35 @@ TEST_CASE("uneven bucket boundaries give the same parameters") {
   torch::Tensor expected = Reference(StepsData(), 7);
   CheckClose(results[0], expected);
   CheckClose(results[1], expected);
+}
+
+TEST_CASE("over shared memory: one bucket, uneven buckets and accumulation equal one process") {
+  torch::Tensor expected = Reference(StepsData(), 7);
+  for (double cap : {25.0, 0.0001}) {
+    for (int accum : {1, 4}) {
+      CAPTURE(cap);
+      CAPTURE(accum);
+      std::vector<torch::Tensor> shm, gloo;
+      TrainDdp(cap, accum, &shm, nullptr, nullptr, /*shm=*/true);
+      TrainDdp(cap, accum, &gloo);
+      CheckClose(shm[0], expected);
+      CHECK(torch::equal(shm[0], shm[1]));  // Every rank copies out the same sums.
+      CheckClose(shm[0], gloo[0]);
+    }
+  }
+}
+
+TEST_CASE("a shared-memory all-reduce of other ranks than the group is refused") {
+  RunRanksWithStore(kWorld, [&](int rank, PG pg, c10d::Store& store) {
+    auto created = ShmAllreduce::Create(store, "alone" + std::to_string(rank), 0, 1, 1024, std::chrono::seconds(30));
+    REQUIRE(created.ok());
+    DdpOptions options;
+    options.shm = std::move(*created);
+    if (rank == 1) {
+      CHECK_THROWS_WITH(DistributedDataParallel(Mlp(1), pg, options),
+                        doctest::Contains("the shared-memory all-reduce spans rank 0 of 1, the process group rank 1 of 2"));
+    }
+  });
 }
 
 TEST_CASE("overlap: the first bucket's all-reduce starts before backward has all gradients") {

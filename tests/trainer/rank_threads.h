@@ -19,8 +19,9 @@ namespace elrun::trainer {
 using PG = c10::intrusive_ptr<c10d::ProcessGroup>;
 
 // Exceptions of a rank fail the test with the rank's message. `timeout` bounds every collective.
-inline void RunRanks(int world, const std::function<void(int rank, PG pg)>& body,
-                     std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+// The body also gets the store the group was set up with (for more setup over it).
+inline void RunRanksWithStore(int world, const std::function<void(int rank, PG pg, c10d::Store& store)>& body,
+                              std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::thread> threads;
   std::vector<std::string> errors(world);
@@ -31,7 +32,7 @@ inline void RunRanks(int world, const std::function<void(int rank, PG pg)>& body
         options->timeout = timeout;
         options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
         PG pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
-        body(rank, pg);
+        body(rank, pg, *store);
       } catch (const std::exception& e) {
         errors[rank] = e.what();
       }
@@ -41,6 +42,11 @@ inline void RunRanks(int world, const std::function<void(int rank, PG pg)>& body
   for (int rank = 0; rank < world; ++rank) {
     CHECK_MESSAGE(errors[rank].empty(), "rank ", rank, ": ", errors[rank]);
   }
+}
+
+inline void RunRanks(int world, const std::function<void(int rank, PG pg)>& body,
+                     std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  RunRanksWithStore(world, [&](int rank, PG pg, c10d::Store&) { body(rank, pg); }, timeout);
 }
 
 }  // namespace elrun::trainer
