@@ -6,7 +6,10 @@ On this machine, in one invocation:
   - scripts/bench/fashion_twin.py (the same model, data, data order, optimizer and step, with
     torch.nn.parallel.DistributedDataParallel on gloo) under Debian's torchrun 1.13, started through
     scripts/bench/torchrun_compat.py --standalone --nproc_per_node K, K = 1 and 2;
-  - one extra row: elrun-train --sync-bn at 2 ranks;
+  - extra rows: elrun-train --sync-bn at 2 ranks; elrun-train --linear aten at 1 and 2 ranks (the
+    Linear layers on the linked BLAS, as the Python twin's nn.Linear, instead of oneDNN); and
+    elrun-train --allreduce gloo at 2 ranks (DDP's buckets over Gloo's TCP loopback, as the twin's,
+    instead of shared memory). They separate what the kernels and the transport contribute;
   - the machine's ceiling: two independent 1-rank elrun-train jobs started at the same moment
     (no communication between them, so they compete only for the cores, caches and memory
     bandwidth); their summed rate over 2 x rate(1 rank) is the best scaling efficiency this
@@ -55,8 +58,11 @@ TARGET_RATIO = 1.15    # elrun-train samples/s at 2 ranks >= 1.15 x the Python t
 TARGET_SCALING = 0.95  # elrun-train rate(2 ranks) / (2 x rate(1 rank)) >= 0.95
 
 ELRUN, PY, SYNC, PAIR = "elrun", "python", "elrun-syncbn", "elrun-pair"
+ATEN, GLOO = "elrun-aten", "elrun-gloo"
 LABELS = {
     ELRUN: "elrun + elrun-train (C++ DDP, BatchNorm2d)",
+    ATEN: "elrun + elrun-train --linear aten (Linear on the BLAS, as the twin) [d]",
+    GLOO: "elrun + elrun-train --allreduce gloo (buckets over Gloo, as the twin) [d]",
     PY: "torchrun + fashion_twin.py (Python DDP, BatchNorm2d)",
     SYNC: "elrun + elrun-train --sync-bn (C++ DDP, SyncBatchNorm)",
     PAIR: "2 × (elrun + elrun-train, 1 rank), at once, no communication [c]",
@@ -89,7 +95,8 @@ def command(args, c, metrics):
                 + worker_args(args, metrics))
     argv = ([args.elrun_copy, "--standalone", "--nproc-per-node", k, "--no-python", args.train_copy]
             + worker_args(args, metrics))
-    return argv + (["--sync-bn"] if c.kind == SYNC else [])
+    extra = {SYNC: ["--sync-bn"], ATEN: ["--linear", "aten"], GLOO: ["--allreduce", "gloo"]}
+    return argv + extra.get(c.kind, [])
 
 
 def tagged_pids(prefix):
@@ -183,7 +190,7 @@ def run_once(args, c, env, workdir, rnd):
 
 def bench(args, workdir):
     configs = [Config(ELRUN, 1), Config(PY, 1), Config(ELRUN, 2), Config(PY, 2), Config(SYNC, 2),
-               Config(PAIR, 2)]
+               Config(PAIR, 2), Config(ATEN, 1), Config(ATEN, 2), Config(GLOO, 2)]
     env = clean_env((TAG_VAR,))
     commands = {}
     t0 = time.monotonic()
@@ -232,7 +239,10 @@ def summary(configs):
     e1, e2 = med(get(configs, ELRUN, 1)), med(get(configs, ELRUN, 2))
     p1, p2 = med(get(configs, PY, 1)), med(get(configs, PY, 2))
     s2, pair = med(get(configs, SYNC, 2)), med(get(configs, PAIR, 2))
+    a1, a2, g2 = med(get(configs, ATEN, 1)), med(get(configs, ATEN, 2)), med(get(configs, GLOO, 2))
     return {"e1": e1, "e2": e2, "p1": p1, "p2": p2, "s2": s2, "pair": pair,
+            "a1": a1, "a2": a2, "g2": g2, "a_scaling": a2 / (2 * a1), "a_ratio": a2 / p2,
+            "g_scaling": g2 / (2 * e1), "g_ratio": g2 / p2,
             "e_scaling": e2 / (2 * e1), "p_scaling": p2 / (2 * p1), "s_scaling": s2 / (2 * e1),
             "ceiling": pair / (2 * e1), "e_of_ceiling": e2 / pair,
             "ratio": e2 / p2, "s_ratio": s2 / p2, "ratio1": e1 / p1}
@@ -253,6 +263,10 @@ def table(configs, s):
                  f"{s['s_scaling']:.3f} [a] | {s['s_ratio']:.2f}× [b] |")
     lines.append(f"| {LABELS[PAIR]} | — | {rate_cell(get(configs, PAIR, 2))} | "
                  f"{s['ceiling']:.3f} [a] | — |")
+    lines.append(f"| {LABELS[ATEN]} | {rate_cell(get(configs, ATEN, 1))} | "
+                 f"{rate_cell(get(configs, ATEN, 2))} | {s['a_scaling']:.3f} | {s['a_ratio']:.2f}× |")
+    lines.append(f"| {LABELS[GLOO]} | — | {rate_cell(get(configs, GLOO, 2))} | "
+                 f"{s['g_scaling']:.3f} [a] | {s['g_ratio']:.2f}× |")
     return lines
 
 
@@ -287,12 +301,14 @@ def accuracy_check(configs):
     parts = []
     for nproc in (1, 2):
         accs = {kind: sorted({r["end"]["test_accuracy"] for r in get(configs, kind, nproc).runs})
-                for kind in (ELRUN, PY)}
-        same = accs[ELRUN] == accs[PY]
-        parts.append(f"{nproc} rank(s): elrun-train {', '.join(f'{a:.4f}' for a in accs[ELRUN])}, "
-                     f"Python {', '.join(f'{a:.4f}' for a in accs[PY])} "
-                     f"({'equal' if same else 'differ'})")
-    return ("; ".join(parts) + " (at 2 ranks they may differ slightly: Python's DDP broadcasts "
+                for kind in (ATEN, ELRUN, PY)}
+        same = accs[ATEN] == accs[PY]
+        parts.append(f"{nproc} rank(s): elrun-train --linear aten "
+                     f"{', '.join(f'{a:.4f}' for a in accs[ATEN])}, Python "
+                     f"{', '.join(f'{a:.4f}' for a in accs[PY])} ({'equal' if same else 'differ'}),"
+                     f" elrun-train with oneDNN {', '.join(f'{a:.4f}' for a in accs[ELRUN])}")
+    return ("; ".join(parts) + " (the oneDNN kernel rounds differently, so its accuracy may differ "
+            "in the last digits; at 2 ranks all may differ slightly: Python's DDP broadcasts "
             "rank 0's BatchNorm running stats before every forward, elrun-train only at start, so "
             "rank 1 evaluates its shard with other running stats)")
 
@@ -323,6 +339,13 @@ def report(args, configs, commands, s, info, load, elapsed):
         "its cores, caches and memory bandwidth alone. elrun-train's DDP at 2 ranks reached "
         f"{s['e_of_ceiling']:.3f} of this ceiling (scaling {s['e_scaling']:.3f} against a ceiling "
         f"of {s['ceiling']:.3f}).",
+        "[d] Ablations of elrun-train's two defaults that the twin does not share. --linear aten: "
+        "FashionNet's Linear layers through ATen's Linear, i.e. Debian's reference BLAS, as the "
+        "twin's nn.Linear (the default computes them as 1x1 convolutions with oneDNN: same "
+        "parameters, same results up to float rounding). --allreduce gloo: DDP's buckets over "
+        "Gloo's TCP loopback, as the twin's DDP (the default sums them in a shared-memory segment "
+        "when all ranks are on one host). Scaling of the gloo row is against the default 1-rank "
+        "rate [a], as one rank communicates nothing.",
         "",
         "Wall time of a run, launch to exit (includes launcher start-up, rendezvous, interpreter "
         "and library loading, dataset loading, training and the test-set evaluation):",
@@ -341,8 +364,8 @@ def report(args, configs, commands, s, info, load, elapsed):
         "both.",
         "",
         "Same computation: at 1 rank both trainers start from identical weights (same seed, same "
-        "libtorch 1.13.1, modules built in the same order) and read the same batches, so their "
-        "test accuracies after the run should be equal: " + accuracy_check(configs) + ".",
+        "libtorch 1.13.1, modules built in the same order) and read the same batches, so with the "
+        "same Linear kernel their test accuracies after the run should be equal: " + accuracy_check(configs) + ".",
     ]
     out += ["", "Every run:", ""]
     out += runs_table(configs)
@@ -366,7 +389,7 @@ def plot(configs, s, path):
 
     colors = {ELRUN: "#2a7ab0", PY: "#c0504d", SYNC: "#7fb3d5"}
     short = {ELRUN: "elrun-train", PY: "Python twin (torchrun)", SYNC: "elrun-train --sync-bn"}
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 4.8), gridspec_kw={"width_ratios": [3, 3]})
     width = 0.26
     top = 0
     for i, kind in enumerate([ELRUN, PY, SYNC]):
@@ -394,7 +417,9 @@ def plot(configs, s, path):
     bars = [("elrun-train", s["e_scaling"], colors[ELRUN]),
             ("Python twin", s["p_scaling"], colors[PY]),
             ("elrun-train\n--sync-bn [a]", s["s_scaling"], colors[SYNC]),
-            ("ceiling: 2 × 1-rank\njobs at once [a]", s["ceiling"], "#999999")]
+            ("ceiling: 2 × 1-rank\njobs at once [a]", s["ceiling"], "#999999"),
+            ("--linear\naten", s["a_scaling"], "#a6cee3"),
+            ("--allreduce\ngloo [a]", s["g_scaling"], "#b2df8a")]
     for i, (name, v, color) in enumerate(bars):
         ax2.bar(i, v, 0.6, color=color)
         ax2.text(i, v + 0.01, f"{v:.3f}", ha="center", va="bottom", fontsize=9)
@@ -402,7 +427,7 @@ def plot(configs, s, path):
                 label=f"elrun target ≥ {TARGET_SCALING:g}")
     ax2.axhline(1.0, color="gray", linewidth=0.5)
     ax2.set_xticks(range(len(bars)))
-    ax2.set_xticklabels([b[0] for b in bars], fontsize=9)
+    ax2.set_xticklabels([b[0] for b in bars], fontsize=8)
     ax2.set_ylim(0, max(1.1, max(b[1] for b in bars) * 1.15))
     ax2.set_title("Scaling efficiency rate(2) / (2 × rate(1))", fontsize=10)
     ax2.legend(fontsize=8, loc="lower right")
