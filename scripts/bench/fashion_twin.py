@@ -363,8 +363,16 @@ def train(args):
                           "samples_per_s": round(rate, 1), "steps": step, "epochs": args.epochs,
                           "seconds": round(elapsed, 2), "world_size": world},
                          separators=(",", ":")))
-    dist.destroy_process_group()
-    return 0
+    if metrics:
+        metrics.close()
+    # Leave without running destructors. torch 1.13 can deadlock at interpreter exit: destroying
+    # DDP's Reducer joins a ProcessGroupGloo worker thread that waits for the GIL the exiting
+    # main thread holds (seen once in ~20 runs of train_bench: rank 0 spun for minutes after its
+    # end record). The barrier makes sure no rank still needs the group or rank 0's store.
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main():
