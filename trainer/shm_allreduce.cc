@@ -32,7 +32,7 @@ constexpr uint64_t kMagic = 0x656c72756e736d31;  // "elrunsm1"
 constexpr size_t kRanksOffset = 128;
 constexpr size_t kRankStride = 64;
 constexpr size_t kPage = 4096;
-constexpr int64_t kAlignFloats = 16;  // 64-byte slots and slices.
+constexpr int64_t kAlign = 64;  // Bytes: slots and slices start on cache lines.
 
 int64_t RoundUp(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
@@ -63,7 +63,7 @@ struct ShmAllreduce::Header {
   uint64_t magic;
   uint64_t token;
   int64_t world;
-  int64_t capacity_floats;
+  int64_t capacity_bytes;
   alignas(64) std::atomic<uint32_t> bell;  // Bumped (and futex-woken) at every arrival.
 
   RankState* ranks() { return reinterpret_cast<RankState*>(reinterpret_cast<char*>(this) + kRanksOffset); }
@@ -84,8 +84,8 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(c10d::Store& 
     return absl::InvalidArgumentError(absl::StrFormat("shared-memory all-reduce: rank %d of %d, capacity %d bytes",
                                                       rank, world_size, capacity_bytes));
   }
-  const int64_t capacity_floats = RoundUp(std::max<int64_t>(1, (capacity_bytes + 3) / 4), kAlignFloats);
-  const size_t bytes = Header::Bytes(world_size) + 2 * static_cast<size_t>(world_size) * capacity_floats * 4;
+  const int64_t capacity = RoundUp(std::max<int64_t>(1, capacity_bytes), kAlign);
+  const size_t bytes = Header::Bytes(world_size) + 2 * static_cast<size_t>(world_size) * capacity;
   const std::string segment_key = key_prefix + "/segment";
   std::string name, error;
   void* base = MAP_FAILED;
@@ -108,7 +108,7 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(c10d::Store& 
         ::close(fd);
       }
       if (base != MAP_FAILED) {
-        auto* header = new (base) Header{kMagic, token, world_size, capacity_floats, {0}};
+        auto* header = new (base) Header{kMagic, token, world_size, capacity, {0}};
         for (int r = 0; r < world_size; ++r) new (&header->ranks()[r]) Header::RankState{{0}, {0}, {0}};
       }
       store.set(segment_key, Bytes(error.empty() ? absl::StrFormat("%s %d %d", name, token, bytes) : "-"));
@@ -137,7 +137,7 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(c10d::Store& 
         if (base != MAP_FAILED) {
           auto* header = static_cast<Header*>(base);
           if (header->magic != kMagic || header->token != token || header->world != world_size ||
-              header->capacity_floats != capacity_floats) {
+              header->capacity_bytes != capacity) {
             error = absl::StrCat(fields[0], " is not rank 0's segment (another host's /dev/shm?)");
           }
         }
@@ -166,14 +166,14 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(c10d::Store& 
     if (base != MAP_FAILED) ::munmap(base, bytes);
     return absl::UnavailableError(absl::StrCat("shared-memory all-reduce unavailable: ", error));
   }
-  return std::unique_ptr<ShmAllreduce>(new ShmAllreduce(rank, world_size, capacity_floats, base, bytes, timeout));
+  return std::unique_ptr<ShmAllreduce>(new ShmAllreduce(rank, world_size, capacity, base, bytes, timeout));
 }
 
-ShmAllreduce::ShmAllreduce(int rank, int world, int64_t capacity_floats, void* base, size_t bytes,
+ShmAllreduce::ShmAllreduce(int rank, int world, int64_t capacity_bytes, void* base, size_t bytes,
                            std::chrono::milliseconds timeout)
     : rank_(rank),
       world_(world),
-      capacity_floats_(capacity_floats),
+      capacity_bytes_(capacity_bytes),
       base_(base),
       bytes_(bytes),
       timeout_(timeout),
@@ -191,14 +191,15 @@ ShmAllreduce::~ShmAllreduce() {
 }
 
 bool ShmAllreduce::Fits(const at::Tensor& tensor) const {
-  return tensor.defined() && tensor.device().is_cpu() && tensor.scalar_type() == at::kFloat &&
-         tensor.is_contiguous() && tensor.numel() <= capacity_floats_;
+  return tensor.defined() && tensor.device().is_cpu() &&
+         (tensor.scalar_type() == at::kFloat || tensor.scalar_type() == at::kDouble) && tensor.is_contiguous() &&
+         tensor.nbytes() <= static_cast<size_t>(capacity_bytes_);
 }
 
 c10::intrusive_ptr<c10d::Work> ShmAllreduce::Allreduce(at::Tensor tensor) {
-  TORCH_CHECK(Fits(tensor), "shared-memory all-reduce takes contiguous float32 CPU tensors of at most ",
-              capacity_floats_, " elements; got ", tensor.defined() ? tensor.toString() : "undefined", " with ",
-              tensor.defined() ? tensor.numel() : 0, " elements");
+  TORCH_CHECK(Fits(tensor), "shared-memory all-reduce takes contiguous float32 or float64 CPU tensors of at most ",
+              capacity_bytes_, " bytes; got ", tensor.defined() ? tensor.toString() : "undefined", " of ",
+              tensor.defined() ? tensor.nbytes() : 0, " bytes");
   auto op = c10::make_intrusive<Op>(std::move(tensor));
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -233,28 +234,29 @@ void ShmAllreduce::Loop() {
   }
 }
 
-float* ShmAllreduce::Slot(uint64_t generation, int rank) const {
+char* ShmAllreduce::Slot(uint64_t generation, int rank) const {
   char* data = static_cast<char*>(base_) + Header::Bytes(world_);
   const size_t set = generation % 2;  // Alternate sets: see Run.
-  return reinterpret_cast<float*>(data) + (set * world_ + rank) * capacity_floats_;
+  return data + (set * world_ + rank) * capacity_bytes_;
 }
 
 // Op g: (1) copy in, barrier 2g-1; (2) sum slice `rank` of every slot into slot 0, barrier 2g;
 // (3) copy slot 0 out. Op g+1 writes the other set, so (3) of op g may overlap it; op g+2 reuses
 // this set only after barrier 2g+1, which every rank reaches after its (3) of op g.
 void ShmAllreduce::Run(Op& op, uint64_t generation) {
-  const int64_t n = op.tensor.numel();
-  float* data = op.tensor.data_ptr<float>();
-  std::memcpy(Slot(generation, rank_), data, n * sizeof(float));
+  const int64_t n = op.tensor.numel(), size = op.tensor.element_size();
+  const at::ScalarType type = op.tensor.scalar_type();
+  char* data = static_cast<char*>(op.tensor.data_ptr());
+  std::memcpy(Slot(generation, rank_), data, n * size);
   Barrier(2 * generation - 1);
-  const int64_t slice = RoundUp((n + world_ - 1) / world_, kAlignFloats);
+  const int64_t slice = RoundUp((n + world_ - 1) / world_, kAlign / size);  // Elements.
   const int64_t begin = std::min(n, rank_ * slice), end = std::min(n, begin + slice);
   if (end > begin) {
-    at::Tensor sum = at::from_blob(Slot(generation, 0) + begin, {end - begin}, at::kFloat);
-    for (int r = 1; r < world_; ++r) sum.add_(at::from_blob(Slot(generation, r) + begin, {end - begin}, at::kFloat));
+    at::Tensor sum = at::from_blob(Slot(generation, 0) + begin * size, {end - begin}, type);
+    for (int r = 1; r < world_; ++r) sum.add_(at::from_blob(Slot(generation, r) + begin * size, {end - begin}, type));
   }
   Barrier(2 * generation);
-  std::memcpy(data, Slot(generation, 0), n * sizeof(float));
+  std::memcpy(data, Slot(generation, 0), n * size);
 }
 
 void ShmAllreduce::Barrier(uint64_t target) {

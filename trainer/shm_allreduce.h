@@ -1,4 +1,4 @@
-// A sum all-reduce of float32 CPU tensors between ranks on one host, through one shared memory
+// A sum all-reduce of float32 and float64 CPU tensors between ranks on one host, through one shared memory
 // segment instead of Gloo's TCP loopback ring: each rank copies its tensor into its slot, sums
 // its 1/N slice across all slots, and copies the summed whole out. No sockets, no kernel copies
 // and one futex wake per phase, so DDP's buckets cost memory bandwidth only.
@@ -46,7 +46,8 @@ class ShmAllreduce {
   ShmAllreduce(const ShmAllreduce&) = delete;
   ShmAllreduce& operator=(const ShmAllreduce&) = delete;
 
-  // Whether Allreduce takes `tensor`: contiguous float32 on CPU, at most capacity bytes.
+  // Whether Allreduce takes `tensor`: contiguous float32 or float64 on CPU, at most capacity
+  // bytes (rounded up to 64).
   bool Fits(const at::Tensor& tensor) const;
   // Starts summing `tensor` over the ranks, in place. Throws c10::Error when it does not fit.
   c10::intrusive_ptr<c10d::Work> Allreduce(at::Tensor tensor);
@@ -57,17 +58,17 @@ class ShmAllreduce {
  private:
   struct Header;
   class Op;
-  ShmAllreduce(int rank, int world, int64_t capacity_floats, void* base, size_t bytes,
+  ShmAllreduce(int rank, int world, int64_t capacity_bytes, void* base, size_t bytes,
                std::chrono::milliseconds timeout);
   void Loop();
   void Run(Op& op, uint64_t generation);
   // Publishes this rank's arrival at `target` and waits until every rank is there.
   void Barrier(uint64_t target);
-  float* Slot(uint64_t generation, int rank) const;
+  char* Slot(uint64_t generation, int rank) const;
 
   const int rank_;
   const int world_;
-  const int64_t capacity_floats_;
+  const int64_t capacity_bytes_;
   void* const base_;
   const size_t bytes_;
   const std::chrono::milliseconds timeout_;

@@ -20,7 +20,12 @@ std::vector<int64_t> ChannelShape(const torch::Tensor& x) {
   return shape;
 }
 
-void AllReduceSum(c10d::ProcessGroup& pg, torch::Tensor& t) {
+// Through `shm` when it is set (it fits every SyncBatchNorm's few statistics), else through `pg`.
+void AllReduceSum(c10d::ProcessGroup& pg, ShmAllreduce* shm, torch::Tensor& t) {
+  if (shm != nullptr && shm->Fits(t)) {
+    shm->Allreduce(t)->wait();
+    return;
+  }
   std::vector<torch::Tensor> tensors{t};
   pg.allreduce(tensors)->wait();
 }
@@ -30,13 +35,14 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
  public:
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor input, torch::Tensor weight,
                                torch::Tensor bias, torch::Tensor mean, torch::Tensor invstd,
-                               double count, c10d::ProcessGroup* pg) {
+                               double count, c10d::ProcessGroup* pg, ShmAllreduce* shm) {
     auto shape = ChannelShape(input);
     torch::Tensor xhat = (input - mean.view(shape)) * invstd.view(shape);
     torch::Tensor out = weight.defined() ? xhat * weight.view(shape) + bias.view(shape) : xhat;
     ctx->save_for_backward({input, weight, mean, invstd});
     ctx->saved_data["count"] = count;
     ctx->saved_data["pg"] = reinterpret_cast<int64_t>(pg);
+    ctx->saved_data["shm"] = reinterpret_cast<int64_t>(shm);
     return out;
   }
 
@@ -45,6 +51,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     torch::Tensor input = saved[0], weight = saved[1], mean = saved[2], invstd = saved[3];
     double count = ctx->saved_data["count"].toDouble();
     auto* pg = reinterpret_cast<c10d::ProcessGroup*>(ctx->saved_data["pg"].toInt());
+    auto* shm = reinterpret_cast<ShmAllreduce*>(ctx->saved_data["shm"].toInt());
     torch::Tensor dy = grads[0];
     auto dims = ReduceDims(input);
     auto shape = ChannelShape(input);
@@ -54,7 +61,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     // Local sums, reduced across ranks in one collective: [sum_dy, sum_dy_xmu].
     torch::Tensor local = torch::cat({dy.sum(dims), (dy * xmu).sum(dims)}).to(torch::kDouble);
     torch::Tensor global = local.clone();
-    AllReduceSum(*pg, global);
+    AllReduceSum(*pg, shm, global);
     torch::Tensor sum_dy = global.narrow(0, 0, channels).to(input.scalar_type());
     torch::Tensor sum_dy_xmu = global.narrow(0, channels, channels).to(input.scalar_type());
 
@@ -73,15 +80,17 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     torch::Tensor grad_weight = weight.defined() ? local_sum_dy_xmu * invstd : torch::Tensor();
     torch::Tensor grad_bias = weight.defined() ? local_sum_dy : torch::Tensor();
     return {grad_input, grad_weight, grad_bias, torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
+            torch::Tensor(), torch::Tensor()};  // None for mean, invstd, count, pg, shm.
   }
 };
 
 }  // namespace
 
 SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options,
-                                     c10::intrusive_ptr<c10d::ProcessGroup> pg)
-    : options_(options), pg_(std::move(pg)) {
+                                     c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<ShmAllreduce> shm)
+    : options_(options), pg_(std::move(pg)), shm_(std::move(shm)) {
+  TORCH_CHECK(!shm_ || (shm_->rank() == pg_->getRank() && shm_->world_size() == pg_->getSize()),
+              "SyncBatchNorm: the shared-memory all-reduce spans other ranks than the process group");
   const int64_t c = options_.num_features();
   if (options_.affine()) {
     weight = register_parameter("weight", torch::ones({c}));
@@ -113,7 +122,7 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
   double local_count = input.size(1) > 0 ? static_cast<double>(input.numel() / c) : 0.0;
   torch::Tensor stats = torch::cat({x.sum(dims), (x * x).sum(dims),
                                     torch::full({1}, local_count, torch::kDouble)});
-  AllReduceSum(*pg_, stats);
+  AllReduceSum(*pg_, shm_.get(), stats);
   double count = stats[2 * c].item<double>();
   TORCH_CHECK(count > 0, "SyncBatchNorm: every rank's batch is empty");
   torch::Tensor mean = stats.narrow(0, 0, c) / count;
@@ -132,17 +141,18 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
   torch::Tensor invstd = torch::rsqrt(var + options_.eps()).to(input.scalar_type());
   return SyncBatchNormFunction::apply(input, options_.affine() ? weight : torch::Tensor(),
                                       options_.affine() ? bias : torch::Tensor(),
-                                      mean.to(input.scalar_type()), invstd, count, pg_.get());
+                                      mean.to(input.scalar_type()), invstd, count, pg_.get(), shm_.get());
 }
 
 namespace {
 
 template <typename BatchNormImpl>
 std::shared_ptr<SyncBatchNormImpl> ConvertOne(const std::shared_ptr<torch::nn::Module>& child,
-                                              const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+                                              const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
+                                              const std::shared_ptr<ShmAllreduce>& shm) {
   auto bn = std::dynamic_pointer_cast<BatchNormImpl>(child);
   if (!bn) return nullptr;
-  auto sync = std::make_shared<SyncBatchNormImpl>(bn->options, pg);
+  auto sync = std::make_shared<SyncBatchNormImpl>(bn->options, pg, shm);
   torch::NoGradGuard no_grad;
   if (bn->options.affine()) {
     sync->weight.copy_(bn->weight);
@@ -159,17 +169,18 @@ std::shared_ptr<SyncBatchNormImpl> ConvertOne(const std::shared_ptr<torch::nn::M
 
 }  // namespace
 
-int ConvertSyncBatchNorm(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+int ConvertSyncBatchNorm(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                         std::shared_ptr<ShmAllreduce> shm) {
   int replaced = 0;
   for (const auto& item : module.named_children()) {
-    std::shared_ptr<SyncBatchNormImpl> sync = ConvertOne<torch::nn::BatchNorm1dImpl>(item.value(), pg);
-    if (!sync) sync = ConvertOne<torch::nn::BatchNorm2dImpl>(item.value(), pg);
-    if (!sync) sync = ConvertOne<torch::nn::BatchNorm3dImpl>(item.value(), pg);
+    std::shared_ptr<SyncBatchNormImpl> sync = ConvertOne<torch::nn::BatchNorm1dImpl>(item.value(), pg, shm);
+    if (!sync) sync = ConvertOne<torch::nn::BatchNorm2dImpl>(item.value(), pg, shm);
+    if (!sync) sync = ConvertOne<torch::nn::BatchNorm3dImpl>(item.value(), pg, shm);
     if (sync) {
       module.replace_module(item.key(), sync);
       ++replaced;
     } else {
-      replaced += ConvertSyncBatchNorm(*item.value(), pg);
+      replaced += ConvertSyncBatchNorm(*item.value(), pg, shm);
     }
   }
   return replaced;

@@ -12,12 +12,16 @@
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "trainer/shm_allreduce.h"
+
 namespace elrun::trainer {
 
 class SyncBatchNormImpl : public torch::nn::Module {
  public:
-  // `pg` must outlive the module.
-  SyncBatchNormImpl(const torch::nn::BatchNormOptions& options, c10::intrusive_ptr<c10d::ProcessGroup> pg);
+  // With `shm` (same ranks as `pg`), the statistics are summed through shared memory instead of
+  // `pg` (shm_allreduce.h): for ranks on one host.
+  SyncBatchNormImpl(const torch::nn::BatchNormOptions& options, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                    std::shared_ptr<ShmAllreduce> shm = nullptr);
 
   // Input [N, C, ...] for any number of trailing dimensions (BatchNorm1d/2d/3d alike).
   torch::Tensor forward(const torch::Tensor& input);
@@ -30,6 +34,7 @@ class SyncBatchNormImpl : public torch::nn::Module {
  private:
   const torch::nn::BatchNormOptions options_;
   const c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  const std::shared_ptr<ShmAllreduce> shm_;
 };
 TORCH_MODULE(SyncBatchNorm);
 
@@ -38,8 +43,9 @@ TORCH_MODULE(SyncBatchNorm);
 // with DistributedDataParallel. Returns how many were replaced.
 // C++ modules keep their children in members as well as in the registry: a model must reach
 // its norm layers through the registry at forward time (see ApplyNorm) for the replacement to
-// take effect, as trainer/models.h does.
-int ConvertSyncBatchNorm(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGroup> pg);
+// take effect, as trainer/models.h does. `shm`: see SyncBatchNormImpl.
+int ConvertSyncBatchNorm(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                         std::shared_ptr<ShmAllreduce> shm = nullptr);
 
 // Runs a registered normalisation child (BatchNorm1d/2d/3d or SyncBatchNorm) on `x`.
 torch::Tensor ApplyNorm(torch::nn::Module& norm, const torch::Tensor& x);

@@ -183,36 +183,42 @@ int Train(const Options& o) {
   if (!linear.ok()) return Fail(absl::StrCat("--linear: ", linear.status().message()), 2);
   auto model = MakeModel(o.model, mlp, *linear);
   if (!model.ok()) return Fail(std::string(model.status().message()), 2);
-  if (o.sync_bn) ConvertSyncBatchNorm(**model, dist->pg);
   if (o.lr_schedule != "constant" && o.lr_schedule != "cosine") {
     return Fail(absl::StrCat("--lr-schedule=", o.lr_schedule, ": expected constant or cosine"), 2);
   }
   if (o.optimizer != "sgd" && o.optimizer != "adam") {
     return Fail(absl::StrCat("--optimizer=", o.optimizer, ": expected sgd or adam"), 2);
   }
-  DdpOptions ddp_options;
-  ddp_options.bucket_cap_mb = o.bucket_cap_mb;
-  ddp_options.first_bucket_mb = o.first_bucket_mb;
   if (o.allreduce != "auto" && o.allreduce != "shm" && o.allreduce != "gloo") {
     return Fail(absl::StrCat("--allreduce=", o.allreduce, ": expected auto, shm or gloo"), 2);
   }
+  // DDP's buckets and SyncBatchNorm's statistics go through shared memory where every rank can
+  // map it (all on this host); the sharded strategies' collectives stay on Gloo.
+  std::shared_ptr<ShmAllreduce> shm;
   std::string allreduce = world > 1 ? "gloo" : "none";
-  if (o.strategy == "ddp" && world > 1 && o.allreduce != "gloo") {
-    // A bucket holds at most its limit plus its last tensor.
-    int64_t largest = 0;
-    for (const auto& p : (*model)->parameters()) largest = std::max<int64_t>(largest, p.numel() * p.element_size());
-    const double limit_mb = std::max(o.bucket_cap_mb, o.first_bucket_mb);
-    auto shm = ShmAllreduce::Create(*dist->store, "ddp_shm", rank, world,
-                                    static_cast<int64_t>(limit_mb * 1024 * 1024) + largest, std::chrono::seconds(120));
-    if (shm.ok()) {
-      ddp_options.shm = std::move(*shm);
+  if (world > 1 && o.allreduce != "gloo" && (o.strategy == "ddp" || o.sync_bn)) {
+    int64_t capacity = 1 << 20;  // SyncBatchNorm's statistics: 2 x channels + 1 doubles.
+    if (o.strategy == "ddp") {  // A bucket holds at most its limit plus its last tensor.
+      int64_t largest = 0;
+      for (const auto& p : (*model)->parameters()) largest = std::max<int64_t>(largest, p.numel() * p.element_size());
+      capacity = std::max<int64_t>(
+          capacity, static_cast<int64_t>(std::max(o.bucket_cap_mb, o.first_bucket_mb) * 1024 * 1024) + largest);
+    }
+    auto created = ShmAllreduce::Create(*dist->store, "shm_allreduce", rank, world, capacity, std::chrono::seconds(120));
+    if (created.ok()) {
+      shm = std::move(*created);
       allreduce = "shm";
     } else if (o.allreduce == "shm") {
-      return Fail(std::string(shm.status().message()));
+      return Fail(std::string(created.status().message()));
     } else if (rank == 0) {
-      std::cerr << "elrun-train: " << shm.status().message() << "; DDP all-reduces through Gloo" << std::endl;
+      std::cerr << "elrun-train: " << created.status().message() << "; all-reduces go through Gloo" << std::endl;
     }
   }
+  if (o.sync_bn) ConvertSyncBatchNorm(**model, dist->pg, shm);
+  DdpOptions ddp_options;
+  ddp_options.bucket_cap_mb = o.bucket_cap_mb;
+  ddp_options.first_bucket_mb = o.first_bucket_mb;
+  if (o.strategy == "ddp") ddp_options.shm = shm;
   auto parallel = DataParallel::Create(o.strategy, *model, dist->pg, ddp_options);
   if (!parallel.ok()) return Fail(std::string(parallel.status().message()), 2);
   std::unique_ptr<torch::optim::Optimizer> optimizer_owner = MakeOptimizer(o, (*parallel)->OptimizerParameters());
@@ -398,8 +404,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--allreduce", o.allreduce,
-                 "DDP's gradient all-reduce: shm (shared memory, all ranks on this host), gloo, or auto "
-                 "(shm where every rank can map it, else gloo)")
+                 "transport of DDP's and SyncBatchNorm's all-reduces: shm (shared memory, all ranks on "
+                 "this host), gloo, or auto (shm where every rank can map it, else gloo)")
       ->capture_default_str();
   app.add_option("--metrics-file", o.metrics_file, "JSON lines: steps and a final {\"event\":\"end\",...}");
   app.add_option("--log-every", o.log_every, "progress line every N steps (rank 0)")->capture_default_str();

@@ -1,7 +1,7 @@
 """elrun-train's kernel and transport options. --linear: the oneDNN route (the default) and ATen's
 BLAS Linear train the same job to the same checkpoint, up to float rounding. --allreduce: DDP's
-buckets through shared memory and through Gloo give the same checkpoint, and the shared-memory
-segment leaves nothing in /dev/shm. Unknown values are one line on stderr and exit 2.
+buckets and SyncBatchNorm's statistics through shared memory and through Gloo give the same
+checkpoint, and the shared-memory segment leaves nothing in /dev/shm. Unknown values are one line on stderr and exit 2.
 
 The jobs: 40 steps of batch 32 per worker on the seeded synthetic data set (FashionNet with
 SyncBatchNorm, as the other train_* tests), ~10 s each on 2 idle cores.
@@ -43,13 +43,13 @@ class TrainOptionsTest(TrainTestCase):
         segments = set(glob.glob("/dev/shm/elrun-allreduce-*"))
         for transport in ("shm", "gloo"):
             self.run_job(["--standalone", "--nproc_per_node", "2"],
-                         self.job(transport, sync_bn=None, allreduce=transport),
+                         self.job(transport, allreduce=transport),
                          "the 2-worker job with --allreduce %s" % transport)
             end = train_harness.end_record(self.path(transport, "metrics.jsonl"))
             self.assertEqual((end["steps"], end["allreduce"]), (STEPS, transport),
                              "expected %d steps all-reduced through %s in %s"
                              % (STEPS, transport, end))
-        # Both sum the two ranks' buckets in float32, rank 0 first (measured: bit-identical).
+        # Both sum the two ranks' values rank 0 first (measured: bit-identical).
         _, worst = self.assertSameCheckpoint(
             self.path("shm", "checkpoints", "checkpoint.pt"),
             self.path("gloo", "checkpoints", "checkpoint.pt"),

@@ -30,19 +30,20 @@ void OnThreads(int world, const std::function<void(int rank, c10d::Store& store)
   for (auto& t : threads) t.join();
 }
 
+// Odd ops are float64 (SyncBatchNorm's statistics), even ones float32 (DDP's buckets).
 torch::Tensor Input(int rank, int op, int64_t n) {
   auto gen = at::detail::createCPUGenerator(1000 * op + rank);
-  return torch::randn({n}, gen);
+  return torch::randn({n}, gen, op % 2 ? torch::kDouble : torch::kFloat);
 }
 
-TEST_CASE("sums of 2 and 3 ranks, 40 ops of mixed sizes in flight at once, equal the rank-order sums") {
-  constexpr int64_t kCapacity = 5000;
+TEST_CASE("sums of 2 and 3 ranks, 40 ops of mixed sizes and types in flight at once, equal the rank-order sums") {
+  constexpr int64_t kCapacity = 5000;  // float64 elements.
   const std::vector<int64_t> sizes = {1, 7, 16, 17, 4999, 5000, 0, 33, 1024, 3};
   for (int world : {2, 3}) {
     CAPTURE(world);
     std::vector<std::vector<torch::Tensor>> results(world);
     OnThreads(world, [&](int rank, c10d::Store& store) {
-      auto shm = ShmAllreduce::Create(store, "sum", rank, world, kCapacity * 4, std::chrono::seconds(30));
+      auto shm = ShmAllreduce::Create(store, "sum", rank, world, kCapacity * 8, std::chrono::seconds(30));
       REQUIRE_MESSAGE(shm.ok(), shm.status().ToString());
       std::vector<torch::Tensor> tensors;
       std::vector<c10::intrusive_ptr<c10d::Work>> works;
@@ -79,13 +80,15 @@ TEST_CASE("Fits: contiguous float32 CPU tensors up to the capacity; others are r
     REQUIRE(shm.ok());
     ShmAllreduce& s = **shm;
     CHECK(s.Fits(torch::zeros({100})));
-    CHECK(s.Fits(torch::zeros({112})));  // The capacity is rounded up to 64-byte slots.
+    CHECK(s.Fits(torch::zeros({112})));  // The capacity is rounded up to 64-byte slots: 448 bytes.
     CHECK_FALSE(s.Fits(torch::zeros({113})));
-    CHECK_FALSE(s.Fits(torch::zeros({10}, torch::kDouble)));
+    CHECK(s.Fits(torch::zeros({56}, torch::kDouble)));
+    CHECK_FALSE(s.Fits(torch::zeros({57}, torch::kDouble)));
+    CHECK_FALSE(s.Fits(torch::zeros({10}, torch::kLong)));
     CHECK_FALSE(s.Fits(torch::zeros({10, 10}).t()));
     CHECK_FALSE(s.Fits(torch::Tensor()));
     CHECK_THROWS_WITH(s.Allreduce(torch::zeros({200})),
-                      doctest::Contains("takes contiguous float32 CPU tensors of at most 112 elements"));
+                      doctest::Contains("takes contiguous float32 or float64 CPU tensors of at most 448 bytes"));
   });
 }
 

@@ -32,10 +32,12 @@ struct RankResult {
   torch::Tensor out, grad_input, grad_weight, grad_bias, running_mean, running_var;
 };
 
-// Two iterations of forward/backward on each rank; batch sizes per rank as given.
-void RunSync(const std::vector<int64_t>& sizes, std::vector<RankResult>* results) {
+// Two iterations of forward/backward on each rank; batch sizes per rank as given. With `shm`,
+// the statistics go through a ShmAllreduce instead of Gloo.
+void RunSync(const std::vector<int64_t>& sizes, std::vector<RankResult>* results, bool shm = false) {
   results->assign(sizes.size(), {});
-  RunRanks(static_cast<int>(sizes.size()), [&](int rank, PG pg) {
+  const int world = static_cast<int>(sizes.size());
+  RunRanksWithStore(world, [&](int rank, PG pg, c10d::Store& store) {
     torch::nn::BatchNorm2d bn(torch::nn::BatchNorm2dOptions(kChannels).momentum(0.3));
     {
       torch::NoGradGuard no_grad;
@@ -43,7 +45,13 @@ void RunSync(const std::vector<int64_t>& sizes, std::vector<RankResult>* results
       bn->bias.copy_(torch::tensor({0.1, -0.2, 0.3}));
     }
     torch::nn::Sequential net(bn);
-    REQUIRE(ConvertSyncBatchNorm(*net, pg) == 1);
+    std::shared_ptr<ShmAllreduce> segment;
+    if (shm) {
+      auto created = ShmAllreduce::Create(store, "syncbn_shm", rank, world, 4096, std::chrono::seconds(30));
+      REQUIRE_MESSAGE(created.ok(), created.status().ToString());
+      segment = std::move(*created);
+    }
+    REQUIRE(ConvertSyncBatchNorm(*net, pg, segment) == 1);
     auto& sync = *net->named_children()["0"]->as<SyncBatchNormImpl>();
     for (int iteration = 0; iteration < 2; ++iteration) {
       auto x = Input(sizes[rank], 10 * iteration + rank).requires_grad_(true);
@@ -92,9 +100,9 @@ RankResult RunUnion(const std::vector<int64_t>& sizes) {
   return r;
 }
 
-void CompareWithUnion(const std::vector<int64_t>& sizes) {
+void CompareWithUnion(const std::vector<int64_t>& sizes, bool shm = false) {
   std::vector<RankResult> ranks;
-  RunSync(sizes, &ranks);
+  RunSync(sizes, &ranks, shm);
   RankResult expected = RunUnion(sizes);
   std::vector<torch::Tensor> outs, grads;
   torch::Tensor grad_weight = torch::zeros({kChannels}), grad_bias = torch::zeros({kChannels});
@@ -122,6 +130,12 @@ TEST_CASE("a rank with an empty batch") {
 
 TEST_CASE("three ranks") {
   CompareWithUnion({2, 4, 1});
+}
+
+TEST_CASE("through shared memory: 2 and 3 ranks, an empty batch") {
+  CompareWithUnion({5, 3}, /*shm=*/true);
+  CompareWithUnion({6, 0}, /*shm=*/true);
+  CompareWithUnion({2, 4, 1}, /*shm=*/true);
 }
 
 struct Inner : torch::nn::Module {
