@@ -22,7 +22,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
                                                  c10::intrusive_ptr<c10d::ProcessGroup> pg,
                                                  DdpOptions options)
     : module_(std::move(module)), pg_(std::move(pg)), options_(options) {
-  TORCH_CHECK(!options_.shm || (options_.shm->world_size() == pg_->getSize() && options_.shm->rank() == pg_->getRank()),
+  TORCH_CHECK(!options_.shm || options_.shm->Spans(*pg_),
               "DistributedDataParallel: the shared-memory all-reduce spans rank ", options_.shm ? options_.shm->rank() : 0,
               " of ", options_.shm ? options_.shm->world_size() : 0, ", the process group rank ", pg_->getRank(), " of ",
               pg_->getSize());
@@ -121,12 +121,7 @@ void DistributedDataParallel::LaunchReadyBuckets() {
   // Collectives must be issued in the same order on every rank: launch in bucket order.
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) {
     Bucket& bucket = *buckets_[next_launch_++];
-    if (options_.shm && options_.shm->Fits(bucket.flat)) {  // The same choice on every rank.
-      bucket.work = options_.shm->Allreduce(bucket.flat);
-    } else {
-      std::vector<torch::Tensor> tensors{bucket.flat};
-      bucket.work = pg_->allreduce(tensors);
-    }
+    bucket.work = AllreduceSum(*pg_, options_.shm.get(), bucket.flat);
     if (stats_.bytes_reduced == 0) stats_.first_launch = std::chrono::steady_clock::now();
     stats_.bytes_reduced += bucket.flat.numel() * bucket.flat.element_size();
   }

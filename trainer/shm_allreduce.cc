@@ -66,7 +66,9 @@ struct ShmAllreduce::Header {
   int64_t capacity_bytes;
   alignas(64) std::atomic<uint32_t> bell;  // Bumped (and futex-woken) at every arrival.
 
-  RankState* ranks() { return reinterpret_cast<RankState*>(reinterpret_cast<char*>(this) + kRanksOffset); }
+  RankState* ranks() const {
+    return reinterpret_cast<RankState*>(reinterpret_cast<char*>(const_cast<Header*>(this)) + kRanksOffset);
+  }
   static size_t Bytes(int world) { return RoundUp(kRanksOffset + kRankStride * world, kPage); }
 };
 
@@ -265,25 +267,21 @@ void ShmAllreduce::Barrier(uint64_t target) {
   ranks[rank_].seq.store(target, std::memory_order_release);
   header_->bell.fetch_add(1, std::memory_order_acq_rel);
   ::syscall(SYS_futex, bell, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-  auto missing = [&] {
-    std::vector<int> late;
-    for (int r = 0; r < world_; ++r) {
-      if (ranks[r].seq.load(std::memory_order_acquire) < target) late.push_back(r);
-    }
-    return late;
-  };
   for (int spin = 0; spin < 200; ++spin) {  // A few microseconds, for peers that are about to arrive.
-    if (missing().empty()) return;
+    if (AllArrived(target)) return;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
   }
-  const uint64_t my_namespace = PidNamespace();
+  const uint64_t my_namespace = ranks[rank_].pid_namespace.load();
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   for (;;) {
     const uint32_t rung = header_->bell.load(std::memory_order_acquire);
-    std::vector<int> late = missing();
-    if (late.empty()) return;
+    if (AllArrived(target)) return;
+    std::vector<int> late;
+    for (int r = 0; r < world_; ++r) {
+      if (ranks[r].seq.load(std::memory_order_acquire) < target) late.push_back(r);
+    }
     if (stopping_) {
       throw std::runtime_error("shared-memory all-reduce: shut down while waiting for the other ranks");
     }
@@ -304,6 +302,20 @@ void ShmAllreduce::Barrier(uint64_t target) {
     struct timespec slice {0, 50 * 1000 * 1000};  // Re-check liveness and the deadline every 50 ms.
     ::syscall(SYS_futex, bell, FUTEX_WAIT, rung, &slice, nullptr, 0);
   }
+}
+
+bool ShmAllreduce::AllArrived(uint64_t target) const {
+  const Header::RankState* ranks = header_->ranks();
+  for (int r = 0; r < world_; ++r) {
+    if (ranks[r].seq.load(std::memory_order_acquire) < target) return false;
+  }
+  return true;
+}
+
+c10::intrusive_ptr<c10d::Work> AllreduceSum(c10d::ProcessGroup& pg, ShmAllreduce* shm, at::Tensor tensor) {
+  if (shm != nullptr && shm->Fits(tensor)) return shm->Allreduce(std::move(tensor));
+  std::vector<at::Tensor> tensors{std::move(tensor)};
+  return pg.allreduce(tensors);
 }
 
 }  // namespace elrun::trainer

@@ -27,6 +27,7 @@
 #include <thread>
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -54,6 +55,8 @@ class ShmAllreduce {
 
   int rank() const { return rank_; }
   int world_size() const { return world_; }
+  // Whether this object joins the same ranks as `pg`, as the callers that take both require.
+  bool Spans(const c10d::ProcessGroup& pg) const { return rank_ == pg.getRank() && world_ == pg.getSize(); }
 
  private:
   struct Header;
@@ -64,6 +67,7 @@ class ShmAllreduce {
   void Run(Op& op, uint64_t generation);
   // Publishes this rank's arrival at `target` and waits until every rank is there.
   void Barrier(uint64_t target);
+  bool AllArrived(uint64_t target) const;
   char* Slot(uint64_t generation, int rank) const;
 
   const int rank_;
@@ -82,6 +86,10 @@ class ShmAllreduce {
   uint64_t generation_ = 0;                   // Ops run so far (the thread's).
   std::thread thread_;
 };
+
+// Sums `tensor` over the ranks in place: through `shm` when it is set and fits the tensor, else
+// through `pg`. The choice depends only on the tensor and `shm`, so it is the same on every rank.
+c10::intrusive_ptr<c10d::Work> AllreduceSum(c10d::ProcessGroup& pg, ShmAllreduce* shm, at::Tensor tensor);
 
 }  // namespace elrun::trainer
 

@@ -20,15 +20,6 @@ std::vector<int64_t> ChannelShape(const torch::Tensor& x) {
   return shape;
 }
 
-// Through `shm` when it is set (it fits every SyncBatchNorm's few statistics), else through `pg`.
-void AllReduceSum(c10d::ProcessGroup& pg, ShmAllreduce* shm, torch::Tensor& t) {
-  if (shm != nullptr && shm->Fits(t)) {
-    shm->Allreduce(t)->wait();
-    return;
-  }
-  std::vector<torch::Tensor> tensors{t};
-  pg.allreduce(tensors)->wait();
-}
 
 // Normalises with statistics already reduced across ranks; backward reduces across ranks too.
 class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
@@ -61,7 +52,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     // Local sums, reduced across ranks in one collective: [sum_dy, sum_dy_xmu].
     torch::Tensor local = torch::cat({dy.sum(dims), (dy * xmu).sum(dims)}).to(torch::kDouble);
     torch::Tensor global = local.clone();
-    AllReduceSum(*pg, shm, global);
+    AllreduceSum(*pg, shm, global)->wait();
     torch::Tensor sum_dy = global.narrow(0, 0, channels).to(input.scalar_type());
     torch::Tensor sum_dy_xmu = global.narrow(0, channels, channels).to(input.scalar_type());
 
@@ -89,7 +80,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
 SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options,
                                      c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<ShmAllreduce> shm)
     : options_(options), pg_(std::move(pg)), shm_(std::move(shm)) {
-  TORCH_CHECK(!shm_ || (shm_->rank() == pg_->getRank() && shm_->world_size() == pg_->getSize()),
+  TORCH_CHECK(!shm_ || shm_->Spans(*pg_),
               "SyncBatchNorm: the shared-memory all-reduce spans other ranks than the process group");
   const int64_t c = options_.num_features();
   if (options_.affine()) {
@@ -122,7 +113,7 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
   double local_count = input.size(1) > 0 ? static_cast<double>(input.numel() / c) : 0.0;
   torch::Tensor stats = torch::cat({x.sum(dims), (x * x).sum(dims),
                                     torch::full({1}, local_count, torch::kDouble)});
-  AllReduceSum(*pg_, shm_.get(), stats);
+  AllreduceSum(*pg_, shm_.get(), stats)->wait();
   double count = stats[2 * c].item<double>();
   TORCH_CHECK(count > 0, "SyncBatchNorm: every rank's batch is empty");
   torch::Tensor mean = stats.narrow(0, 0, c) / count;

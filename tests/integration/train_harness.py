@@ -151,6 +151,13 @@ class LiveRun(harness.WatchedProcess):
 class TrainTestCase(ElrunTestCase):
     """Runs elrun-train jobs under a launcher and compares what they leave behind."""
 
+    def fresh_job(self, name, max_steps, **options):
+        """train_args for a job of max_steps whose checkpoints and metrics go to a new directory
+        `name` of the test (name/checkpoints, name/metrics.jsonl)."""
+        os.makedirs(self.path(name))
+        return train_args(max_steps=max_steps, checkpoint_dir=self.path(name, "checkpoints"),
+                          metrics_file=self.path(name, "metrics.jsonl"), **options)
+
     def launch(self, launcher_args, trainer_args, torchrun=False, env=None):
         """Starts elrun (or, with torchrun=True, Debian's torchrun) with launcher_args, then
         elrun-train with trainer_args (--no-python, spelled as that launcher wants it)."""

@@ -6,11 +6,10 @@ Jobs are short (40 steps of batch 32 per rank on the seeded synthetic data set, 
 thread per worker); most of each run is LibTorch's and torchrun's start-up: 5 to 15 s on 2 idle
 cores.
 """
-import os
 
 import harness
 import train_harness
-from train_harness import TrainTestCase, train_args
+from train_harness import TrainTestCase
 
 STEPS = 40
 
@@ -18,9 +17,7 @@ STEPS = 40
 class TrainLaunchersTest(TrainTestCase):
 
     def job(self, name, **options):
-        os.makedirs(self.path(name))
-        return train_args(max_steps=STEPS, checkpoint_dir=self.path(name, "checkpoints"),
-                          metrics_file=self.path(name, "metrics.jsonl"), **options)
+        return self.fresh_job(name, STEPS, **options)
 
     def checkpoint(self, name):
         return self.path(name, "checkpoints", "checkpoint.pt")

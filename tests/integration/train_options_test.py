@@ -20,9 +20,7 @@ STEPS = 40
 class TrainOptionsTest(TrainTestCase):
 
     def job(self, name, **options):
-        os.makedirs(self.path(name))
-        return train_args(max_steps=STEPS, checkpoint_dir=self.path(name, "checkpoints"),
-                          metrics_file=self.path(name, "metrics.jsonl"), **options)
+        return self.fresh_job(name, STEPS, **options)
 
     def test_both_linear_kernels_train_to_the_same_checkpoint(self):
         for kernel in ("onednn", "aten"):
