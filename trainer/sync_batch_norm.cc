@@ -6,13 +6,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Dimensions reduced for per-channel statistics: all but dim 1.
-std::vector<int64_t> ReduceDims(const torch::Tensor& x) {
-  std::vector<int64_t> dims{0};
-  for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
-  return dims;
-}
-
 // Shape that broadcasts a [C] tensor against x.
 std::vector<int64_t> ChannelShape(const torch::Tensor& x) {
   std::vector<int64_t> shape(x.dim(), 1);
@@ -20,18 +13,26 @@ std::vector<int64_t> ChannelShape(const torch::Tensor& x) {
   return shape;
 }
 
-
 // Normalises with statistics already reduced across ranks; backward reduces across ranks too.
+// Every pass over the activations is one of ATen's fused, vectorised batch-norm kernels or a
+// single broadcast op; the composite version (sums over dims, double copies, one op per term)
+// took several times longer.
 class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
  public:
+  // `mean` and `var`: the global batch statistics, in the input's type. Without `affine`,
+  // `weight` and `bias` are ones and zeros and get no gradient (LibTorch 1.13's custom functions
+  // cannot take undefined tensors).
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor input, torch::Tensor weight,
-                               torch::Tensor bias, torch::Tensor mean, torch::Tensor invstd,
-                               double count, c10d::ProcessGroup* pg, ShmAllreduce* shm) {
-    auto shape = ChannelShape(input);
-    torch::Tensor xhat = (input - mean.view(shape)) * invstd.view(shape);
-    torch::Tensor out = weight.defined() ? xhat * weight.view(shape) + bias.view(shape) : xhat;
-    ctx->save_for_backward({input, weight, mean, invstd});
+                               torch::Tensor bias, torch::Tensor mean, torch::Tensor var, double eps,
+                               double count, bool affine, c10d::ProcessGroup* pg, ShmAllreduce* shm) {
+    // Inference-mode batch norm with the global statistics as its "running" ones: one pass.
+    // (ATen's kernel divides by the batch size: an empty batch stays empty without it.)
+    torch::Tensor out = input.numel() == 0 ? at::empty_like(input)
+                                           : std::get<0>(at::native_batch_norm(input, weight, bias, mean, var,
+                                                                               /*training=*/false, /*momentum=*/0, eps));
+    ctx->save_for_backward({input, weight, mean, torch::rsqrt(var + eps)});
     ctx->saved_data["count"] = count;
+    ctx->saved_data["affine"] = affine;
     ctx->saved_data["pg"] = reinterpret_cast<int64_t>(pg);
     ctx->saved_data["shm"] = reinterpret_cast<int64_t>(shm);
     return out;
@@ -41,37 +42,44 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     auto saved = ctx->get_saved_variables();
     torch::Tensor input = saved[0], weight = saved[1], mean = saved[2], invstd = saved[3];
     double count = ctx->saved_data["count"].toDouble();
+    const bool affine = ctx->saved_data["affine"].toBool();
     auto* pg = reinterpret_cast<c10d::ProcessGroup*>(ctx->saved_data["pg"].toInt());
     auto* shm = reinterpret_cast<ShmAllreduce*>(ctx->saved_data["shm"].toInt());
-    torch::Tensor dy = grads[0];
-    auto dims = ReduceDims(input);
-    auto shape = ChannelShape(input);
+    torch::Tensor dy = grads[0].contiguous(input.suggest_memory_format());
     const int64_t channels = input.size(1);
-
-    torch::Tensor xmu = input - mean.view(shape);
-    // Local sums, reduced across ranks in one collective: [sum_dy, sum_dy_xmu].
-    torch::Tensor local = torch::cat({dy.sum(dims), (dy * xmu).sum(dims)}).to(torch::kDouble);
-    torch::Tensor global = local.clone();
+    // This rank's sum(dy) and sum(dy * xhat), xhat = (x - mean) * invstd: the bias and weight
+    // gradients of a batch norm with these statistics, which ATen's backward kernel reduces in
+    // one pass. They are summed across ranks in one collective.
+    torch::Tensor sum_dy, sum_dy_xhat;
+    if (input.numel() > 0) {
+      std::tie(std::ignore, sum_dy_xhat, sum_dy) = at::native_batch_norm_backward(
+          dy, input, weight, {}, {}, mean, invstd, /*train=*/true, /*eps=*/0, {false, true, true});
+    } else {
+      sum_dy = torch::zeros({channels}, input.options());
+      sum_dy_xhat = torch::zeros({channels}, input.options());
+    }
+    torch::Tensor global = torch::cat({sum_dy, sum_dy_xhat}).to(torch::kDouble);
     AllreduceSum(*pg, shm, global)->wait();
-    torch::Tensor sum_dy = global.narrow(0, 0, channels).to(input.scalar_type());
-    torch::Tensor sum_dy_xmu = global.narrow(0, channels, channels).to(input.scalar_type());
-
-    torch::Tensor scale = weight.defined() ? weight * invstd : invstd;
     torch::Tensor grad_input;
-    if (count > 0) {
-      grad_input = scale.view(shape) *
-                   (dy - (sum_dy / count).view(shape) -
-                    xmu * (invstd * invstd * sum_dy_xmu / count).view(shape));
+    if (input.numel() > 0) {
+      // grad_input = a * (dy - sum_dy / n - xhat * sum_dy_xhat / n), a = weight * invstd, is
+      // a * dy + b * x + c per channel: two passes.
+      torch::Tensor invstd_d = invstd.to(torch::kDouble);
+      torch::Tensor a = weight.detach().to(torch::kDouble) * invstd_d;
+      torch::Tensor b = -a * invstd_d * global.narrow(0, channels, channels) / count;
+      torch::Tensor c = -a * global.narrow(0, 0, channels) / count - b * mean.to(torch::kDouble);
+      auto shape = ChannelShape(input);
+      auto per_channel = [&](const torch::Tensor& t) { return t.to(input.scalar_type()).view(shape); };
+      grad_input = at::addcmul(per_channel(c), input, per_channel(b));
+      grad_input.addcmul_(dy, per_channel(a));
     } else {
       grad_input = torch::zeros_like(input);
     }
     // Parameter gradients are this rank's own share (DDP then reduces them like any other).
-    torch::Tensor local_sum_dy = local.narrow(0, 0, channels).to(input.scalar_type());
-    torch::Tensor local_sum_dy_xmu = local.narrow(0, channels, channels).to(input.scalar_type());
-    torch::Tensor grad_weight = weight.defined() ? local_sum_dy_xmu * invstd : torch::Tensor();
-    torch::Tensor grad_bias = weight.defined() ? local_sum_dy : torch::Tensor();
-    return {grad_input, grad_weight, grad_bias, torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor(), torch::Tensor()};  // None for mean, invstd, count, pg, shm.
+    torch::Tensor grad_weight = affine ? sum_dy_xhat : torch::Tensor();
+    torch::Tensor grad_bias = affine ? sum_dy : torch::Tensor();
+    return {grad_input,      grad_weight,     grad_bias,       torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};  // None: statistics, flags.
   }
 };
 
@@ -99,26 +107,30 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
               "SyncBatchNorm: expected input [N, ", options_.num_features(), ", ...], got ",
               input.sizes());
   const int64_t c = options_.num_features();
-  auto shape = ChannelShape(input);
-  if (!is_training() && options_.track_running_stats()) {
-    // Eval: running stats, no communication.
-    torch::Tensor invstd = torch::rsqrt(running_var + options_.eps());
-    torch::Tensor out = (input - running_mean.view(shape)) * invstd.view(shape);
-    return options_.affine() ? out * weight.view(shape) + bias.view(shape) : out;
+  if (!is_training() && options_.track_running_stats()) {  // Running stats, no communication.
+    if (input.numel() == 0) return input.clone();  // ATen's kernel divides by the batch size.
+    return std::get<0>(at::native_batch_norm(input, options_.affine() ? weight : torch::Tensor(),
+                                             options_.affine() ? bias : torch::Tensor(), running_mean, running_var,
+                                             /*training=*/false, /*momentum=*/0, options_.eps()));
   }
-
-  // Sums and count of this rank, reduced across ranks in one collective: [sum, sumsq, count].
-  auto dims = ReduceDims(input);
-  torch::Tensor x = input.detach().to(torch::kDouble);
-  double local_count = input.size(1) > 0 ? static_cast<double>(input.numel() / c) : 0.0;
-  torch::Tensor stats = torch::cat({x.sum(dims), (x * x).sum(dims),
-                                    torch::full({1}, local_count, torch::kDouble)});
+  // This rank's sums and count, reduced across ranks in one collective: [sum, sum of squares,
+  // count], in double. ATen's statistics kernel gives the local mean and biased variance, one
+  // vectorised pass each, accumulating in double.
+  const int64_t local_count = c > 0 ? input.numel() / c : 0;
+  torch::Tensor stats = torch::zeros({2 * c + 1}, torch::kDouble);
+  if (local_count > 0) {
+    torch::NoGradGuard no_grad;
+    auto [local_mean, local_var] = at::batch_norm_update_stats(input.detach(), {}, {}, 0);
+    torch::Tensor m = local_mean.to(torch::kDouble), v = local_var.to(torch::kDouble);
+    stats.narrow(0, 0, c).copy_(m * local_count);
+    stats.narrow(0, c, c).copy_((v + m * m) * local_count);
+  }
+  stats[2 * c] = static_cast<double>(local_count);
   AllreduceSum(*pg_, shm_.get(), stats)->wait();
   double count = stats[2 * c].item<double>();
   TORCH_CHECK(count > 0, "SyncBatchNorm: every rank's batch is empty");
   torch::Tensor mean = stats.narrow(0, 0, c) / count;
   torch::Tensor var = (stats.narrow(0, c, c) / count - mean * mean).clamp_min(0);
-
   if (options_.track_running_stats()) {
     torch::NoGradGuard no_grad;
     num_batches_tracked += 1;
@@ -129,10 +141,11 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
     running_mean.mul_(1 - momentum).add_(mean.to(running_mean.scalar_type()) * momentum);
     running_var.mul_(1 - momentum).add_(unbiased.to(running_var.scalar_type()) * momentum);
   }
-  torch::Tensor invstd = torch::rsqrt(var + options_.eps()).to(input.scalar_type());
-  return SyncBatchNormFunction::apply(input, options_.affine() ? weight : torch::Tensor(),
-                                      options_.affine() ? bias : torch::Tensor(),
-                                      mean.to(input.scalar_type()), invstd, count, pg_.get(), shm_.get());
+  const bool affine = options_.affine();
+  return SyncBatchNormFunction::apply(input, affine ? weight : torch::ones({c}, input.options()),
+                                      affine ? bias : torch::zeros({c}, input.options()),
+                                      mean.to(input.scalar_type()), var.to(input.scalar_type()), options_.eps(), count,
+                                      affine, pg_.get(), shm_.get());
 }
 
 namespace {

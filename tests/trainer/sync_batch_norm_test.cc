@@ -154,6 +154,53 @@ struct Outer : torch::nn::Module {
   std::shared_ptr<Inner> inner;
 };
 
+// 2 ranks against one process on the union, one iteration, for any trailing input shape, with or
+// without affine parameters, in either memory format.
+void CompareShape(const std::vector<int64_t>& tail, bool affine, bool channels_last) {
+  const std::vector<int64_t> sizes{4, 2};
+  auto make = [&](int rank, int seed) {
+    std::vector<int64_t> shape{sizes[rank], kChannels};
+    shape.insert(shape.end(), tail.begin(), tail.end());
+    auto gen = at::detail::createCPUGenerator(seed + rank);
+    torch::Tensor t = torch::randn(shape, gen) * 2 - 1;
+    return channels_last ? t.contiguous(tail.size() == 3 ? at::MemoryFormat::ChannelsLast3d
+                                                         : at::MemoryFormat::ChannelsLast)
+                         : t;
+  };
+  const auto options = torch::nn::BatchNormOptions(kChannels).affine(affine).momentum(0.3);
+  std::vector<torch::Tensor> outs(2), grads(2), means(2), vars(2);
+  RunRanksWithStore(2, [&](int rank, PG pg, c10d::Store&) {
+    SyncBatchNorm sync(options, pg);
+    auto x = make(rank, 1).requires_grad_(true);
+    auto out = sync->forward(x);
+    (out * make(rank, 100)).sum().backward();
+    outs[rank] = out.detach();
+    grads[rank] = x.grad();
+    means[rank] = sync->running_mean.clone();
+    vars[rank] = sync->running_var.clone();
+  });
+  auto x = torch::cat({make(0, 1), make(1, 1)}).requires_grad_(true);
+  auto running_mean = torch::zeros({kChannels}), running_var = torch::ones({kChannels});
+  auto out = torch::batch_norm(x, affine ? torch::ones({kChannels}) : torch::Tensor(),
+                               affine ? torch::zeros({kChannels}) : torch::Tensor(), running_mean, running_var,
+                               /*training=*/true, 0.3, 1e-5, /*cudnn_enabled=*/false);
+  (out * torch::cat({make(0, 100), make(1, 100)})).sum().backward();
+  CheckClose(torch::cat(outs), out.detach(), "output");
+  CheckClose(torch::cat(grads), x.grad(), "input gradient");
+  for (int rank = 0; rank < 2; ++rank) {
+    CheckClose(means[rank], running_mean, "running_mean");
+    CheckClose(vars[rank], running_var, "running_var");
+  }
+}
+
+TEST_CASE("[N, C] and [N, C, D, H, W] inputs, without affine parameters, channels-last inputs") {
+  SUBCASE("1d, affine") { CompareShape({}, true, false); }
+  SUBCASE("1d with a length, not affine") { CompareShape({7}, false, false); }
+  SUBCASE("3d, not affine") { CompareShape({2, 3, 4}, false, false); }
+  SUBCASE("2d, channels last") { CompareShape({4, 5}, true, true); }
+  SUBCASE("3d, channels last, not affine") { CompareShape({2, 3, 4}, false, true); }
+}
+
 TEST_CASE("conversion keeps weights, running stats and mode; recursive") {
   RunRanks(1, [](int, PG pg) {
     Outer outer;
