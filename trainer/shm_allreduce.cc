@@ -1,6 +1,7 @@
 #include "trainer/shm_allreduce.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -33,6 +34,8 @@ constexpr size_t kRanksOffset = 128;
 constexpr size_t kRankStride = 64;
 constexpr size_t kPage = 4096;
 constexpr int64_t kAlign = 64;  // Bytes: slots and slices start on cache lines.
+// How long a caller blocked on an op keeps its CPU busy (see the class comment).
+constexpr std::chrono::milliseconds kWaitSpin{10};
 
 int64_t RoundUp(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
@@ -40,6 +43,14 @@ int64_t RoundUp(int64_t value, int64_t multiple) { return (value + multiple - 1)
 uint64_t PidNamespace() {
   struct stat st {};
   return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+// The CPUs this process may run on.
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return CPU_COUNT(&set);
 }
 
 std::exception_ptr Failure(const std::string& message) {
@@ -74,9 +85,29 @@ struct ShmAllreduce::Header {
 
 class ShmAllreduce::Op : public c10d::Work {
  public:
-  explicit Op(at::Tensor t) : c10d::Work(-1, c10d::OpType::ALLREDUCE), tensor(std::move(t)) {}
+  Op(at::Tensor t, bool spin) : c10d::Work(-1, c10d::OpType::ALLREDUCE), tensor(std::move(t)), spin_(spin) {}
   void Complete(std::exception_ptr error) { finish(std::move(error)); }
+
+  // With `spin`, the caller keeps its CPU busy for up to kWaitSpin before it blocks, yielding to
+  // any other thread that wants the CPU (this object's thread among them). See the class comment.
+  bool wait(std::chrono::milliseconds timeout) override {
+    using std::chrono::milliseconds;
+    if (spin_ && !isCompleted()) {
+      const auto start = std::chrono::steady_clock::now();
+      const milliseconds limit = timeout == ::kNoTimeout ? kWaitSpin : std::min(kWaitSpin, timeout);
+      while (!isCompleted() && std::chrono::steady_clock::now() - start < limit) ::sched_yield();
+      if (timeout != ::kNoTimeout) {  // What is left of it, and not 0, which means none.
+        const auto spun = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
+        timeout = std::max(milliseconds(1), timeout - spun);
+      }
+    }
+    return c10d::Work::wait(timeout);
+  }
+
   const at::Tensor tensor;
+
+ private:
+  const bool spin_;
 };
 
 absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(c10d::Store& store, const std::string& key_prefix,
@@ -180,6 +211,7 @@ ShmAllreduce::ShmAllreduce(int rank, int world, int64_t capacity_bytes, void* ba
       bytes_(bytes),
       timeout_(timeout),
       header_(static_cast<Header*>(base)),
+      may_spin_(world <= UsableCpus()),
       thread_([this] { Loop(); }) {}
 
 ShmAllreduce::~ShmAllreduce() {
@@ -202,7 +234,7 @@ c10::intrusive_ptr<c10d::Work> ShmAllreduce::Allreduce(at::Tensor tensor) {
   TORCH_CHECK(Fits(tensor), "shared-memory all-reduce takes contiguous float32 or float64 CPU tensors of at most ",
               capacity_bytes_, " bytes; got ", tensor.defined() ? tensor.toString() : "undefined", " of ",
               tensor.defined() ? tensor.nbytes() : 0, " bytes");
-  auto op = c10::make_intrusive<Op>(std::move(tensor));
+  auto op = c10::make_intrusive<Op>(std::move(tensor), may_spin_);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(op);

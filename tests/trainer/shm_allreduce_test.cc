@@ -122,6 +122,27 @@ TEST_CASE("a rank that never arrives fails the op after the timeout, and every l
   });
 }
 
+TEST_CASE("a caller's wait with a timeout ends by it, also while it spins; the op still completes") {
+  // 2 ranks on this machine's CPUs: waiting callers spin before they block (up to 10 ms).
+  OnThreads(2, [&](int rank, c10d::Store& store) {
+    auto shm = ShmAllreduce::Create(store, "wait_timeout", rank, 2, 64, std::chrono::seconds(30));
+    REQUIRE(shm.ok());
+    if (rank == 1) store.wait({"rank 0 timed out"});  // Arrives only after rank 0's wait gave up.
+    torch::Tensor t = torch::full({4}, rank + 1.0f);
+    auto work = (*shm)->Allreduce(t);
+    if (rank == 0) {
+      const auto start = std::chrono::steady_clock::now();
+      CHECK_THROWS(work->wait(milliseconds(3)));
+      const auto waited = std::chrono::steady_clock::now() - start;
+      CHECK(waited >= milliseconds(3));
+      CHECK(waited < std::chrono::seconds(5));
+      store.set("rank 0 timed out", std::vector<uint8_t>{1});
+    }
+    work->wait();
+    CHECK(t.equal(torch::full({4}, 3.0f)));
+  });
+}
+
 TEST_CASE("a peer process that exited fails the op at once, naming its rank and pid") {
   // Rank 1 is a forked process that sets up its side and exits; rank 0 (this process) then
   // all-reduces with a long timeout and must fail well before it.
