@@ -34,8 +34,9 @@ constexpr size_t kRanksOffset = 128;
 constexpr size_t kRankStride = 64;
 constexpr size_t kPage = 4096;
 constexpr int64_t kAlign = 64;  // Bytes: slots and slices start on cache lines.
-// How long a caller blocked on an op keeps its CPU busy (see the class comment).
-constexpr std::chrono::milliseconds kWaitSpin{10};
+constexpr int kShortSpin = 200;  // Pauses: a few microseconds.
+// The longest a barrier spins, yielding, before it sleeps (see the class comment).
+constexpr std::chrono::milliseconds kSpin{10};
 
 int64_t RoundUp(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
@@ -85,29 +86,9 @@ struct ShmAllreduce::Header {
 
 class ShmAllreduce::Op : public c10d::Work {
  public:
-  Op(at::Tensor t, bool spin) : c10d::Work(-1, c10d::OpType::ALLREDUCE), tensor(std::move(t)), spin_(spin) {}
+  explicit Op(at::Tensor t) : c10d::Work(-1, c10d::OpType::ALLREDUCE), tensor(std::move(t)) {}
   void Complete(std::exception_ptr error) { finish(std::move(error)); }
-
-  // With `spin`, the caller keeps its CPU busy for up to kWaitSpin before it blocks, yielding to
-  // any other thread that wants the CPU (this object's thread among them). See the class comment.
-  bool wait(std::chrono::milliseconds timeout) override {
-    using std::chrono::milliseconds;
-    if (spin_ && !isCompleted()) {
-      const auto start = std::chrono::steady_clock::now();
-      const milliseconds limit = timeout == ::kNoTimeout ? kWaitSpin : std::min(kWaitSpin, timeout);
-      while (!isCompleted() && std::chrono::steady_clock::now() - start < limit) ::sched_yield();
-      if (timeout != ::kNoTimeout) {  // What is left of it, and not 0, which means none.
-        const auto spun = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
-        timeout = std::max(milliseconds(1), timeout - spun);
-      }
-    }
-    return c10d::Work::wait(timeout);
-  }
-
   const at::Tensor tensor;
-
- private:
-  const bool spin_;
 };
 
 absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(c10d::Store& store, const std::string& key_prefix,
@@ -234,7 +215,7 @@ c10::intrusive_ptr<c10d::Work> ShmAllreduce::Allreduce(at::Tensor tensor) {
   TORCH_CHECK(Fits(tensor), "shared-memory all-reduce takes contiguous float32 or float64 CPU tensors of at most ",
               capacity_bytes_, " bytes; got ", tensor.defined() ? tensor.toString() : "undefined", " of ",
               tensor.defined() ? tensor.nbytes() : 0, " bytes");
-  auto op = c10::make_intrusive<Op>(std::move(tensor), may_spin_);
+  auto op = c10::make_intrusive<Op>(std::move(tensor));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(op);
@@ -299,11 +280,20 @@ void ShmAllreduce::Barrier(uint64_t target) {
   ranks[rank_].seq.store(target, std::memory_order_release);
   header_->bell.fetch_add(1, std::memory_order_acq_rel);
   ::syscall(SYS_futex, bell, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-  for (int spin = 0; spin < 200; ++spin) {  // A few microseconds, for peers that are about to arrive.
+  // Spin before sleeping: a few microseconds for peers about to arrive, then, when the ranks have
+  // a CPU each, up to kSpin while yielding the CPU to any thread that wants it (see the class
+  // comment). Yielding, the spin costs a computing thread on this CPU little.
+  const auto spin_start = std::chrono::steady_clock::now();
+  for (int spin = 0;; ++spin) {
     if (AllArrived(target)) return;
+    if (spin < kShortSpin) {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
+      __builtin_ia32_pause();
 #endif
+      continue;
+    }
+    if (!may_spin_ || stopping_ || std::chrono::steady_clock::now() - spin_start >= kSpin) break;
+    ::sched_yield();
   }
   const uint64_t my_namespace = ranks[rank_].pid_namespace.load();
   const auto deadline = std::chrono::steady_clock::now() + timeout_;

@@ -11,11 +11,11 @@
 //
 // Ops run in issue order on a thread of the object's own; Allreduce returns at once with a Work
 // to wait on. Every rank must issue the same sequence of ops, as with any collective. A waiting
-// rank sleeps on a futex. A caller waiting on an op first spins for up to 10 ms, yielding its CPU
-// to any thread that wants it, when there are no more ranks than CPUs: then its CPU has nothing
-// else to run, and a CPU that goes idle can take a millisecond to wake again on a virtual
-// machine, once per collective (SyncBatchNorm has several per step). An op fails (its Work's wait throws) when a peer process has exited or
-// has not arrived within the timeout; the object is then broken and fails every later op.
+// rank sleeps on a futex, but first, when there are no more ranks than CPUs, spins for up to
+// 10 ms, yielding its CPU to any thread that wants it: a CPU that went idle can take a
+// millisecond to wake again on a virtual machine, and that once per collective. An op fails (its
+// Work's wait throws) when a peer process has exited or has not arrived within the timeout; the
+// object is then broken and fails every later op.
 #ifndef ELRUN_TRAINER_SHM_ALLREDUCE_H_
 #define ELRUN_TRAINER_SHM_ALLREDUCE_H_
 
@@ -85,7 +85,7 @@ class ShmAllreduce {
   std::condition_variable wake_;
   std::deque<c10::intrusive_ptr<Op>> queue_;  // Guarded by mutex_.
   std::atomic<bool> stopping_{false};         // Set under mutex_; Barrier reads it without.
-  const bool may_spin_;  // world_ <= the CPUs this process may run on: callers spin (see above).
+  const bool may_spin_;                       // world_ <= the CPUs this process may use.
   std::string broken_;                        // Set by the thread: why ops now fail.
   uint64_t generation_ = 0;                   // Ops run so far (the thread's).
   std::thread thread_;
