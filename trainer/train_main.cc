@@ -108,11 +108,12 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const Options& o, const s
 }
 
 // True on every rank when any rank asked to stop: ranks must leave the loop at the same step,
-// because checkpointing (and, for the sharded strategies, saving itself) is collective.
-bool AnyRankStopping(c10d::ProcessGroup& pg, bool local) {
-  std::vector<torch::Tensor> flag{torch::tensor({local ? 1 : 0}, torch::kInt)};
-  pg.allreduce(flag)->wait();
-  return flag[0].item<int>() > 0;
+// because checkpointing (and, for the sharded strategies, saving itself) is collective. Asked
+// after every step, so it goes through shared memory when the job has it.
+bool AnyRankStopping(c10d::ProcessGroup& pg, ShmAllreduce* shm, bool local) {
+  torch::Tensor flag = torch::tensor({local ? 1.0f : 0.0f});
+  AllreduceSum(pg, shm, flag)->wait();
+  return flag.item<float>() > 0;
 }
 
 std::string MemoryJson(const MemoryReport& m) {
@@ -313,7 +314,8 @@ int Train(const Options& o) {
         metrics.Write(absl::StrFormat(R"({"event":"step","epoch":%d,"step":%d,"loss":%.6f,"lr":%.6g,"samples_per_s":%.1f})",
                                       progress.epoch, progress.step, last_loss, ScheduledLr(o, position), rate));
       }
-      signalled = checkpoint.empty() ? g_stop_requested.load() : AnyRankStopping(*dist->pg, g_stop_requested);
+      signalled =
+          checkpoint.empty() ? g_stop_requested.load() : AnyRankStopping(*dist->pg, shm.get(), g_stop_requested);
       if ((o.max_steps > 0 && progress.step >= o.max_steps) || signalled) {
         stop = true;
         break;
