@@ -26,7 +26,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
                                torch::Tensor bias, torch::Tensor mean, torch::Tensor var, double eps,
                                double count, bool affine, c10d::ProcessGroup* pg, ShmAllreduce* shm) {
     // Inference-mode batch norm with the global statistics as its "running" ones: one pass.
-    // (ATen's kernel divides by the batch size: an empty batch stays empty without it.)
+    // ATen's kernel divides by the batch size, so an empty batch does not go through it.
     torch::Tensor out = input.numel() == 0 ? at::empty_like(input)
                                            : std::get<0>(at::native_batch_norm(input, weight, bias, mean, var,
                                                                                /*training=*/false, /*momentum=*/0, eps));

@@ -122,8 +122,8 @@ TEST_CASE("a rank that never arrives fails the op after the timeout, and every l
   });
 }
 
-TEST_CASE("a wait with a timeout ends by it while the peer spins; the op completes when the peer comes") {
-  // 2 ranks on this machine's CPUs: a waiting rank spins before it sleeps (up to 10 ms).
+TEST_CASE("a wait with a timeout ends by it while the op's thread spins; the op completes when the peer comes") {
+  // 2 ranks on this machine's CPUs: the op's thread spins before it sleeps (up to 10 ms).
   OnThreads(2, [&](int rank, c10d::Store& store) {
     auto shm = ShmAllreduce::Create(store, "wait_timeout", rank, 2, 64, std::chrono::seconds(30));
     REQUIRE(shm.ok());
