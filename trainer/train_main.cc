@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
@@ -120,6 +121,14 @@ std::string MemoryJson(const MemoryReport& m) {
   return absl::StrFormat(
       R"("params_bytes":%d,"grads_bytes":%d,"optimizer_bytes":%d,"state_bytes":%d,"peak_bytes":%d,"peak_rss_bytes":%d)",
       m.params, m.grads, m.optimizer_state, m.state(), m.peak, m.peak_rss);
+}
+
+// The q-quantile (0..1, nearest rank) of `values`, 0 when empty. Reorders `values`.
+double Quantile(std::vector<double>& values, double q) {
+  if (values.empty()) return 0;
+  const size_t k = std::min(values.size() - 1, static_cast<size_t>(q * static_cast<double>(values.size())));
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(k), values.end());
+  return values[k];
 }
 
 torch::Tensor Gather(const torch::Tensor& data, const std::vector<int64_t>& indices) {
@@ -268,6 +277,9 @@ int Train(const Options& o) {
   if (!sampler.ok()) return Fail(std::string(sampler.status().message()), 2);
 
   const auto start_time = std::chrono::steady_clock::now();
+  // Each step's time from its data to the end of the optimizer step (communication included),
+  // for the end record's spread: with DDP, a step ends when the slowest rank's does.
+  std::vector<double> step_ms;
   int64_t samples_done = 0;
   double last_loss = 0;
   bool stop = false;
@@ -280,6 +292,7 @@ int Train(const Options& o) {
         stop = true;
         break;
       }
+      const auto step_start = std::chrono::steady_clock::now();
       auto images = Gather(train->images, batches[b]);
       auto labels = Gather(train->labels, batches[b]);
       const int64_t micro = images.size(0) / o.accum_steps;
@@ -298,6 +311,8 @@ int Train(const Options& o) {
           (static_cast<double>(o.epochs) * train->size());
       SetLr(optimizer, ScheduledLr(o, position));
       optimizer.step();
+      step_ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count());
       ++progress.step;
       samples_done += images.size(0) * world;
       progress.samples_seen = sampler->Position(start, static_cast<int64_t>(b) + 1);
@@ -353,9 +368,10 @@ int Train(const Options& o) {
                                  progress.step, o.epochs, elapsed, rate, accuracy)
               << std::endl;
     metrics.Write(absl::StrFormat(
-        R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","allreduce":"%s","step_time_s":%.6f,%s})",
+        R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","allreduce":"%s","step_time_s":%.6f,"step_ms_p10":%.3f,"step_ms_p50":%.3f,"step_ms_p90":%.3f,%s})",
         accuracy, rate, progress.step, o.epochs, elapsed, world, o.strategy, o.optimizer, o.linear, allreduce,
-        elapsed / std::max<int64_t>(1, steps_done), MemoryJson(memory)));
+        elapsed / std::max<int64_t>(1, steps_done), Quantile(step_ms, 0.1), Quantile(step_ms, 0.5),
+        Quantile(step_ms, 0.9), MemoryJson(memory)));
   }
   return 0;
 }

@@ -271,16 +271,18 @@ def table(configs, s):
 
 
 def runs_table(configs):
-    lines = ["| Configuration | Ranks | Round | samples/s | train s | wall s (launch to exit) | "
-             "test accuracy | others' CPU |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| Configuration | Ranks | Round | samples/s | train s | step ms p10 / p50 / p90 | "
+             "wall s (launch to exit) | test accuracy | others' CPU |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in configs:
         for r in c.runs:
             e = r["end"]
             share = f"{100 * r['foreign']:.0f}%" if r["foreign"] is not None else "?"
+            steps = (f"{e['step_ms_p10']:.1f} / {e['step_ms_p50']:.1f} / {e['step_ms_p90']:.1f}"
+                     if "step_ms_p50" in e else "—")
             lines.append(f"| {c.kind} | {c.nproc} | {r['round']} | {e['samples_per_s']:.1f} | "
-                         f"{e['seconds']:.2f} | {r['wall_s']:.1f} | {e['test_accuracy']:.4f} | "
-                         f"{share} |")
+                         f"{e['seconds']:.2f} | {steps} | {r['wall_s']:.1f} | "
+                         f"{e['test_accuracy']:.4f} | {share} |")
     return lines
 
 
@@ -369,6 +371,10 @@ def report(args, configs, commands, s, info, load, elapsed):
     ]
     out += ["", "Every run:", ""]
     out += runs_table(configs)
+    out += ["", "step ms: elrun-train's end record, percentiles over the run's steps of rank 0's "
+            "training step (data to optimizer step, communication included; for the pair, the first "
+            "job's). A data-parallel step ends when the slower rank's does, so its spread shows the "
+            "ranks' step-to-step jitter. The twin does not report it."]
     out += ["", "Commands (run from the repository root; METRICS is a fresh file per run):", "", "```"]
     for c in configs:
         argv = commands.get(c.key)

@@ -47,6 +47,9 @@ class TrainOptionsTest(TrainTestCase):
             self.assertEqual((end["steps"], end["allreduce"]), (STEPS, transport),
                              "expected %d steps all-reduced through %s in %s"
                              % (STEPS, transport, end))
+            quantiles = [end["step_ms_p10"], end["step_ms_p50"], end["step_ms_p90"]]
+            self.assertTrue(0 < quantiles[0] <= quantiles[1] <= quantiles[2] < 1000 * end["seconds"],
+                            "expected ordered, positive step-time percentiles within the run in %s" % end)
         # Both sum the two ranks' values rank 0 first (measured: bit-identical).
         _, worst = self.assertSameCheckpoint(
             self.path("shm", "checkpoints", "checkpoint.pt"),
