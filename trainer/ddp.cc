@@ -111,13 +111,8 @@ void DistributedDataParallel::OnGradReady(size_t k) {
   auto slot = bucket.flat.narrow(0, offset_[k], params_[k].numel());
   if (grad.defined()) {
     // Averaged while copied in, as PyTorch's reducer does: one pass instead of a copy now and a
-    // scaling pass over the reduced bucket at the end of backward.
-    const int world = pg_->getSize();
-    if (world == 1) {
-      slot.copy_(grad.reshape({-1}));
-    } else {
-      at::mul_out(slot, grad.reshape({-1}), at::scalar_tensor(1.0 / world, slot.options()));
-    }
+    // scaling pass over the reduced bucket at the end of backward (x * 1.0 is exact at 1 rank).
+    at::mul_out(slot, grad.reshape({-1}), at::scalar_tensor(1.0 / pg_->getSize(), slot.options()));
   } else {
     slot.zero_();
   }

@@ -11,15 +11,46 @@ namespace {
 
 constexpr int64_t kChannels = 3;
 
-torch::Tensor Input(int64_t n, int seed) {
+// The input layout of a comparison: the dimensions after [N, C] (none, one, two or three: a
+// BatchNorm1d, 2d or 3d), affine parameters or not, channels-last memory or not.
+struct Layout {
+  std::vector<int64_t> tail{4, 5};
+  bool affine = true;
+  bool channels_last = false;
+};
+
+torch::Tensor Random(int64_t n, int seed, const Layout& layout) {
+  std::vector<int64_t> shape{n, kChannels};
+  shape.insert(shape.end(), layout.tail.begin(), layout.tail.end());
   auto gen = at::detail::createCPUGenerator(seed);
-  return torch::randn({n, kChannels, 4, 5}, gen) * 3 + 1;
+  torch::Tensor t = torch::randn(shape, gen);
+  if (!layout.channels_last) return t;
+  return t.contiguous(layout.tail.size() == 3 ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::ChannelsLast);
 }
 
+torch::Tensor Input(int64_t n, int seed, const Layout& layout = {}) { return Random(n, seed, layout) * 3 + 1; }
+
 // A fixed, non-trivial loss weighting so that gradients are not uniform.
-torch::Tensor LossWeights(int64_t n, int seed) {
-  auto gen = at::detail::createCPUGenerator(seed + 1000);
-  return torch::randn({n, kChannels, 4, 5}, gen);
+torch::Tensor LossWeights(int64_t n, int seed, const Layout& layout = {}) { return Random(n, seed + 1000, layout); }
+
+// A one-layer net: the BatchNorm of the layout's dimension, with fixed non-trivial parameters.
+torch::nn::Sequential MakeNet(const Layout& layout) {
+  const auto options = torch::nn::BatchNormOptions(kChannels).momentum(0.3).affine(layout.affine);
+  torch::nn::Sequential net;
+  if (layout.tail.size() <= 1) {
+    net->push_back(torch::nn::BatchNorm1d(options));
+  } else if (layout.tail.size() == 2) {
+    net->push_back(torch::nn::BatchNorm2d(options));
+  } else {
+    net->push_back(torch::nn::BatchNorm3d(options));
+  }
+  if (layout.affine) {
+    torch::NoGradGuard no_grad;
+    auto params = net->named_parameters();
+    params["0.weight"].copy_(torch::tensor({1.5, 0.5, -1.0}));
+    params["0.bias"].copy_(torch::tensor({0.1, -0.2, 0.3}));
+  }
+  return net;
 }
 
 void CheckClose(const torch::Tensor& a, const torch::Tensor& b, const char* what) {
@@ -34,17 +65,11 @@ struct RankResult {
 
 // Two iterations of forward/backward on each rank; batch sizes per rank as given. With `shm`,
 // the statistics go through a ShmAllreduce instead of Gloo.
-void RunSync(const std::vector<int64_t>& sizes, std::vector<RankResult>* results, bool shm = false) {
+void RunSync(const std::vector<int64_t>& sizes, std::vector<RankResult>* results, bool shm, const Layout& layout) {
   results->assign(sizes.size(), {});
   const int world = static_cast<int>(sizes.size());
   RunRanksWithStore(world, [&](int rank, PG pg, c10d::Store& store) {
-    torch::nn::BatchNorm2d bn(torch::nn::BatchNorm2dOptions(kChannels).momentum(0.3));
-    {
-      torch::NoGradGuard no_grad;
-      bn->weight.copy_(torch::tensor({1.5, 0.5, -1.0}));
-      bn->bias.copy_(torch::tensor({0.1, -0.2, 0.3}));
-    }
-    torch::nn::Sequential net(bn);
+    torch::nn::Sequential net = MakeNet(layout);
     std::shared_ptr<ShmAllreduce> segment;
     if (shm) {
       auto created = ShmAllreduce::Create(store, "syncbn_shm", rank, world, 4096, std::chrono::seconds(30));
@@ -54,16 +79,18 @@ void RunSync(const std::vector<int64_t>& sizes, std::vector<RankResult>* results
     REQUIRE(ConvertSyncBatchNorm(*net, pg, segment) == 1);
     auto& sync = *net->named_children()["0"]->as<SyncBatchNormImpl>();
     for (int iteration = 0; iteration < 2; ++iteration) {
-      auto x = Input(sizes[rank], 10 * iteration + rank).requires_grad_(true);
+      auto x = Input(sizes[rank], 10 * iteration + rank, layout).requires_grad_(true);
       auto out = sync.forward(x);
-      (out * LossWeights(sizes[rank], 10 * iteration + rank)).sum().backward();
+      (out * LossWeights(sizes[rank], 10 * iteration + rank, layout)).sum().backward();
       RankResult& r = (*results)[rank];
       r.out = out.detach();
       r.grad_input = x.grad();
-      r.grad_weight = sync.weight.grad().clone();
-      r.grad_bias = sync.bias.grad().clone();
-      sync.weight.mutable_grad().zero_();
-      sync.bias.mutable_grad().zero_();
+      if (layout.affine) {
+        r.grad_weight = sync.weight.grad().clone();
+        r.grad_bias = sync.bias.grad().clone();
+        sync.weight.mutable_grad().zero_();
+        sync.bias.mutable_grad().zero_();
+      }
     }
     (*results)[rank].running_mean = sync.running_mean.clone();
     (*results)[rank].running_var = sync.running_var.clone();
@@ -71,53 +98,56 @@ void RunSync(const std::vector<int64_t>& sizes, std::vector<RankResult>* results
 }
 
 // The same two iterations in one process on the union.
-RankResult RunUnion(const std::vector<int64_t>& sizes) {
-  torch::nn::BatchNorm2d bn(torch::nn::BatchNorm2dOptions(kChannels).momentum(0.3));
-  {
-    torch::NoGradGuard no_grad;
-    bn->weight.copy_(torch::tensor({1.5, 0.5, -1.0}));
-    bn->bias.copy_(torch::tensor({0.1, -0.2, 0.3}));
-  }
+RankResult RunUnion(const std::vector<int64_t>& sizes, const Layout& layout) {
+  torch::nn::Sequential net = MakeNet(layout);
+  auto params = net->named_parameters();
   RankResult r;
   for (int iteration = 0; iteration < 2; ++iteration) {
     std::vector<torch::Tensor> xs, ws;
     for (size_t rank = 0; rank < sizes.size(); ++rank) {
-      xs.push_back(Input(sizes[rank], 10 * iteration + rank));
-      ws.push_back(LossWeights(sizes[rank], 10 * iteration + rank));
+      xs.push_back(Input(sizes[rank], 10 * iteration + rank, layout));
+      ws.push_back(LossWeights(sizes[rank], 10 * iteration + rank, layout));
     }
     auto x = torch::cat(xs).requires_grad_(true);
-    auto out = bn->forward(x);
+    auto out = net->forward(x);
     (out * torch::cat(ws)).sum().backward();
     r.out = out.detach();
     r.grad_input = x.grad();
-    r.grad_weight = bn->weight.grad().clone();
-    r.grad_bias = bn->bias.grad().clone();
-    bn->weight.mutable_grad().zero_();
-    bn->bias.mutable_grad().zero_();
+    if (layout.affine) {
+      r.grad_weight = params["0.weight"].grad().clone();
+      r.grad_bias = params["0.bias"].grad().clone();
+      params["0.weight"].mutable_grad().zero_();
+      params["0.bias"].mutable_grad().zero_();
+    }
   }
-  r.running_mean = bn->running_mean.clone();
-  r.running_var = bn->running_var.clone();
+  auto buffers = net->named_buffers();
+  r.running_mean = buffers["0.running_mean"].clone();
+  r.running_var = buffers["0.running_var"].clone();
   return r;
 }
 
-void CompareWithUnion(const std::vector<int64_t>& sizes, bool shm = false) {
+void CompareWithUnion(const std::vector<int64_t>& sizes, bool shm = false, const Layout& layout = {}) {
   std::vector<RankResult> ranks;
-  RunSync(sizes, &ranks, shm);
-  RankResult expected = RunUnion(sizes);
+  RunSync(sizes, &ranks, shm, layout);
+  RankResult expected = RunUnion(sizes, layout);
   std::vector<torch::Tensor> outs, grads;
   torch::Tensor grad_weight = torch::zeros({kChannels}), grad_bias = torch::zeros({kChannels});
   for (const RankResult& r : ranks) {
     outs.push_back(r.out);
     grads.push_back(r.grad_input);
-    grad_weight += r.grad_weight;  // Each rank holds its share; DDP would reduce them.
-    grad_bias += r.grad_bias;
+    if (layout.affine) {
+      grad_weight += r.grad_weight;  // Each rank holds its share; DDP would reduce them.
+      grad_bias += r.grad_bias;
+    }
     CheckClose(r.running_mean, expected.running_mean, "running_mean");
     CheckClose(r.running_var, expected.running_var, "running_var");
   }
   CheckClose(torch::cat(outs), expected.out, "output");
   CheckClose(torch::cat(grads), expected.grad_input, "input gradient");
-  CheckClose(grad_weight, expected.grad_weight, "weight gradient");
-  CheckClose(grad_bias, expected.grad_bias, "bias gradient");
+  if (layout.affine) {
+    CheckClose(grad_weight, expected.grad_weight, "weight gradient");
+    CheckClose(grad_bias, expected.grad_bias, "bias gradient");
+  }
 }
 
 TEST_CASE("2 ranks with different batch sizes equal BatchNorm on the union") {
@@ -154,51 +184,12 @@ struct Outer : torch::nn::Module {
   std::shared_ptr<Inner> inner;
 };
 
-// 2 ranks against one process on the union, one iteration, for any trailing input shape, with or
-// without affine parameters, in either memory format.
-void CompareShape(const std::vector<int64_t>& tail, bool affine, bool channels_last) {
-  const std::vector<int64_t> sizes{4, 2};
-  auto make = [&](int rank, int seed) {
-    std::vector<int64_t> shape{sizes[rank], kChannels};
-    shape.insert(shape.end(), tail.begin(), tail.end());
-    auto gen = at::detail::createCPUGenerator(seed + rank);
-    torch::Tensor t = torch::randn(shape, gen) * 2 - 1;
-    return channels_last ? t.contiguous(tail.size() == 3 ? at::MemoryFormat::ChannelsLast3d
-                                                         : at::MemoryFormat::ChannelsLast)
-                         : t;
-  };
-  const auto options = torch::nn::BatchNormOptions(kChannels).affine(affine).momentum(0.3);
-  std::vector<torch::Tensor> outs(2), grads(2), means(2), vars(2);
-  RunRanksWithStore(2, [&](int rank, PG pg, c10d::Store&) {
-    SyncBatchNorm sync(options, pg);
-    auto x = make(rank, 1).requires_grad_(true);
-    auto out = sync->forward(x);
-    (out * make(rank, 100)).sum().backward();
-    outs[rank] = out.detach();
-    grads[rank] = x.grad();
-    means[rank] = sync->running_mean.clone();
-    vars[rank] = sync->running_var.clone();
-  });
-  auto x = torch::cat({make(0, 1), make(1, 1)}).requires_grad_(true);
-  auto running_mean = torch::zeros({kChannels}), running_var = torch::ones({kChannels});
-  auto out = torch::batch_norm(x, affine ? torch::ones({kChannels}) : torch::Tensor(),
-                               affine ? torch::zeros({kChannels}) : torch::Tensor(), running_mean, running_var,
-                               /*training=*/true, 0.3, 1e-5, /*cudnn_enabled=*/false);
-  (out * torch::cat({make(0, 100), make(1, 100)})).sum().backward();
-  CheckClose(torch::cat(outs), out.detach(), "output");
-  CheckClose(torch::cat(grads), x.grad(), "input gradient");
-  for (int rank = 0; rank < 2; ++rank) {
-    CheckClose(means[rank], running_mean, "running_mean");
-    CheckClose(vars[rank], running_var, "running_var");
-  }
-}
-
 TEST_CASE("[N, C] and [N, C, D, H, W] inputs, without affine parameters, channels-last inputs") {
-  SUBCASE("1d, affine") { CompareShape({}, true, false); }
-  SUBCASE("1d with a length, not affine") { CompareShape({7}, false, false); }
-  SUBCASE("3d, not affine") { CompareShape({2, 3, 4}, false, false); }
-  SUBCASE("2d, channels last") { CompareShape({4, 5}, true, true); }
-  SUBCASE("3d, channels last, not affine") { CompareShape({2, 3, 4}, false, true); }
+  SUBCASE("1d, affine") { CompareWithUnion({4, 2}, false, Layout{{}, true, false}); }
+  SUBCASE("1d with a length, not affine") { CompareWithUnion({4, 2}, false, Layout{{7}, false, false}); }
+  SUBCASE("3d, not affine") { CompareWithUnion({4, 2}, false, Layout{{2, 3, 4}, false, false}); }
+  SUBCASE("2d, channels last") { CompareWithUnion({4, 2}, false, Layout{{4, 5}, true, true}); }
+  SUBCASE("3d, channels last, not affine") { CompareWithUnion({4, 2}, false, Layout{{2, 3, 4}, false, true}); }
 }
 
 TEST_CASE("conversion keeps weights, running stats and mode; recursive") {
