@@ -32,6 +32,7 @@
 #include "trainer/sampler.h"
 #include "trainer/shm_allreduce.h"
 #include "trainer/sync_batch_norm.h"
+#include "trainer/thread_times.h"
 
 extern char** environ;
 
@@ -66,6 +67,7 @@ struct Options {
   double first_bucket_mb = 1.0;
   std::string allreduce = "auto";
   std::string metrics_file;
+  std::string step_times_file;
   int64_t log_every = 50;
 };
 
@@ -85,6 +87,28 @@ class Metrics {
   }
 
  private:
+  std::ofstream out_;
+};
+
+// One line per training step of this rank, tab-separated: the step, its wall time and the training
+// thread's CPU time in it (ms). A step longer than its CPU time was blocked (waiting for the slowest
+// rank, with DDP) or preempted; steps of the same length took different CPU time when the CPU ran
+// at another speed. Written through a buffer; complete when the run ends.
+class StepTimes {
+ public:
+  static absl::StatusOr<std::unique_ptr<StepTimes>> Open(const std::string& path) {
+    auto times = std::unique_ptr<StepTimes>(new StepTimes());
+    times->out_.open(path, std::ios::trunc);
+    if (!times->out_) return absl::InvalidArgumentError(absl::StrCat("--step-times-file: cannot write ", path));
+    times->out_ << "step\tstep_ms\tcpu_ms\n";
+    return times;
+  }
+  void Write(int64_t step, double step_ms, double cpu_ms) {
+    out_ << step << '\t' << absl::StrFormat("%.3f\t%.3f", step_ms, cpu_ms) << '\n';
+  }
+
+ private:
+  StepTimes() = default;
   std::ofstream out_;
 };
 
@@ -131,6 +155,17 @@ double Quantile(std::vector<double>& values, double q) {
   return values[k];
 }
 
+// The training loop's time on this thread, split (from the kernel's schedstat) into time on a
+// CPU, time runnable but waiting for one, and the rest, blocked: with DDP, mostly waiting for the
+// slowest rank. Empty when the kernel does not tell.
+std::string LoopTimesJson(const absl::StatusOr<ThreadTimes>& start, const absl::StatusOr<ThreadTimes>& end,
+                          double elapsed_s) {
+  if (!start.ok() || !end.ok()) return "";
+  const double cpu = end->cpu_s - start->cpu_s, runqueue = end->runqueue_s - start->runqueue_s;
+  return absl::StrFormat(R"("loop_cpu_s":%.3f,"loop_runqueue_s":%.3f,"loop_blocked_s":%.3f,)", cpu, runqueue,
+                         std::max(0.0, elapsed_s - cpu - runqueue));
+}
+
 torch::Tensor Gather(const torch::Tensor& data, const std::vector<int64_t>& indices) {
   return data.index_select(0, torch::tensor(indices, torch::kLong));
 }
@@ -166,6 +201,12 @@ int Train(const Options& o) {
   auto dist_env = ReadDistEnv(env);
   if (!dist_env.ok()) return Fail(std::string(dist_env.status().message()), 2);
   const int rank = dist_env->rank, world = dist_env->world_size;
+  std::unique_ptr<StepTimes> step_times;
+  if (!o.step_times_file.empty()) {
+    auto opened = StepTimes::Open(absl::StrCat(o.step_times_file, ".", rank));
+    if (!opened.ok()) return Fail(std::string(opened.status().message()), 2);
+    step_times = std::move(*opened);
+  }
   auto dist = InitProcessGroup(*dist_env, std::chrono::seconds(120));
   if (!dist.ok()) return Fail(std::string(dist.status().message()));
 
@@ -277,6 +318,7 @@ int Train(const Options& o) {
   if (!sampler.ok()) return Fail(std::string(sampler.status().message()), 2);
 
   const auto start_time = std::chrono::steady_clock::now();
+  const absl::StatusOr<ThreadTimes> start_times = CurrentThreadTimes();
   // Each step's time from its data to the end of the optimizer step (communication included),
   // for the end record's spread: with DDP, a step ends when the slowest rank's does.
   std::vector<double> step_ms;
@@ -293,6 +335,7 @@ int Train(const Options& o) {
         break;
       }
       const auto step_start = std::chrono::steady_clock::now();
+      const double step_cpu_start = step_times ? ThreadCpuSeconds() : 0;
       auto images = Gather(train->images, batches[b]);
       auto labels = Gather(train->labels, batches[b]);
       const int64_t micro = images.size(0) / o.accum_steps;
@@ -313,6 +356,7 @@ int Train(const Options& o) {
       optimizer.step();
       step_ms.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count());
+      if (step_times) step_times->Write(progress.step, step_ms.back(), (ThreadCpuSeconds() - step_cpu_start) * 1e3);
       ++progress.step;
       samples_done += images.size(0) * world;
       progress.samples_seen = sampler->Position(start, static_cast<int64_t>(b) + 1);
@@ -339,6 +383,7 @@ int Train(const Options& o) {
     if (stop) break;
   }
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+  const std::string loop_times = LoopTimesJson(start_times, CurrentThreadTimes(), elapsed);
   const int64_t steps_done = samples_done / std::max<int64_t>(1, o.batch_size * world);
   const MemoryReport memory = dp.Memory(optimizer);
   if (o.report_memory) {
@@ -368,10 +413,10 @@ int Train(const Options& o) {
                                  progress.step, o.epochs, elapsed, rate, accuracy)
               << std::endl;
     metrics.Write(absl::StrFormat(
-        R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","allreduce":"%s","step_time_s":%.6f,"step_ms_p10":%.3f,"step_ms_p50":%.3f,"step_ms_p90":%.3f,%s})",
+        R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","allreduce":"%s","step_time_s":%.6f,"step_ms_p10":%.3f,"step_ms_p50":%.3f,"step_ms_p90":%.3f,%s%s})",
         accuracy, rate, progress.step, o.epochs, elapsed, world, o.strategy, o.optimizer, o.linear, allreduce,
         elapsed / std::max<int64_t>(1, steps_done), Quantile(step_ms, 0.1), Quantile(step_ms, 0.5),
-        Quantile(step_ms, 0.9), MemoryJson(memory)));
+        Quantile(step_ms, 0.9), loop_times, MemoryJson(memory)));
   }
   return 0;
 }
@@ -426,6 +471,8 @@ int main(int argc, char** argv) {
                  "this host), gloo, or auto (shm where every rank can map it, else gloo)")
       ->capture_default_str();
   app.add_option("--metrics-file", o.metrics_file, "JSON lines: steps and a final {\"event\":\"end\",...}");
+  app.add_option("--step-times-file", o.step_times_file,
+                 "each rank writes PATH.<rank>: per step, its wall and CPU milliseconds (tab-separated)");
   app.add_option("--log-every", o.log_every, "progress line every N steps (rank 0)")->capture_default_str();
   try {
     app.parse(argc, argv);

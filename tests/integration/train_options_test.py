@@ -40,8 +40,9 @@ class TrainOptionsTest(TrainTestCase):
     def test_shared_memory_and_gloo_all_reduce_train_to_the_same_checkpoint(self):
         segments = set(glob.glob("/dev/shm/elrun-allreduce-*"))
         for transport in ("shm", "gloo"):
+            step_times = self.path(transport, "steps.tsv")
             self.run_job(["--standalone", "--nproc_per_node", "2"],
-                         self.job(transport, allreduce=transport),
+                         self.job(transport, allreduce=transport, step_times_file=step_times),
                          "the 2-worker job with --allreduce %s" % transport)
             end = train_harness.end_record(self.path(transport, "metrics.jsonl"))
             self.assertEqual((end["steps"], end["allreduce"]), (STEPS, transport),
@@ -50,6 +51,7 @@ class TrainOptionsTest(TrainTestCase):
             quantiles = [end["step_ms_p10"], end["step_ms_p50"], end["step_ms_p90"]]
             self.assertTrue(0 < quantiles[0] <= quantiles[1] <= quantiles[2] < 1000 * end["seconds"],
                             "expected ordered, positive step-time percentiles within the run in %s" % end)
+            self.assertStepTimes(step_times, end)
         # Both sum the two ranks' values rank 0 first (measured: bit-identical).
         _, worst = self.assertSameCheckpoint(
             self.path("shm", "checkpoints", "checkpoint.pt"),
@@ -58,6 +60,39 @@ class TrainOptionsTest(TrainTestCase):
         print("largest difference %.3g" % worst)
         self.assertEqual(set(glob.glob("/dev/shm/elrun-allreduce-*")) - segments, set(),
                          "expected the job to leave no shared-memory segment behind")
+
+    def assertStepTimes(self, path, end):
+        """Every rank's --step-times-file has one line per step, CPU time within wall time, and
+        rank 0's lines agree with its end record (the loop's schedstat split)."""
+        for rank in (0, 1):
+            with open("%s.%d" % (path, rank)) as f:
+                lines = [line.rstrip("\n").split("\t") for line in f]
+            self.assertEqual(lines[0], ["step", "step_ms", "cpu_ms"], "header of %s.%d" % (path, rank))
+            rows = [(int(s), float(w), float(c)) for s, w, c in lines[1:]]
+            self.assertEqual([r[0] for r in rows], list(range(STEPS)), "steps in %s.%d" % (path, rank))
+            for step, wall_ms, cpu_ms in rows:
+                self.assertTrue(0 < cpu_ms <= wall_ms + 0.01,
+                                "step %d of rank %d: expected 0 < CPU %.3f ms <= wall %.3f ms"
+                                % (step, rank, cpu_ms, wall_ms))
+            if rank == 0:
+                loop = [end["loop_cpu_s"], end["loop_runqueue_s"], end["loop_blocked_s"]]
+                self.assertTrue(all(t >= 0 for t in loop) and sum(loop) <= end["seconds"] + 0.01,
+                                "expected the loop's CPU, run-queue and blocked seconds to split its "
+                                "time in %s" % end)
+                # The steps are inside the loop; both clocks count the same thread.
+                step_cpu_s = sum(r[2] for r in rows) / 1000
+                self.assertTrue(0.5 * end["loop_cpu_s"] <= step_cpu_s <= end["loop_cpu_s"] + 0.05,
+                                "expected the steps' CPU time %.3f s within the loop's %.3f s"
+                                % (step_cpu_s, end["loop_cpu_s"]))
+
+    def test_unwritable_step_times_file_is_one_line_and_exit_2(self):
+        path = self.path("missing-directory", "steps.tsv")
+        command = train_harness.train_command() + train_args(max_steps=1, step_times_file=path)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                                env=dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"))
+        self.assertEqual(result.returncode, 2, "stderr:\n" + result.stderr)
+        self.assertEqual(result.stderr.strip().splitlines(),
+                         ["elrun-train: --step-times-file: cannot write %s.0" % path])
 
     def test_unknown_values_are_one_line_and_exit_2(self):
         for option, value, message in [
