@@ -13,7 +13,13 @@ On this machine, in one invocation:
   - the machine's ceiling: two independent 1-rank elrun-train jobs started at the same moment
     (no communication between them, so they compete only for the cores, caches and memory
     bandwidth); their summed rate over 2 x rate(1 rank) is the best scaling efficiency this
-    machine allows two ranks of this workload, whatever the data-parallel implementation.
+    machine allows two ranks of this workload, whatever the data-parallel implementation;
+  - the synchronous ceiling: every rank of a data-parallel step waits for the slowest, so on a host
+    whose CPUs each slow down and speed up on their own (a busy virtual machine's do), two ranks
+    in lock step lose what the slower CPU costs each step. Both pair jobs write their step times
+    (--step-times-file); pairing their steps k, sum(max(a_k, b_k)) / mean(sum a, sum b) is the
+    factor by which lock step would have slowed that pair, and the pair's rate over it is the
+    best a synchronous 2-rank job could have reached in that round.
 Every run: FashionNet, batch 64 per rank, --threads 1, --max-steps S (300), --lr-schedule constant,
 seed 0. Each configuration runs R (3) times, interleaved round-robin (the order rotates by one
 configuration each round); the throughput of a run is the samples_per_s of its --metrics-file end
@@ -94,7 +100,7 @@ def command(args, c, metrics):
         return ([PYTHON, TORCHRUN_COMPAT, "--standalone", "--nproc_per_node", k, TWIN]
                 + worker_args(args, metrics))
     argv = ([args.elrun_copy, "--standalone", "--nproc-per-node", k, "--no-python", args.train_copy]
-            + worker_args(args, metrics))
+            + worker_args(args, metrics) + ["--step-times-file", metrics + ".steps"])
     extra = {SYNC: ["--sync-bn"], ATEN: ["--linear", "aten"], GLOO: ["--allreduce", "gloo"]}
     return argv + extra.get(c.kind, [])
 
@@ -134,6 +140,30 @@ def read_end(args, metrics, world_size):
     if end.get("steps") != args.max_steps:
         raise RunError(f"{metrics}: {end.get('steps')} steps, expected {args.max_steps}")
     return end
+
+
+def read_step_times(path, steps):
+    """(wall ms, CPU ms) per step from one rank's --step-times-file. Raises RunError."""
+    try:
+        with open(path) as f:
+            rows = [line.rstrip("\n").split("\t") for line in f]
+        times = [(float(w), float(c)) for _, w, c in rows[1:]]
+    except (OSError, ValueError) as ex:
+        raise RunError(f"no readable step-times file {path}: {ex}")
+    if len(times) != steps:
+        raise RunError(f"{path}: {len(times)} steps, expected {steps}")
+    return times
+
+
+def lockstep_factor(a, b):
+    """How much slower two independent jobs' steps (wall ms each) would have been in lock step:
+    sum over k of max(a_k, b_k), over the mean of the two jobs' sums."""
+    return sum(map(max, a, b)) / ((sum(a) + sum(b)) / 2)
+
+
+def off_cpu_share(times):
+    """The share of a rank's step time its training thread was not on a CPU."""
+    return 1 - sum(c for _, c in times) / sum(w for w, _ in times)
 
 
 def run_once(args, c, env, workdir, rnd):
@@ -181,10 +211,17 @@ def run_once(args, c, env, workdir, rnd):
         wall = foreign.phase(go)
     ends = [read_end(args, m, 1 if c.kind == PAIR else c.nproc) for m in metrics]
     end = ends[0]
+    if c.kind != PY:
+        ranks = 1 if c.kind == PAIR else c.nproc
+        steps = [read_step_times(f"{m}.steps.{r}", args.max_steps) for m in metrics
+                 for r in range(ranks)]
+        end = dict(end, off_cpu=[off_cpu_share(t) for t in steps])
     if c.kind == PAIR:
-        end = dict(end, samples_per_s=sum(e["samples_per_s"] for e in ends),
-                   seconds=max(e["seconds"] for e in ends), world_size=2,
-                   pair_rates=[e["samples_per_s"] for e in ends])
+        factor = lockstep_factor(*[[w for w, _ in t] for t in steps])
+        rate = sum(e["samples_per_s"] for e in ends)
+        end = dict(end, samples_per_s=rate, seconds=max(e["seconds"] for e in ends), world_size=2,
+                   pair_rates=[e["samples_per_s"] for e in ends], lockstep=factor,
+                   sync_rate=rate / factor)
     return wall, end, foreign.share, argvs[0]
 
 
@@ -240,11 +277,14 @@ def summary(configs):
     p1, p2 = med(get(configs, PY, 1)), med(get(configs, PY, 2))
     s2, pair = med(get(configs, SYNC, 2)), med(get(configs, PAIR, 2))
     a1, a2, g2 = med(get(configs, ATEN, 1)), med(get(configs, ATEN, 2)), med(get(configs, GLOO, 2))
+    sync = stats([r["end"]["sync_rate"] for r in get(configs, PAIR, 2).runs])[0]
     return {"e1": e1, "e2": e2, "p1": p1, "p2": p2, "s2": s2, "pair": pair,
             "a1": a1, "a2": a2, "g2": g2, "a_scaling": a2 / (2 * a1), "a_ratio": a2 / p2,
             "g_scaling": g2 / (2 * e1), "g_ratio": g2 / p2,
             "e_scaling": e2 / (2 * e1), "p_scaling": p2 / (2 * p1), "s_scaling": s2 / (2 * e1),
             "ceiling": pair / (2 * e1), "e_of_ceiling": e2 / pair,
+            "lockstep": stats([r["end"]["lockstep"] for r in get(configs, PAIR, 2).runs])[0],
+            "sync_ceiling": sync / (2 * e1), "e_of_sync": e2 / sync,
             "ratio": e2 / p2, "s_ratio": s2 / p2, "ratio1": e1 / p1}
 
 
@@ -263,6 +303,8 @@ def table(configs, s):
                  f"{s['s_scaling']:.3f} [a] | {s['s_ratio']:.2f}× [b] |")
     lines.append(f"| {LABELS[PAIR]} | — | {rate_cell(get(configs, PAIR, 2))} | "
                  f"{s['ceiling']:.3f} [a] | — |")
+    lines.append(f"| the synchronous ceiling: the pair's steps in lock step [e] | — | "
+                 f"{fmt(s['sync_ceiling'] * 2 * s['e1'])} | {s['sync_ceiling']:.3f} [a] | — |")
     lines.append(f"| {LABELS[ATEN]} | {rate_cell(get(configs, ATEN, 1))} | "
                  f"{rate_cell(get(configs, ATEN, 2))} | {s['a_scaling']:.3f} | {s['a_ratio']:.2f}× |")
     lines.append(f"| {LABELS[GLOO]} | — | {rate_cell(get(configs, GLOO, 2))} | "
@@ -272,16 +314,21 @@ def table(configs, s):
 
 def runs_table(configs):
     lines = ["| Configuration | Ranks | Round | samples/s | train s | step ms p10 / p50 / p90 | "
+             "off CPU, per rank | rank 0: run queue / blocked s | lock step | "
              "wall s (launch to exit) | test accuracy | others' CPU |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in configs:
         for r in c.runs:
             e = r["end"]
             share = f"{100 * r['foreign']:.0f}%" if r["foreign"] is not None else "?"
             steps = (f"{e['step_ms_p10']:.1f} / {e['step_ms_p50']:.1f} / {e['step_ms_p90']:.1f}"
                      if "step_ms_p50" in e else "—")
+            off = " / ".join(f"{100 * x:.1f}%" for x in e["off_cpu"]) if "off_cpu" in e else "—"
+            loop = (f"{e['loop_runqueue_s']:.2f} / {e['loop_blocked_s']:.2f}"
+                    if "loop_blocked_s" in e and c.kind != PAIR else "—")
+            lock = f"{e['lockstep']:.3f}×" if "lockstep" in e else "—"
             lines.append(f"| {c.kind} | {c.nproc} | {r['round']} | {e['samples_per_s']:.1f} | "
-                         f"{e['seconds']:.2f} | {steps} | {r['wall_s']:.1f} | "
+                         f"{e['seconds']:.2f} | {steps} | {off} | {loop} | {lock} | {r['wall_s']:.1f} | "
                          f"{e['test_accuracy']:.4f} | {share} |")
     return lines
 
@@ -341,6 +388,14 @@ def report(args, configs, commands, s, info, load, elapsed):
         "its cores, caches and memory bandwidth alone. elrun-train's DDP at 2 ranks reached "
         f"{s['e_of_ceiling']:.3f} of this ceiling (scaling {s['e_scaling']:.3f} against a ceiling "
         f"of {s['ceiling']:.3f}).",
+        "[e] The pair's two jobs also wrote every step's time (`--step-times-file`). Had they run in "
+        "lock step, as the ranks of a data-parallel job do, each step would have taken as long as "
+        "the slower job's: sum over k of max(a_k, b_k) against the mean of the two sums is the "
+        f"lock-step factor (median {s['lockstep']:.3f}×), and the pair's rate over it the best a "
+        "synchronous 2-rank job could have reached in that round (median over rounds). On a host "
+        "whose CPUs slow down and recover independently, this is below the pair's ceiling [c] by "
+        "what waiting for the slower CPU costs; no implementation of synchronous data parallelism "
+        f"gets past it. elrun-train's DDP at 2 ranks reached {s['e_of_sync']:.3f} of it.",
         "[d] Ablations of elrun-train's two defaults that the twin does not share. --linear aten: "
         "FashionNet's Linear layers through ATen's Linear, i.e. Debian's reference BLAS, as the "
         "twin's nn.Linear (the default computes them as 1x1 convolutions with oneDNN: same "
@@ -374,7 +429,11 @@ def report(args, configs, commands, s, info, load, elapsed):
     out += ["", "step ms: elrun-train's end record, percentiles over the run's steps of rank 0's "
             "training step (data to optimizer step, communication included; for the pair, the first "
             "job's). A data-parallel step ends when the slower rank's does, so its spread shows the "
-            "ranks' step-to-step jitter. The twin does not report it."]
+            "ranks' step-to-step jitter. The twin does not report it. off CPU: the share of each "
+            "rank's step time its training thread was not on a CPU (`--step-times-file`: wall minus "
+            "thread CPU time); for DDP mostly waiting for the slower rank's gradients. run queue / "
+            "blocked: rank 0's whole training loop, from the end record (`loop_runqueue_s`: runnable "
+            "but waiting for a CPU; `loop_blocked_s`: sleeping). lock step: the pair's factor [e]."]
     out += ["", "Commands (run from the repository root; METRICS is a fresh file per run):", "", "```"]
     for c in configs:
         argv = commands.get(c.key)
@@ -424,6 +483,7 @@ def plot(configs, s, path):
             ("Python twin", s["p_scaling"], colors[PY]),
             ("elrun-train\n--sync-bn [a]", s["s_scaling"], colors[SYNC]),
             ("ceiling: 2 × 1-rank\njobs at once [a]", s["ceiling"], "#999999"),
+            ("synchronous\nceiling [a]", s["sync_ceiling"], "#bbbbbb"),
             ("--linear\naten", s["a_scaling"], "#a6cee3"),
             ("--allreduce\ngloo [a]", s["g_scaling"], "#b2df8a")]
     for i, (name, v, color) in enumerate(bars):
