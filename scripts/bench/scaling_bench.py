@@ -3,7 +3,7 @@
 
 train_bench.py takes the median 1-rank and 2-rank rates over rounds minutes apart. On a machine
 whose speed drifts by 10-20% from minute to minute (this virtual machine's does), their ratio
-moves with the drift: the same build gave scaling efficiencies from 0.85 to 1.04 there. This
+moves with the drift: its full runs there gave scaling efficiencies from 0.85 to 1.04. This
 benchmark instead runs, N times over, a 1-rank job, a 2-rank job and the pair (two independent
 1-rank jobs at once) back to back, and ends with one more 1-rank job. Each 2-rank job and each
 pair is judged against the mean of the two 1-rank jobs around it, seconds away:
