@@ -23,13 +23,10 @@ progress on stderr, writes a PNG. A failed run stops the benchmark with exit sta
   /usr/bin/python3 scripts/bench/scaling_bench.py [--triples 8] [--max-steps 200] [--wait-idle 60]
 """
 import argparse
-import json
 import os
 import shlex
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 import train_bench
@@ -118,14 +115,10 @@ def q_cell(q, digits=3):
 
 def report(args, rows, s, commands, info, load, elapsed):
     n = len(rows)
-    out = ["## Scaling efficiency of elrun-train's DDP, from adjacent runs", ""]
-    out += [f"- **{k}**: {v}" for k, v in info]
-    out += [f"- **workload**: FashionNet on Fashion-MNIST, batch {args.batch_size} per rank, "
-            f"--threads 1, --max-steps {args.max_steps}, --lr-schedule constant, seed 0; "
-            f"{n} triples (1 rank, 2 ranks, the pair) and a closing 1-rank run"
-            + (f", waited up to {args.wait_idle:g} s for an idle machine before each triple"
-               if args.wait_idle > 0 else "") + f"; benchmark took {elapsed:.0f} s",
-            f"- **load**: {load}", ""]
+    out = train_bench.report_header(
+        "Scaling efficiency of elrun-train's DDP, from adjacent runs", args, info,
+        f"{n} triples (1 rank, 2 ranks, the pair) and a closing 1-rank run", "triple", load, elapsed)
+
     def verdict(x):
         return f"(target ≥ {TARGET_SCALING:g}: **{'yes' if x >= TARGET_SCALING else 'NO'}**)"
 
@@ -197,59 +190,35 @@ def plot(rows, s, path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--elrun", default=train_bench.DEFAULT_ELRUN,
-                    help="elrun binary (default: %(default)s)")
-    ap.add_argument("--train", default=train_bench.DEFAULT_TRAIN,
-                    help="elrun-train binary (default: %(default)s)")
+    train_bench.add_job_options(ap, max_steps=200, unit="triple")
     ap.add_argument("--triples", type=int, default=8,
                     help="1-rank, 2-rank and pair runs, back to back, this many times (default 8)")
-    ap.add_argument("--max-steps", type=int, default=200, help="steps per run (default 200)")
-    ap.add_argument("--batch-size", type=int, default=64, help="samples per rank per step (64)")
-    ap.add_argument("--timeout", type=float, default=900,
-                    help="seconds before one run is killed, which fails the benchmark (900)")
     ap.add_argument("--png", default=DEFAULT_PNG, help="plot to write (default: %(default)s)")
     ap.add_argument("--json", help="also write every triple's figures to this file")
-    ap.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
-                    help="before each triple, wait up to SECONDS until other processes use < 10%% "
-                         "of the CPUs (default 0: do not wait)")
     args = ap.parse_args()
-    if args.triples < 1 or args.max_steps < 1 or args.batch_size < 1:
-        ap.error("--triples, --max-steps and --batch-size must be >= 1")
-    for name, path in (("elrun", args.elrun), ("elrun-train", args.train)):
-        if not os.access(path, os.X_OK):
-            ap.error(f"{name} binary {path} not found: bazel build //launcher:elrun "
-                     f"//trainer:elrun-train")
-    args.elrun, args.train = os.path.abspath(args.elrun), os.path.abspath(args.train)
-    args.tag = f"scaling_bench.{os.getpid()}.{time.time_ns()}"
-
-    tmp = tempfile.mkdtemp(prefix="scaling_bench.")
-    os.environ["TMPDIR"] = tmp  # The launchers' log directories: private, removed at the end.
-    tempfile.tempdir = tmp
+    if args.triples < 1:
+        ap.error("--triples must be >= 1")
+    train_bench.check_job_options(ap, args, "scaling_bench")
     try:
-        os.makedirs(os.path.join(tmp, "bin"))  # Copies: a rebuild meanwhile cannot mix builds.
-        args.elrun_copy = shutil.copy2(args.elrun, os.path.join(tmp, "bin", "elrun"))
-        args.train_copy = shutil.copy2(args.train, os.path.join(tmp, "bin", "elrun-train"))
-        info = _machine_info([("elrun", args.elrun), ("elrun-train", args.train)])
-        load_start = loadavg()
-        rows, commands, elapsed = bench(args, tmp)
-        load = f"loadavg (1/5/15 min) {load_start} at start, {loadavg()} at end"
-        if (binary_id(args.elrun), binary_id(args.train)) != (binary_id(args.elrun_copy),
-                                                              binary_id(args.train_copy)):
-            load += " — a binary was rebuilt during the benchmark; the runs used copies taken at its start"
-        s = summary(rows)
-        print(report(args, rows, s, commands, info, load, elapsed), flush=True)
-        if args.png:
-            plot(rows, s, args.png)
-            log(f"wrote {args.png}")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"machine": dict(info), "rows": rows}, f, indent=1)
-        return 0
+        with train_bench.private_copies(args, "scaling_bench") as tmp:
+            return run(args, tmp)
     except RunError as ex:
         log(f"scaling_bench: FAILED: {ex}")
         return 1
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(args, tmp):
+    info = _machine_info([("elrun", args.elrun), ("elrun-train", args.train)])
+    load_start = loadavg()
+    rows, commands, elapsed = bench(args, tmp)
+    load = f"loadavg (1/5/15 min) {load_start} at start, {loadavg()} at end"
+    if (binary_id(args.elrun), binary_id(args.train)) != (binary_id(args.elrun_copy),
+                                                          binary_id(args.train_copy)):
+        load += " — a binary was rebuilt during the benchmark; the runs used copies taken at its start"
+    s = summary(rows)
+    train_bench.publish(args, report(args, rows, s, commands, info, load, elapsed),
+                        lambda path: plot(rows, s, path), {"machine": dict(info), "rows": rows})
+    return 0
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -362,15 +361,22 @@ def accuracy_check(configs):
             "rank 1 evaluates its shard with other running stats)")
 
 
-def report(args, configs, commands, s, info, load, elapsed):
-    out = ["## Training benchmark: elrun-train vs a Python PyTorch DDP twin", ""]
+def report_header(title, args, info, plan, unit, load, elapsed):
+    """A report's title and its machine, workload (`plan`: how the runs were ordered) and load."""
+    out = [f"## {title}", ""]
     out += [f"- **{k}**: {v}" for k, v in info]
     out += [f"- **workload**: FashionNet on Fashion-MNIST, batch {args.batch_size} per rank, "
-            f"--threads 1, --max-steps {args.max_steps}, --lr-schedule constant, seed 0; "
-            f"{args.runs} runs per configuration, interleaved round-robin"
-            + (f", waited up to {args.wait_idle:g} s for an idle machine before each round"
+            f"--threads 1, --max-steps {args.max_steps}, --lr-schedule constant, seed 0; {plan}"
+            + (f", waited up to {args.wait_idle:g} s for an idle machine before each {unit}"
                if args.wait_idle > 0 else "") + f"; benchmark took {elapsed:.0f} s",
             f"- **load**: {load}", ""]
+    return out
+
+
+def report(args, configs, commands, s, info, load, elapsed):
+    out = report_header("Training benchmark: elrun-train vs a Python PyTorch DDP twin", args, info,
+                        f"{args.runs} runs per configuration, interleaved round-robin", "round",
+                        load, elapsed)
     out += table(configs, s)
     out += [
         "",
@@ -504,46 +510,78 @@ def plot(configs, s, path):
     plt.close(fig)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_job_options(ap, max_steps, unit):
+    """The options of the runs' binaries, job and limits (also scaling_bench.py's)."""
     ap.add_argument("--elrun", default=DEFAULT_ELRUN, help="elrun binary (default: %(default)s)")
     ap.add_argument("--train", default=DEFAULT_TRAIN,
                     help="elrun-train binary (default: %(default)s)")
-    ap.add_argument("--max-steps", type=int, default=300, help="steps per run (default 300)")
+    ap.add_argument("--max-steps", type=int, default=max_steps,
+                    help=f"steps per run (default {max_steps})")
     ap.add_argument("--batch-size", type=int, default=64, help="samples per rank per step (64)")
-    ap.add_argument("--runs", type=int, default=3, help="runs per configuration (default 3)")
     ap.add_argument("--timeout", type=float, default=900,
                     help="seconds before one run is killed, which fails the benchmark (900)")
-    ap.add_argument("--png", default=DEFAULT_PNG, help="bar chart to write (default: %(default)s)")
-    ap.add_argument("--json", help="also write every run's record to this file")
     ap.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
-                    help="before each round, wait up to SECONDS until other processes use < 10%% "
+                    help=f"before each {unit}, wait up to SECONDS until other processes use < 10%% "
                          "of the CPUs (default 0: do not wait)")
-    args = ap.parse_args()
-    if args.runs < 1 or args.max_steps < 1 or args.batch_size < 1:
-        ap.error("--runs, --max-steps and --batch-size must be >= 1")
-    for name, path in (("elrun", args.elrun), ("elrun-train", args.train)):
+
+
+def check_job_options(ap, args, name):
+    """Rejects bad job options and missing binaries; tags this benchmark's processes by `name`."""
+    if args.max_steps < 1 or args.batch_size < 1:
+        ap.error("--max-steps and --batch-size must be >= 1")
+    for binary, path in (("elrun", args.elrun), ("elrun-train", args.train)):
         if not os.access(path, os.X_OK):
-            ap.error(f"{name} binary {path} not found: bazel build //launcher:elrun "
+            ap.error(f"{binary} binary {path} not found: bazel build //launcher:elrun "
                      f"//trainer:elrun-train")
     args.elrun, args.train = os.path.abspath(args.elrun), os.path.abspath(args.train)
-    args.tag = f"train_bench.{os.getpid()}.{time.time_ns()}"
+    args.tag = f"{name}.{os.getpid()}.{time.time_ns()}"
 
-    # Launchers make a log directory per run under $TMPDIR: a private one, removed at the end.
-    tmp = tempfile.mkdtemp(prefix="train_bench.")
+
+@contextlib.contextmanager
+def private_copies(args, name):
+    """A private TMPDIR, removed at the end (launchers make a log directory per run under it),
+    holding copies of the binaries taken now, so that a rebuild during the benchmark cannot mix
+    builds: args.elrun_copy and args.train_copy."""
+    tmp = tempfile.mkdtemp(prefix=name + ".")
     os.environ["TMPDIR"] = tmp
     tempfile.tempdir = tmp
     try:
-        # Run copies taken now, so that a rebuild during the benchmark cannot mix builds.
         os.makedirs(os.path.join(tmp, "bin"))
         args.elrun_copy = shutil.copy2(args.elrun, os.path.join(tmp, "bin", "elrun"))
         args.train_copy = shutil.copy2(args.train, os.path.join(tmp, "bin", "elrun-train"))
-        return run(args, tmp)
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_job_options(ap, max_steps=300, unit="round")
+    ap.add_argument("--runs", type=int, default=3, help="runs per configuration (default 3)")
+    ap.add_argument("--png", default=DEFAULT_PNG, help="bar chart to write (default: %(default)s)")
+    ap.add_argument("--json", help="also write every run's record to this file")
+    args = ap.parse_args()
+    if args.runs < 1:
+        ap.error("--runs must be >= 1")
+    check_job_options(ap, args, "train_bench")
+    try:
+        with private_copies(args, "train_bench") as tmp:
+            return run(args, tmp)
     except RunError as ex:
         log(f"train_bench: FAILED: {ex}")
         return 1
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish(args, text, draw, record):
+    """The report on stdout, the plot drawn to --png and the record written to --json."""
+    print(text, flush=True)
+    if args.png:
+        draw(args.png)
+        log(f"wrote {args.png}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+        log(f"wrote {args.json}")
 
 
 def run(args, tmp):
@@ -569,16 +607,11 @@ def run(args, tmp):
         log("warning: the elrun or elrun-train binary was rebuilt during the benchmark; the runs "
             "used copies taken at its start")
     s = summary(configs)
-    print(report(args, configs, commands, s, info, load, elapsed), flush=True)
-    if args.png:
-        plot(configs, s, args.png)
-        log(f"wrote {args.png}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": dict(info), "summary": s,
-                       "configs": [{"kind": c.kind, "nproc": c.nproc, "runs": c.runs,
-                                    "command": commands.get(c.key)} for c in configs]}, f, indent=1)
-        log(f"wrote {args.json}")
+    publish(args, report(args, configs, commands, s, info, load, elapsed),
+            lambda path: plot(configs, s, path),
+            {"machine": dict(info), "summary": s,
+             "configs": [{"kind": c.kind, "nproc": c.nproc, "runs": c.runs,
+                          "command": commands.get(c.key)} for c in configs]})
     return 0
 
 
