@@ -30,7 +30,16 @@ class TrainResumeTest(TrainTestCase):
         return train_args(batch_size=BATCH, epochs=2, max_steps=MAX_STEPS,
                           checkpoint_every=CHECKPOINT_EVERY,
                           checkpoint_dir=self.path(name, "checkpoints"),
-                          metrics_file=self.path(name, "metrics.jsonl"))
+                          metrics_file=self.path(name, "metrics.jsonl"),
+                          step_times_file=self.path(name, "steps.tsv"))
+
+    def logged_steps(self, name, rank):
+        """The steps in rank `rank`'s --step-times-file of job `name`, which must have one header."""
+        with open(self.path(name, "steps.tsv.%d" % rank)) as f:
+            lines = [line.split("\t")[0] for line in f]
+        self.assertEqual(lines[:1], ["step"], "expected %s/steps.tsv.%d to start with its header"
+                         % (name, rank))
+        return [int(step) for step in lines[1:]]
 
     def wait_for_step(self, run, after, step, what):
         """Waits until rank 0 reports `step` (or later) in output after offset `after` of its
@@ -124,6 +133,19 @@ class TrainResumeTest(TrainTestCase):
             self.assertEqual(sorted(os.listdir(self.path("logs", runs[0]))),
                              ["attempt_0", "attempt_1", "attempt_2"],
                              "expected exactly three attempts (two restarts)")
+
+        # Every rank's step times: the reference's once each; the killed run's appended by each
+        # attempt, going back only to a step it resumed at, and complete.
+        resumed_at = {resume[1] for resume in resumes}
+        for rank in range(WORKERS):
+            self.assertEqual(self.logged_steps("reference", rank), list(range(MAX_STEPS)))
+            steps = self.logged_steps("killed", rank)
+            for before, step in zip(steps, steps[1:]):
+                self.assertTrue(step == before + 1 or step in resumed_at,
+                                "rank %d's step times go from step %d to %d; expected the next "
+                                "step or a resume step (%s)" % (rank, before, step, sorted(resumed_at)))
+            self.assertEqual((set(steps), steps[-1]), (set(range(MAX_STEPS)), MAX_STEPS - 1),
+                             "expected rank %d's step times to cover every step" % rank)
 
         end = train_harness.end_record(self.path("killed", "metrics.jsonl"))
         self.assertEqual(end["steps"], ref_end["steps"],
