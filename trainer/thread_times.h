@@ -4,9 +4,8 @@
 #ifndef ELRUN_TRAINER_THREAD_TIMES_H_
 #define ELRUN_TRAINER_THREAD_TIMES_H_
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace elrun::trainer {
 

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <string>
 
 namespace elrun::trainer {
 namespace {
@@ -38,12 +39,12 @@ TEST_CASE("this thread's times grow by the CPU it burns") {
   auto before = CurrentThreadTimes();
   REQUIRE(before.ok());  // Linux with schedstat, as on every machine this project supports.
   const double cpu_before = ThreadCpuSeconds();
-  Spin(0.05);
+  Spin(0.1);
   const double burnt = ThreadCpuSeconds() - cpu_before;
   auto after = CurrentThreadTimes();
   REQUIRE(after.ok());
-  CHECK(burnt >= 0.05);
-  // The two clocks count the same thing; schedstat is updated at the last tick or switch.
+  CHECK(burnt >= 0.1);
+  // The two clocks count the same thing; schedstat may lag by up to a scheduler tick (ms).
   CHECK(after->cpu_s - before->cpu_s == doctest::Approx(burnt).epsilon(0.2));
   CHECK(after->runqueue_s >= before->runqueue_s);
 }
