@@ -99,8 +99,8 @@ class Metrics {
 class StepTimes {
  public:
   static absl::StatusOr<std::unique_ptr<StepTimes>> Open(const std::string& path) {
-    std::error_code error;
-    const bool fresh = !std::filesystem::exists(path, error) || std::filesystem::file_size(path, error) == 0;
+    std::error_code missing;
+    const bool fresh = std::filesystem::file_size(path, missing) == 0 || missing;
     auto times = std::unique_ptr<StepTimes>(new StepTimes());
     times->out_.open(path, std::ios::app);
     if (!times->out_) return absl::InvalidArgumentError(absl::StrCat("--step-times-file: cannot write ", path));

@@ -24,7 +24,6 @@ progress on stderr, writes a PNG. A failed run stops the benchmark with exit sta
 """
 import argparse
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -150,17 +149,8 @@ def report(args, rows, s, commands, info, load, elapsed):
                    f"{off} | {fmt(r['pair'])} | {r['lockstep']:.3f}× | {fmt(r['sync'])} | "
                    f"{r['scaling']:.3f} | {r['ceiling']:.3f} | {r['sync_ceiling']:.3f} | "
                    f"{r['of_sync']:.3f} |")
-    out += ["", "Commands (run from the repository root; METRICS is a fresh file per run):", "",
-            "```"]
-    for key, argv in commands.items():
-        i = argv.index("--metrics-file") + 1
-        argv = train_bench.shown(args, argv)
-        argv = argv[:i] + ["METRICS"] + argv[i + 1:]
-        j = argv.index("--step-times-file") + 1
-        argv[j] = "METRICS.steps"
-        out.append(shlex.join(argv).replace(train_bench.REPO + "/", "") + f"  # {key}"
-                   + (" (two at once, each with its own METRICS)" if key.startswith(PAIR) else ""))
-    out += ["```", ""]
+    out += train_bench.commands_block(args, [(key, argv, key.startswith(PAIR))
+                                             for key, argv in commands.items()])
     return "\n".join(out)
 
 

@@ -440,17 +440,24 @@ def report(args, configs, commands, s, info, load, elapsed):
             "thread CPU time); for DDP mostly waiting for the slower rank's gradients. run queue / "
             "blocked: rank 0's whole training loop, from the end record (`loop_runqueue_s`: runnable "
             "but waiting for a CPU; `loop_blocked_s`: sleeping). lock step: the pair's factor [e]."]
-    out += ["", "Commands (run from the repository root; METRICS is a fresh file per run):", "", "```"]
-    for c in configs:
-        argv = commands.get(c.key)
-        if argv:
-            i = argv.index("--metrics-file") + 1
-            argv = shown(args, argv)
-            cmd = shlex.join(argv[:i] + ["METRICS"] + argv[i + 1:]).replace(REPO + "/", "")
-            out.append(f"{cmd}  # {c.key}" + (" (two at once, each with its own METRICS)"
-                                               if c.kind == PAIR else ""))
-    out += ["```", ""]
+    out += commands_block(args, [(c.key, commands.get(c.key), c.kind == PAIR) for c in configs])
     return "\n".join(out)
+
+
+def commands_block(args, runs):
+    """The report's commands, one per (key, argv, is the pair) with an argv: repository paths
+    relative, the per-run files named METRICS and METRICS.steps."""
+    out = ["", "Commands (run from the repository root; METRICS is a fresh file per run):", "", "```"]
+    for key, argv, pair in runs:
+        if not argv:
+            continue
+        argv = shown(args, argv)
+        for option, name in (("--metrics-file", "METRICS"), ("--step-times-file", "METRICS.steps")):
+            if option in argv:
+                argv[argv.index(option) + 1] = name
+        out.append(shlex.join(argv).replace(REPO + "/", "") + f"  # {key}"
+                   + (" (two at once, each with its own METRICS)" if pair else ""))
+    return out + ["```", ""]
 
 
 def plot(configs, s, path):
