@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# Installs what elrun needs to build, test and benchmark, from Debian 12's packages only.
-# Idempotent: asks apt only for packages that are missing, so a second run does nothing.
+# Installs what elrun needs to build, test and benchmark: Debian 12's packages, and LibTorch as
+# PyTorch's own wheel (torch==2.11.0 from PyPI, its CUDA 13.0 build, ~4.6 GB with the NVIDIA
+# wheels it pulls in) in a virtual environment under ~/.cache/elrun, keyed by the version and
+# shared by every clone (CI's too); the checkout links it as .venv. That one torch serves the C++
+# build (its torch/include and torch/lib), the Python twin, the interop tests and torchrun.
+# Idempotent: asks apt only for packages that are missing and pip only when the environment is not
+# complete, so a second run does nothing.
 set -euo pipefail
 
 PACKAGES=(
@@ -9,8 +14,11 @@ PACKAGES=(
   # Libraries: gRPC and Protobuf (rendezvous), Abseil (Status), spdlog, CLI11, doctest.
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libspdlog-dev libcli11-dev doctest-dev
-  # LibTorch (CPU, c10d + Gloo) for the trainer; Python torch for interop tests and references.
-  libtorch-dev libgloo-dev zlib1g-dev python3-torch
+  # The virtual environment that holds the torch wheel; zlib for the Fashion-MNIST reader.
+  python3-venv zlib1g-dev
+  # Gloo's headers only: the wheel compiles Gloo into libtorch_cpu but ships no gloo/*.h, which
+  # ProcessGroupGloo.hpp includes (trainer/gloo_backend.cc is the one file that does).
+  libgloo-dev
   # Data and benchmark plots.
   dataset-fashion-mnist python3-matplotlib
   # Integration tests: procps (ps) and iproute2 (ss) for process and port checks.
@@ -26,17 +34,47 @@ for pkg in "${PACKAGES[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#PACKAGES[@]} packages present"
-  exit 0
-fi
-
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "setup: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
   SUDO=sudo
 fi
-echo "setup: installing ${missing[*]}"
-$SUDO apt-get update -q
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
-echo "setup: done"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages present"
+else
+  if [ -n "$SUDO" ] && ! command -v sudo >/dev/null; then
+    echo "setup: need root (or sudo) to install: ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+fi
+
+# LibTorch: torch==2.11.0 in ~/.cache/elrun/torch-2.11.0, marked complete only after pip
+# succeeded, so an interrupted install is redone rather than used. One installer at a time (flock):
+# two clones set up at once share it.
+TORCH_VERSION=2.11.0
+cache=${ELRUN_CACHE:-$HOME/.cache/elrun}
+venv=$cache/torch-$TORCH_VERSION
+mkdir -p "$cache"
+(
+  flock 9
+  if [ ! -f "$venv/.elrun-complete" ]; then
+    echo "setup: installing torch==$TORCH_VERSION (CUDA build, ~4.6 GB) into $venv"
+    rm -rf "$venv"
+    /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy
+    "$venv/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__"
+    touch "$venv/.elrun-complete"
+  fi
+) 9>"$cache/torch-$TORCH_VERSION.lock"
+repo=$(cd "$(dirname "$0")/.." && pwd)
+if [ "$(readlink "$repo/.venv" 2>/dev/null)" != "$venv" ]; then
+  ln -sfn "$venv" "$repo/.venv"
+fi
+# Bazel expands no %workspace% in --test_env: give the tests the interpreter's absolute path.
+rc="test --test_env=PYTHON_EXEC=$repo/.venv/bin/python3"
+if [ "$(cat "$repo/.bazelrc.setup" 2>/dev/null)" != "$rc" ]; then
+  echo "$rc" >"$repo/.bazelrc.setup"
+fi
+echo "setup: torch $TORCH_VERSION at $venv (linked as .venv)"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: setup, then every Bazel test, then one closing line
-# "N passed, N failed" counting test targets. Exits non-zero when anything failed.
+# "N passed, N failed, N skipped" counting test targets. A target that printed a line
+# "ELRUN_SKIP: <reason>" (a GPU test on a machine without one) counts as skipped, never as passed,
+# and its reason is shown. Exits non-zero when anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +16,19 @@ bazel test //... --cache_test_results=no "$@" 2>&1 | tee "$log"
 bazel_rc=${PIPESTATUS[0]}
 
 # Bazel's summary has one line per test target: "//pkg:name   (cached) PASSED in 0.3s".
-passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
+passed=0
+skipped=0
+for target in $(grep -oE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" | awk '{print $1}'); do
+  path=${target#//}
+  test_log="bazel-testlogs/${path/://}/test.log"
+  reason=$(grep -m1 '^ELRUN_SKIP:' "$test_log" 2>/dev/null || true)
+  if [ -n "$reason" ]; then
+    skipped=$((skipped + 1))
+    echo "skipped $target: ${reason#ELRUN_SKIP: }"
+  else
+    passed=$((passed + 1))
+  fi
+done
 failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE|FAILED TO BUILD)' "$log")
 if [ "$bazel_rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # The build itself broke before any test ran.
@@ -22,5 +36,5 @@ fi
 if [ "${CI:-}" = "true" ]; then
   bazel shutdown >/dev/null 2>&1 || true  # CI leaves no server behind.
 fi
-echo "${passed} passed, ${failed} failed"
+echo "${passed} passed, ${failed} failed, ${skipped} skipped"
 [ "$failed" -eq 0 ] && [ "$bazel_rc" -eq 0 ]

@@ -59,13 +59,6 @@ def _system_libs_impl(ctx):
     build.append('cc_library(name = "cli11")')
     build.append('cc_library(name = "doctest")')
 
-    # LibTorch (CPU, with c10d and Gloo on Debian). Targets that include its C++ API add
-    # TORCH_COPTS (third_party/torch.bzl). Keep this dependency out of the launcher.
-    build.append("""cc_library(
-    name = "torch",
-    defines = ["USE_DISTRIBUTED", "USE_C10D_GLOO"],
-    linkopts = ["-ltorch", "-ltorch_cpu", "-lc10", "-pthread"],
-)""")
     ctx.file("BUILD", "\n".join(build) + "\n")
     ctx.file("WORKSPACE", 'workspace(name = "%s")\n' % ctx.name)
 

@@ -69,10 +69,12 @@ absl::Status WriteCheckpointFile(const std::string& path, const std::map<std::st
                                  const std::string& optimizer_kind, const TrainProgress& progress) {
   try {
     c10::Dict<std::string, torch::Tensor> model;
-    for (const auto& [name, tensor] : tensors) model.insert(name, tensor);
+    // Python's torch.load opens CPU tensors anywhere; CUDA ones only where that device exists.
+    auto on_cpu = [](const torch::Tensor& t) { return t.device().is_cpu() ? t : CpuCopy(t); };
+    for (const auto& [name, tensor] : tensors) model.insert(name, on_cpu(tensor));
     c10::Dict<std::string, torch::Tensor> state;
     for (const auto& [param, fields] : optimizer_state) {
-      for (const auto& [field, tensor] : fields) state.insert(StateName(param, field), tensor);
+      for (const auto& [field, tensor] : fields) state.insert(StateName(param, field), on_cpu(tensor));
     }
     c10::impl::GenericDict root(c10::StringType::get(), c10::AnyType::get());
     root.insert("model", model);
@@ -92,11 +94,11 @@ absl::Status SaveCheckpoint(const std::string& path, torch::nn::Module& module,
   std::map<std::string, torch::Tensor> tensors;
   std::map<std::string, ParamState> state;
   for (const auto& p : module.named_parameters()) {
-    tensors[p.key()] = p.value().detach().clone();
+    tensors[p.key()] = CpuCopy(p.value());
     ParamState fields = ExportParamState(optimizer, p.value());
     if (!fields.empty()) state[p.key()] = std::move(fields);
   }
-  for (const auto& b : module.named_buffers()) tensors[b.key()] = b.value().detach().clone();
+  for (const auto& b : module.named_buffers()) tensors[b.key()] = CpuCopy(b.value());
   return WriteCheckpointFile(path, tensors, state, *kind, progress);
 }
 

@@ -9,37 +9,60 @@ int64_t Bytes(const torch::Tensor& t) { return t.numel() * t.element_size(); }
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> StartAllGather(c10d::ProcessGroup& pg, const torch::Tensor& shard,
+torch::Device CommDevice(const c10d::Backend& pg) {
+  if (pg.getBackendName() == "nccl") {
+    std::optional<at::Device> bound = pg.getBoundDeviceId();
+    TORCH_CHECK(bound.has_value(), "an NCCL backend must be bound to its device (MakeNcclBackend does it)");
+    return *bound;
+  }
+  return torch::kCPU;
+}
+
+ReduceScatterAlgorithm DefaultReduceScatter(const c10d::Backend& pg) {
+  const std::string name = pg.getBackendName();
+  return name == "gloo" || name == "nccl" ? ReduceScatterAlgorithm::kNative : ReduceScatterAlgorithm::kAllToAll;
+}
+
+c10::intrusive_ptr<c10d::Work> StartAllGather(c10d::Backend& pg, const torch::Tensor& shard,
                                               const torch::Tensor& full, CommBytes* bytes) {
   const int n = pg.getSize();
   TORCH_CHECK(shard.is_contiguous() && full.is_contiguous() && shard.dim() == 1 && full.dim() == 1,
               "all-gather: shard and full buffer must be contiguous 1-d tensors");
   TORCH_CHECK(full.numel() == n * shard.numel(), "all-gather: full buffer has ", full.numel(),
               " elements, expected ", n, " x ", shard.numel());
-  std::vector<std::vector<torch::Tensor>> outputs(1);
-  for (int r = 0; r < n; ++r) outputs[0].push_back(full.narrow(0, r * shard.numel(), shard.numel()));
-  std::vector<torch::Tensor> inputs{shard};
   if (bytes) bytes->all_gather += Bytes(shard) * (n - 1);
-  return pg.allgather(outputs, inputs);
+  torch::Tensor output = full, input = shard;
+  return pg._allgather_base(output, input);
 }
 
-ReduceScatterOp ReduceScatterOp::Start(c10d::ProcessGroup& pg, const torch::Tensor& input,
-                                       CommBytes* bytes) {
+ReduceScatterOp ReduceScatterOp::Start(c10d::Backend& pg, const torch::Tensor& input, CommBytes* bytes) {
+  return Start(pg, input, bytes, DefaultReduceScatter(pg));
+}
+
+ReduceScatterOp ReduceScatterOp::Start(c10d::Backend& pg, const torch::Tensor& input, CommBytes* bytes,
+                                       ReduceScatterAlgorithm algorithm) {
   const int n = pg.getSize();
   TORCH_CHECK(input.is_contiguous() && input.dim() == 1, "reduce-scatter: input must be a contiguous 1-d tensor");
   TORCH_CHECK(input.numel() % n == 0, "reduce-scatter: ", input.numel(),
               " elements do not split evenly over ", n, " ranks");
   ReduceScatterOp op;
   op.input_ = input;
-  op.received_ = torch::empty({n, input.numel() / n}, input.options());
+  const bool native = algorithm == ReduceScatterAlgorithm::kNative;
+  op.received_ = torch::empty({native ? 1 : n, input.numel() / n}, input.options());
   op.started_ = true;
   if (n == 1) {
     op.received_.view({-1}).copy_(input);
     return op;
   }
   torch::Tensor output = op.received_.view({-1});
-  std::vector<int64_t> equal_splits;  // Empty: n equal chunks.
-  op.work_ = pg.alltoall_base(output, op.input_, equal_splits, equal_splits);
+  if (native) {
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = c10d::ReduceOp::SUM;
+    op.work_ = pg._reduce_scatter_base(output, op.input_, options);
+  } else {
+    std::vector<int64_t> equal_splits;  // Empty: n equal chunks.
+    op.work_ = pg.alltoall_base(output, op.input_, equal_splits, equal_splits);
+  }
   if (bytes) bytes->reduce_scatter += Bytes(input) / n * (n - 1);
   return op;
 }
@@ -50,7 +73,7 @@ void ReduceScatterOp::Finish(const torch::Tensor& output, double scale, bool acc
   torch::NoGradGuard no_grad;
   TORCH_CHECK(output.numel() == received_.size(1), "reduce-scatter: output has ", output.numel(),
               " elements, expected ", received_.size(1));
-  torch::Tensor sum = received_.select(0, 0).clone();
+  torch::Tensor sum = received_.select(0, 0);
   for (int64_t r = 1; r < received_.size(0); ++r) sum.add_(received_.select(0, r));  // Rank order.
   if (scale != 1.0) sum.mul_(scale);
   torch::Tensor out = output.view({-1});
@@ -65,7 +88,7 @@ void ReduceScatterOp::Finish(const torch::Tensor& output, double scale, bool acc
   received_ = torch::Tensor();
 }
 
-void BroadcastFromRank0(c10d::ProcessGroup& pg, const std::vector<torch::Tensor>& tensors, CommBytes* bytes) {
+void BroadcastFromRank0(c10d::Backend& pg, const std::vector<torch::Tensor>& tensors, CommBytes* bytes) {
   std::map<c10::ScalarType, std::vector<torch::Tensor>> by_type;
   for (const auto& t : tensors) by_type[t.scalar_type()].push_back(t);
   torch::NoGradGuard no_grad;
@@ -85,11 +108,11 @@ void BroadcastFromRank0(c10d::ProcessGroup& pg, const std::vector<torch::Tensor>
   }
 }
 
-void AllGather(c10d::ProcessGroup& pg, const torch::Tensor& shard, const torch::Tensor& full, CommBytes* bytes) {
+void AllGather(c10d::Backend& pg, const torch::Tensor& shard, const torch::Tensor& full, CommBytes* bytes) {
   StartAllGather(pg, shard, full, bytes)->wait();
 }
 
-void ReduceScatter(c10d::ProcessGroup& pg, const torch::Tensor& input, const torch::Tensor& output,
+void ReduceScatter(c10d::Backend& pg, const torch::Tensor& input, const torch::Tensor& output,
                    CommBytes* bytes) {
   ReduceScatterOp::Start(pg, input, bytes).Finish(output, 1.0, false);
 }

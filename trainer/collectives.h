@@ -1,19 +1,31 @@
-// Sharding collectives that Gloo in LibTorch 1.13 lacks (its reduce_scatter and _allgather_base
-// throw "not supported"), built from what it has, with the bytes each one sends counted.
-//   reduce-scatter: one alltoall_base (rank r receives every rank's chunk r) and a local sum in
-//     rank order: each rank sends (n-1)/n of the buffer, the bandwidth optimum, and the result is
-//     deterministic (the same summation order on every rank and every run).
-//   all-gather into one flat buffer: Gloo's allgather with the output chunks as views of it.
-// Both are asynchronous; Wait() (or Finish) completes them. Thread-compatible.
+// The sharding collectives over flat buffers, with the bytes each one sends counted:
+//   all-gather into one flat buffer: the backend's _allgather_base (Gloo and NCCL in torch 2.11);
+//   reduce-scatter: the backend's _reduce_scatter_base (Gloo and NCCL), or, for a backend without
+//     one, one alltoall_base (rank r receives every rank's chunk r) and a local sum in rank order:
+//     each rank sends (n-1)/n of the buffer, the bandwidth optimum, and the result is deterministic
+//     (the same summation order on every rank and every run).
+// Both are asynchronous; Wait() (or Finish) completes them. On CUDA (NCCL) the wait orders the
+// caller's current stream after the collective's stream without blocking the host. The tensors
+// live on the backend's device (CommDevice). Thread-compatible.
 #ifndef ELRUN_TRAINER_COLLECTIVES_H_
 #define ELRUN_TRAINER_COLLECTIVES_H_
 
 #include <cstdint>
 
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 namespace elrun::trainer {
+
+// The device whose tensors `pg` takes: the CUDA device an NCCL backend is bound to, else the CPU.
+torch::Device CommDevice(const c10d::Backend& pg);
+
+enum class ReduceScatterAlgorithm {
+  kNative,    // The backend's _reduce_scatter_base.
+  kAllToAll,  // alltoall_base and a rank-ordered local sum.
+};
+// kNative for Gloo and NCCL, kAllToAll for any other backend.
+ReduceScatterAlgorithm DefaultReduceScatter(const c10d::Backend& pg);
 
 // Bytes this rank sent, by collective (the algorithms' traffic, not counting protocol headers):
 // all-gather and reduce-scatter of a buffer of B bytes send (n-1)/n x B, an all-reduce 2(n-1)/n x B.
@@ -28,7 +40,7 @@ struct CommBytes {
 // All-gathers `shard` ([s], contiguous) of every rank into `full` ([n*s], contiguous): chunk r of
 // full is rank r's shard. `shard` may be a view of `full`. Returns the work to wait on; the
 // tensors must stay alive until then.
-c10::intrusive_ptr<c10d::Work> StartAllGather(c10d::ProcessGroup& pg, const torch::Tensor& shard,
+c10::intrusive_ptr<c10d::Work> StartAllGather(c10d::Backend& pg, const torch::Tensor& shard,
                                               const torch::Tensor& full, CommBytes* bytes);
 
 // A reduce-scatter in flight: `input` ([n*s]) of every rank summed chunk-wise, this rank
@@ -36,7 +48,9 @@ c10::intrusive_ptr<c10d::Work> StartAllGather(c10d::ProcessGroup& pg, const torc
 class ReduceScatterOp {
  public:
   ReduceScatterOp() = default;
-  static ReduceScatterOp Start(c10d::ProcessGroup& pg, const torch::Tensor& input, CommBytes* bytes);
+  static ReduceScatterOp Start(c10d::Backend& pg, const torch::Tensor& input, CommBytes* bytes);
+  static ReduceScatterOp Start(c10d::Backend& pg, const torch::Tensor& input, CommBytes* bytes,
+                               ReduceScatterAlgorithm algorithm);
 
   bool active() const { return started_; }
   // Waits, then writes (or, with accumulate, adds) scale x sum of the chunks into `output` ([s]).
@@ -46,17 +60,18 @@ class ReduceScatterOp {
   bool started_ = false;
   c10::intrusive_ptr<c10d::Work> work_;  // Null for a world of one.
   torch::Tensor input_;     // Kept alive while Gloo reads it.
-  torch::Tensor received_;  // [n, s]: row r is rank r's chunk for this rank.
+  // kAllToAll: [n, s], row r is rank r's chunk for this rank; kNative: [1, s], the sum.
+  torch::Tensor received_;
 };
 
 // Broadcasts `tensors` from rank 0 in place, coalesced into one flat buffer per dtype.
-void BroadcastFromRank0(c10d::ProcessGroup& pg, const std::vector<torch::Tensor>& tensors,
+void BroadcastFromRank0(c10d::Backend& pg, const std::vector<torch::Tensor>& tensors,
                         CommBytes* bytes = nullptr);
 
 // Synchronous forms, for tests and simple callers.
-void AllGather(c10d::ProcessGroup& pg, const torch::Tensor& shard, const torch::Tensor& full,
+void AllGather(c10d::Backend& pg, const torch::Tensor& shard, const torch::Tensor& full,
                CommBytes* bytes = nullptr);
-void ReduceScatter(c10d::ProcessGroup& pg, const torch::Tensor& input, const torch::Tensor& output,
+void ReduceScatter(c10d::Backend& pg, const torch::Tensor& input, const torch::Tensor& output,
                    CommBytes* bytes = nullptr);
 
 }  // namespace elrun::trainer

@@ -12,7 +12,7 @@ int64_t Bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.eleme
 
 class Ddp final : public DataParallel {
  public:
-  Ddp(std::shared_ptr<Classifier> model, c10::intrusive_ptr<c10d::ProcessGroup> pg, const DdpOptions& options)
+  Ddp(std::shared_ptr<Classifier> model, c10::intrusive_ptr<c10d::Backend> pg, const DdpOptions& options)
       : model_(model), rank_(pg->getRank()), ddp_(model, std::move(pg), options) {}
 
   torch::Tensor Forward(const torch::Tensor& input) override { return model_->forward(input); }
@@ -61,7 +61,7 @@ class Ddp final : public DataParallel {
 
 class Fsdp final : public DataParallel {
  public:
-  Fsdp(std::shared_ptr<Classifier> model, c10::intrusive_ptr<c10d::ProcessGroup> pg, ShardingStrategy strategy)
+  Fsdp(std::shared_ptr<Classifier> model, c10::intrusive_ptr<c10d::Backend> pg, ShardingStrategy strategy)
       : fsdp_(std::move(model), std::move(pg), FsdpOptions{strategy}) {}
 
   torch::Tensor Forward(const torch::Tensor& input) override { return fsdp_.forward(input); }
@@ -109,16 +109,23 @@ class Fsdp final : public DataParallel {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(const std::string& strategy,
-                                                                   std::shared_ptr<Classifier> model,
-                                                                   c10::intrusive_ptr<c10d::ProcessGroup> pg,
-                                                                   const DdpOptions& ddp_options) {
-  if (strategy == "ddp") return std::unique_ptr<DataParallel>(new Ddp(std::move(model), std::move(pg), ddp_options));
-  if (strategy == "no_shard" || strategy == "zero1" || strategy == "zero2" || strategy == "fsdp") {
-    return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(pg), *ParseShardingStrategy(strategy)));
+std::unique_ptr<DataParallel> DataParallel::Create(Strategy strategy, std::shared_ptr<Classifier> model,
+                                                   c10::intrusive_ptr<c10d::Backend> pg,
+                                                   const DdpOptions& ddp_options) {
+  switch (strategy) {
+    case Strategy::kDdp:
+      return std::unique_ptr<DataParallel>(new Ddp(std::move(model), std::move(pg), ddp_options));
+    case Strategy::kNoShard:
+      return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(pg), ShardingStrategy::kNoShard));
+    case Strategy::kZero1:
+      return std::unique_ptr<DataParallel>(
+          new Fsdp(std::move(model), std::move(pg), ShardingStrategy::kShardOptimizer));
+    case Strategy::kZero2:
+      return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(pg), ShardingStrategy::kShardGradOp));
+    case Strategy::kFsdp:
+      break;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--strategy=", strategy, ": expected ddp, no_shard, zero1, zero2 or fsdp"));
+  return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(pg), ShardingStrategy::kFullShard));
 }
 
 }  // namespace elrun::trainer

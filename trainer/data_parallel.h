@@ -12,22 +12,23 @@
 #include <vector>
 
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "absl/status/statusor.h"
 #include "trainer/checkpoint.h"
 #include "trainer/ddp.h"
 #include "trainer/memory.h"
 #include "trainer/models.h"
+#include "trainer/train_options.h"
 
 namespace elrun::trainer {
 
 class DataParallel {
  public:
-  // InvalidArgument naming the choices for an unknown strategy. `ddp_options` apply to "ddp".
-  static absl::StatusOr<std::unique_ptr<DataParallel>> Create(const std::string& strategy,
+  // `ddp_options` apply to Strategy::kDdp. Throws c10::Error when the first collective fails.
+  static std::unique_ptr<DataParallel> Create(Strategy strategy,
                                                               std::shared_ptr<Classifier> model,
-                                                              c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                                                              c10::intrusive_ptr<c10d::Backend> pg,
                                                               const DdpOptions& ddp_options);
   virtual ~DataParallel() = default;
 

@@ -19,7 +19,7 @@ struct DistributedDataParallel::Bucket {
 
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                                                 c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                                                 c10::intrusive_ptr<c10d::Backend> pg,
                                                  DdpOptions options)
     : module_(std::move(module)), pg_(std::move(pg)), options_(options) {
   TORCH_CHECK(!options_.shm || options_.shm->Spans(*pg_),

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "trainer/shm_allreduce.h"
 
@@ -51,7 +51,7 @@ class DistributedDataParallel {
   // Wraps `module` (kept alive by the wrapper). Broadcasts its parameters and buffers from rank
   // 0. Throws c10::Error when the collective fails.
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                          c10::intrusive_ptr<c10d::ProcessGroup> pg, DdpOptions options = {});
+                          c10::intrusive_ptr<c10d::Backend> pg, DdpOptions options = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
@@ -86,7 +86,7 @@ class DistributedDataParallel {
   void ResetIteration();
 
   const std::shared_ptr<torch::nn::Module> module_;
-  const c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  const c10::intrusive_ptr<c10d::Backend> pg_;
   const DdpOptions options_;
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;

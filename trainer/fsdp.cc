@@ -1,6 +1,5 @@
 #include "trainer/fsdp.h"
 
-#include <ATen/native/Resize.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
@@ -41,10 +40,22 @@ bool Allocated(const torch::Tensor& t) { return t.defined() && StorageOf(t)->nby
 
 // Gives the storage of `t` (and of every view of it) its memory back, or takes it away. Views
 // keep their offsets, so parameters and the tensors autograd saved are valid again after Allocate.
+// The storage's own allocator serves it, so this works for CPU and CUDA (caching allocator) alike;
+// the old contents are not kept (every caller overwrites them). On CUDA a released block is
+// reused only by work ordered after what was queued on its stream, and the NCCL backend records
+// its own streams' use of the tensors it was given.
 void Allocate(const torch::Tensor& t) {
-  if (!Allocated(t)) at::native::resize_bytes_cpu(StorageOf(t), static_cast<size_t>(Bytes(t)));
+  if (Allocated(t)) return;
+  c10::StorageImpl* storage = StorageOf(t);
+  const size_t bytes = static_cast<size_t>(Bytes(t) + t.storage_offset() * t.element_size());
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
 }
-void Release(const torch::Tensor& t) { at::native::resize_bytes_cpu(StorageOf(t), 0); }
+void Release(const torch::Tensor& t) {
+  c10::StorageImpl* storage = StorageOf(t);
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
+  storage->set_nbytes(0);
+}
 
 }  // namespace
 
@@ -68,7 +79,7 @@ std::string ShardingStrategyName(ShardingStrategy strategy) {
 }
 
 FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> module,
-                                                   c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                                                   c10::intrusive_ptr<c10d::Backend> pg,
                                                    FsdpOptions options)
     : module_(std::move(module)), pg_(std::move(pg)), options_(options), rank_(pg_->getRank()),
       world_(pg_->getSize()) {
@@ -202,7 +213,7 @@ FsdpMemory FullyShardedDataParallel::memory() const {
     if (Allocated(unit->full)) m.params += Bytes(unit->full);
     if (Allocated(unit->flat_grad)) m.grads += Bytes(unit->flat_grad);
     if (unit->separate_shard) m.params += Bytes(unit->shard);
-    if (unit->separate_grad) m.grads += Bytes(unit->shard.grad());
+    if (unit->separate_grad && unit->shard.grad().defined()) m.grads += Bytes(unit->shard.grad());
     if (unit->reduce_scatter.active()) m.working += Bytes(unit->flat_grad);
   }
   m.peak = std::max(peak_, m.params + m.grads + m.working);
@@ -297,12 +308,37 @@ torch::Tensor FullyShardedDataParallel::forward(const torch::Tensor& input) {
   return output;
 }
 
+void FullyShardedDataParallel::EnsureGradShard(Unit& unit) {
+  if (unit.shard.grad().defined()) return;
+  // The optimizer's zero_grad() set the gradient shard to None (LibTorch 2's default): start from
+  // zeros again, with the same aliasing as the constructor set up.
+  torch::NoGradGuard no_grad;
+  const int64_t s = unit.shard.numel();
+  switch (options_.strategy) {
+    case ShardingStrategy::kNoShard:
+      unit.flat_grad.zero_();
+      unit.shard.mutable_grad() = unit.flat_grad;
+      break;
+    case ShardingStrategy::kShardOptimizer:
+      unit.flat_grad.zero_();
+      unit.shard.mutable_grad() =
+          torch::empty({0}, unit.flat_grad.options()).set_(unit.flat_grad.storage(), rank_ * s, {s}, {1});
+      unit.grad_version = -1;
+      break;
+    case ShardingStrategy::kShardGradOp:
+    case ShardingStrategy::kFullShard:
+      unit.shard.mutable_grad() = torch::zeros({s}, unit.shard.options());
+      break;
+  }
+}
+
 void FullyShardedDataParallel::PreBackward(size_t u) {
   if (!in_backward_) {
     in_backward_ = true;
     torch::autograd::Engine::get_default_engine().queue_callback([this] { Finalize(); });
   }
   Unit& unit = *units_[u];
+  if (!unit.grad_pending) EnsureGradShard(unit);
   if (options_.strategy == ShardingStrategy::kShardOptimizer && sync_ && !unit.grad_pending) {
     TORCH_CHECK(unit.shard.grad()._version() != unit.grad_version,
                 "FullyShardedDataParallel(zero1): gradients were not zeroed since the last synchronized "
@@ -335,6 +371,7 @@ void FullyShardedDataParallel::OnGradReady(size_t u, size_t i) {
 
 void FullyShardedDataParallel::Reduce(size_t u) {
   Unit& unit = *units_[u];
+  if (!unit.grad_pending) EnsureGradShard(unit);
   FinishReductions(0);  // At most one reduction in flight: bounds the unsharded gradients held.
   if (!Allocated(unit.flat_grad)) {  // Not part of this backward: reduces zeros.
     Allocate(unit.flat_grad);

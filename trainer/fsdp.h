@@ -38,7 +38,7 @@
 #include <vector>
 
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "absl/status/statusor.h"
 #include "trainer/collectives.h"
@@ -78,7 +78,7 @@ struct FsdpMemory {
 class FullyShardedDataParallel : private ChildForwardHooks {
  public:
   // Broadcasts rank 0's parameters and buffers, then shards. Throws c10::Error on failure.
-  FullyShardedDataParallel(std::shared_ptr<Classifier> module, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+  FullyShardedDataParallel(std::shared_ptr<Classifier> module, c10::intrusive_ptr<c10d::Backend> pg,
                            FsdpOptions options = {});
   ~FullyShardedDataParallel() override;
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
@@ -94,7 +94,7 @@ class FullyShardedDataParallel : private ChildForwardHooks {
   Classifier& module() { return *module_; }
   int rank() const { return rank_; }
   int shard_count() const { return shards_per_unit_; }
-  c10d::ProcessGroup& process_group() { return *pg_; }
+  c10d::Backend& process_group() { return *pg_; }
 
   const CommBytes& comm_bytes() const { return bytes_; }
   FsdpMemory memory() const;
@@ -127,6 +127,7 @@ class FullyShardedDataParallel : private ChildForwardHooks {
   void Reshard(Unit& unit);
   void PreForward(size_t u);
   torch::Tensor PostForward(size_t u, torch::Tensor output);
+  void EnsureGradShard(Unit& unit);
   void PreBackward(size_t u);
   void OnGradReady(size_t u, size_t i);
   void Reduce(size_t u);
@@ -135,7 +136,7 @@ class FullyShardedDataParallel : private ChildForwardHooks {
   void UpdatePeak();
 
   const std::shared_ptr<Classifier> module_;
-  const c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  const c10::intrusive_ptr<c10d::Backend> pg_;
   const FsdpOptions options_;
   const int rank_;
   const int world_;

@@ -50,9 +50,14 @@ int64_t PeakRssBytes() {
 
 std::string FormatMemoryReport(const MemoryReport& r) {
   auto mib = [](int64_t bytes) { return bytes / (1024.0 * 1024.0); };
-  return absl::StrFormat(
+  std::string line = absl::StrFormat(
       "params %.2f MiB  grads %.2f MiB  optimizer %.2f MiB  state %.2f MiB  peak %.2f MiB  peak RSS %.1f MiB",
       mib(r.params), mib(r.grads), mib(r.optimizer_state), mib(r.state()), mib(r.peak), mib(r.peak_rss));
+  if (r.on_cuda) {
+    line += absl::StrFormat("  cuda allocated %.2f MiB  reserved %.2f MiB  peak %.2f MiB", mib(r.cuda.allocated),
+                            mib(r.cuda.reserved), mib(r.cuda.peak_allocated));
+  }
+  return line;
 }
 
 }  // namespace elrun::trainer

@@ -10,6 +10,8 @@
 
 #include <torch/torch.h>
 
+#include "trainer/cuda_memory.h"
+
 namespace elrun::trainer {
 
 // Bytes of every state tensor of `optimizer` (SGD momentum buffers; Adam exp_avg, exp_avg_sq,
@@ -29,10 +31,14 @@ struct MemoryReport {
   int64_t working = 0;  // Transient communication buffers at the moment of the report.
   int64_t peak = 0;     // Highest params + grads + working seen, plus optimizer state.
   int64_t peak_rss = 0;
+  // On CUDA: the caching allocator's view of this rank's device (cuda_memory.h).
+  bool on_cuda = false;
+  CudaMemory cuda;
   int64_t state() const { return params + grads + optimizer_state; }
 };
 
-// One line: "params 1.00 MiB  grads ...  optimizer ...  state ...  peak ...  peak RSS ...".
+// One line: "params 1.00 MiB  grads ...  optimizer ...  state ...  peak ...  peak RSS ...", then
+// on CUDA "  cuda allocated ...  reserved ...  peak ...".
 std::string FormatMemoryReport(const MemoryReport& report);
 
 }  // namespace elrun::trainer

@@ -6,7 +6,7 @@ namespace elrun::trainer {
 namespace {
 
 // How LibTorch's optimizers key their per-parameter state.
-std::string StateKey(const torch::Tensor& param) { return c10::guts::to_string(param.unsafeGetTensorImpl()); }
+void* StateKey(const torch::Tensor& param) { return param.unsafeGetTensorImpl(); }
 
 absl::StatusOr<torch::Tensor> Field(const ParamState& state, const std::string& name, const torch::Tensor& param) {
   auto it = state.find(name);
@@ -14,7 +14,7 @@ absl::StatusOr<torch::Tensor> Field(const ParamState& state, const std::string& 
   if (it->second.sizes() != param.sizes()) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer state ", name, " has another shape"));
   }
-  return it->second.clone();
+  return it->second.to(param.device(), param.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
 }
 
 }  // namespace
@@ -30,11 +30,11 @@ ParamState ExportParamState(const torch::optim::Optimizer& optimizer, const torc
   auto it = optimizer.state().find(StateKey(param));
   if (it == optimizer.state().end()) return out;
   if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(it->second.get())) {
-    if (sgd->momentum_buffer().defined()) out["momentum_buffer"] = sgd->momentum_buffer().clone();
+    if (sgd->momentum_buffer().defined()) out["momentum_buffer"] = CpuCopy(sgd->momentum_buffer());
   } else if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(it->second.get())) {
-    out["exp_avg"] = adam->exp_avg().clone();
-    out["exp_avg_sq"] = adam->exp_avg_sq().clone();
-    if (adam->max_exp_avg_sq().defined()) out["max_exp_avg_sq"] = adam->max_exp_avg_sq().clone();
+    out["exp_avg"] = CpuCopy(adam->exp_avg());
+    out["exp_avg_sq"] = CpuCopy(adam->exp_avg_sq());
+    if (adam->max_exp_avg_sq().defined()) out["max_exp_avg_sq"] = CpuCopy(adam->max_exp_avg_sq());
     out["step"] = torch::tensor(adam->step(), torch::kLong);
   }
   return out;

@@ -3,7 +3,6 @@
 #include <optional>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/strings/numbers.h"
@@ -56,10 +55,14 @@ absl::StatusOr<DistEnv> ReadDistEnv(const std::map<std::string, std::string>& en
   return d;
 }
 
-absl::StatusOr<Dist> InitProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout) {
+const char* BackendName(BackendKind kind) { return kind == BackendKind::kNccl ? "nccl" : "gloo"; }
+
+absl::StatusOr<Dist> InitProcessGroup(const DistEnv& env, BackendKind backend, int cuda_device,
+                                      std::chrono::milliseconds timeout) {
   try {
     Dist dist;
     dist.env = env;
+    dist.backend = backend;
     c10d::TCPStoreOptions options;
     options.port = static_cast<uint16_t>(env.world_size > 1 ? env.master_port : 0);
     options.isServer = env.rank == 0;
@@ -70,15 +73,14 @@ absl::StatusOr<Dist> InitProcessGroup(const DistEnv& env, std::chrono::milliseco
     // The same prefix for every group generation keeps keys of restarted attempts apart: each
     // attempt gets a fresh store (new port), so no clean-up is needed.
     dist.store = c10::make_intrusive<c10d::PrefixStore>("elrun/default_pg", tcp);
-    auto gloo = c10d::ProcessGroupGloo::Options::create();
-    gloo->timeout = timeout;
-    gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(env.master_addr));
-    dist.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(dist.store, env.rank, env.world_size, gloo);
+    dist.pg = backend == BackendKind::kNccl
+                  ? MakeNcclBackend(dist.store, env.rank, env.world_size, cuda_device, timeout)
+                  : MakeGlooBackend(dist.store, env.rank, env.world_size, env.master_addr, timeout);
     return dist;
   } catch (const c10::Error& error) {
-    return absl::UnavailableError(absl::StrCat("process group: ", error.what_without_backtrace()));
+    return absl::UnavailableError(absl::StrCat("process group (", BackendName(backend), "): ", error.what_without_backtrace()));
   } catch (const std::exception& error) {
-    return absl::UnavailableError(absl::StrCat("process group: ", error.what()));
+    return absl::UnavailableError(absl::StrCat("process group (", BackendName(backend), "): ", error.what()));
   }
 }
 

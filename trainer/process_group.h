@@ -1,6 +1,8 @@
 // The worker's process group, built from the environment contract that elrun (or torchrun) sets:
-// a c10d TCPStore hosted by worker rank 0 at MASTER_ADDR:MASTER_PORT, and a Gloo process group
-// (NCCL when built against a CUDA LibTorch, which Debian's is not). Thread-safe after creation.
+// a c10d TCPStore hosted by worker rank 0 at MASTER_ADDR:MASTER_PORT, and a c10d backend over it:
+// Gloo for CPU tensors, NCCL for CUDA tensors (one device per rank). Thread-safe after creation.
+// Only this target names ProcessGroupGloo and ProcessGroupNCCL; everything else takes the
+// backend as a c10d::Backend.
 #ifndef ELRUN_TRAINER_PROCESS_GROUP_H_
 #define ELRUN_TRAINER_PROCESS_GROUP_H_
 
@@ -9,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "absl/status/statusor.h"
@@ -29,15 +31,31 @@ struct DistEnv {
 // variable when one is missing or malformed.
 absl::StatusOr<DistEnv> ReadDistEnv(const std::map<std::string, std::string>& env);
 
+enum class BackendKind { kGloo, kNccl };
+const char* BackendName(BackendKind kind);  // "gloo", "nccl".
+
 struct Dist {
   DistEnv env;
+  BackendKind backend = BackendKind::kGloo;
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  c10::intrusive_ptr<c10d::Backend> pg;
 };
 
-// Connects to (rank 0: hosts) the store and builds the Gloo group; waits up to `timeout` for
-// the other ranks. Errors from LibTorch come back as a Status, never as an exception.
-absl::StatusOr<Dist> InitProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout);
+// Connects to (rank 0: hosts) the store and builds the backend; waits up to `timeout` for the
+// other ranks. kNccl takes `cuda_device`, the index of this rank's CUDA device (made current).
+// Errors from LibTorch come back as a Status, never as an exception.
+absl::StatusOr<Dist> InitProcessGroup(const DistEnv& env, BackendKind backend, int cuda_device,
+                                      std::chrono::milliseconds timeout);
+
+// A Gloo backend over `store` whose ranks meet at `hostname`'s address. Throws c10::Error.
+c10::intrusive_ptr<c10d::Backend> MakeGlooBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
+                                                  const std::string& hostname, std::chrono::milliseconds timeout);
+
+// An NCCL backend over `store` for CUDA device `cuda_device`, bound to it (getBoundDeviceId) and
+// connected eagerly, so a missing peer or a broken NCCL fails here rather than in the first
+// collective. Throws c10::Error; on a build or machine without NCCL, too.
+c10::intrusive_ptr<c10d::Backend> MakeNcclBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
+                                                  int cuda_device, std::chrono::milliseconds timeout);
 
 }  // namespace elrun::trainer
 

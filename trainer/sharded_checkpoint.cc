@@ -19,8 +19,8 @@ std::string ShardFile(const std::string& step_dir, int k, int count) {
 }
 
 // True on every rank when `ok` is true on every rank.
-bool AllOk(c10d::ProcessGroup& pg, bool ok) {
-  std::vector<torch::Tensor> flag{torch::tensor({ok ? 0 : 1}, torch::kInt)};
+bool AllOk(c10d::Backend& pg, bool ok) {
+  std::vector<torch::Tensor> flag{torch::tensor({ok ? 0 : 1}, torch::kInt).to(CommDevice(pg))};
   pg.allreduce(flag)->wait();
   return flag[0].item<int>() == 0;
 }
@@ -156,7 +156,7 @@ absl::StatusOr<TrainProgress> LoadOwnShards(const std::string& dir, FullySharded
 
 absl::Status SaveSharded(const std::string& dir, FullyShardedDataParallel& fsdp, torch::optim::Optimizer& optimizer,
                          const TrainProgress& progress) {
-  c10d::ProcessGroup& pg = fsdp.process_group();
+  c10d::Backend& pg = fsdp.process_group();
   const int count = fsdp.shard_count();
   const int k = count == 1 ? 0 : fsdp.rank();
   const std::string root = dir + "/sharded";
@@ -181,13 +181,13 @@ absl::Status SaveSharded(const std::string& dir, FullyShardedDataParallel& fsdp,
         unit.insert("param_names", names);
         unit.insert("numel", info.numel);
         unit.insert("shard_numel", info.shard_numel);
-        unit.insert("shard", fsdp.parameters()[u].detach().clone());
+        unit.insert("shard", CpuCopy(fsdp.parameters()[u]));
         unit.insert("state", StateDict(ExportParamState(optimizer, fsdp.parameters()[u])));
         units.push_back(unit);
       }
       c10::Dict<std::string, torch::Tensor> buffers;
       if (k == 0) {
-        for (const auto& b : fsdp.module().named_buffers()) buffers.insert(b.key(), b.value().detach().clone());
+        for (const auto& b : fsdp.module().named_buffers()) buffers.insert(b.key(), CpuCopy(b.value()));
       }
       c10::impl::GenericDict file(c10::StringType::get(), c10::AnyType::get());
       file.insert("format", std::string(kFormat));
@@ -266,7 +266,7 @@ absl::Status ExportConsolidated(const std::string& path, FullyShardedDataParalle
   std::map<std::string, ParamState> state = FullOptimizerState(fsdp, optimizer);
   absl::Status status;
   if (fsdp.rank() == 0) {
-    for (const auto& b : fsdp.module().named_buffers()) tensors[b.key()] = b.value().detach().clone();
+    for (const auto& b : fsdp.module().named_buffers()) tensors[b.key()] = CpuCopy(b.value());
     status = WriteCheckpointFile(path, tensors, state, *kind, progress);
   }
   if (!AllOk(fsdp.process_group(), status.ok())) {

@@ -55,7 +55,7 @@ int UsableCpus() {
 }
 
 std::exception_ptr Failure(const std::string& message) {
-  return std::make_exception_ptr(c10::Error(message, ""));
+  return std::make_exception_ptr(c10::Error(c10::SourceLocation{__func__, __FILE__, __LINE__}, message));
 }
 
 std::string Text(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
@@ -334,7 +334,7 @@ bool ShmAllreduce::AllArrived(uint64_t target) const {
   return true;
 }
 
-c10::intrusive_ptr<c10d::Work> AllreduceSum(c10d::ProcessGroup& pg, ShmAllreduce* shm, at::Tensor tensor) {
+c10::intrusive_ptr<c10d::Work> AllreduceSum(c10d::Backend& pg, ShmAllreduce* shm, at::Tensor tensor) {
   if (shm != nullptr && shm->Fits(tensor)) return shm->Allreduce(std::move(tensor));
   std::vector<at::Tensor> tensors{std::move(tensor)};
   return pg.allreduce(tensors);

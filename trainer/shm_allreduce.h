@@ -30,7 +30,7 @@
 #include <thread>
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -59,7 +59,7 @@ class ShmAllreduce {
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   // Whether this object joins the same ranks as `pg`, as the callers that take both require.
-  bool Spans(const c10d::ProcessGroup& pg) const { return rank_ == pg.getRank() && world_ == pg.getSize(); }
+  bool Spans(const c10d::Backend& pg) const { return rank_ == pg.getRank() && world_ == pg.getSize(); }
 
  private:
   struct Header;
@@ -93,7 +93,7 @@ class ShmAllreduce {
 
 // Sums `tensor` over the ranks in place: through `shm` when it is set and fits the tensor, else
 // through `pg`. The choice depends only on the tensor and `shm`, so it is the same on every rank.
-c10::intrusive_ptr<c10d::Work> AllreduceSum(c10d::ProcessGroup& pg, ShmAllreduce* shm, at::Tensor tensor);
+c10::intrusive_ptr<c10d::Work> AllreduceSum(c10d::Backend& pg, ShmAllreduce* shm, at::Tensor tensor);
 
 }  // namespace elrun::trainer
 

@@ -24,7 +24,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
   // cannot take undefined tensors).
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor input, torch::Tensor weight,
                                torch::Tensor bias, torch::Tensor mean, torch::Tensor var, double eps,
-                               double count, bool affine, c10d::ProcessGroup* pg, ShmAllreduce* shm) {
+                               double count, bool affine, c10d::Backend* pg, ShmAllreduce* shm) {
     // Inference-mode batch norm with the global statistics as its "running" ones: one pass.
     // ATen's kernel divides by the batch size, so an empty batch does not go through it.
     torch::Tensor out = input.numel() == 0 ? at::empty_like(input)
@@ -43,7 +43,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     torch::Tensor input = saved[0], weight = saved[1], mean = saved[2], invstd = saved[3];
     double count = ctx->saved_data["count"].toDouble();
     const bool affine = ctx->saved_data["affine"].toBool();
-    auto* pg = reinterpret_cast<c10d::ProcessGroup*>(ctx->saved_data["pg"].toInt());
+    auto* pg = reinterpret_cast<c10d::Backend*>(ctx->saved_data["pg"].toInt());
     auto* shm = reinterpret_cast<ShmAllreduce*>(ctx->saved_data["shm"].toInt());
     torch::Tensor dy = grads[0].contiguous(input.suggest_memory_format());
     const int64_t channels = input.size(1);
@@ -86,7 +86,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
 }  // namespace
 
 SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options,
-                                     c10::intrusive_ptr<c10d::ProcessGroup> pg, std::shared_ptr<ShmAllreduce> shm)
+                                     c10::intrusive_ptr<c10d::Backend> pg, std::shared_ptr<ShmAllreduce> shm)
     : options_(options), pg_(std::move(pg)), shm_(std::move(shm)) {
   TORCH_CHECK(!shm_ || shm_->Spans(*pg_),
               "SyncBatchNorm: the shared-memory all-reduce spans other ranks than the process group");
@@ -117,7 +117,7 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
   // count], in double. ATen's statistics kernel gives the local mean and biased variance, one
   // vectorised pass each, accumulating in double.
   const int64_t local_count = c > 0 ? input.numel() / c : 0;
-  torch::Tensor stats = torch::zeros({2 * c + 1}, torch::kDouble);
+  torch::Tensor stats = torch::zeros({2 * c + 1}, input.options().dtype(torch::kDouble));
   if (local_count > 0) {
     torch::NoGradGuard no_grad;
     auto [local_mean, local_var] = at::batch_norm_update_stats(input.detach(), {}, {}, 0);
@@ -152,11 +152,14 @@ namespace {
 
 template <typename BatchNormImpl>
 std::shared_ptr<SyncBatchNormImpl> ConvertOne(const std::shared_ptr<torch::nn::Module>& child,
-                                              const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
+                                              const c10::intrusive_ptr<c10d::Backend>& pg,
                                               const std::shared_ptr<ShmAllreduce>& shm) {
   auto bn = std::dynamic_pointer_cast<BatchNormImpl>(child);
   if (!bn) return nullptr;
   auto sync = std::make_shared<SyncBatchNormImpl>(bn->options, pg, shm);
+  // On the device (and in the dtype) of the layer it replaces, CPU or CUDA.
+  for (const auto& t : bn->parameters()) sync->to(t.device(), t.scalar_type());
+  for (const auto& t : bn->buffers()) sync->to(t.device());
   torch::NoGradGuard no_grad;
   if (bn->options.affine()) {
     sync->weight.copy_(bn->weight);
@@ -173,7 +176,7 @@ std::shared_ptr<SyncBatchNormImpl> ConvertOne(const std::shared_ptr<torch::nn::M
 
 }  // namespace
 
-int ConvertSyncBatchNorm(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+int ConvertSyncBatchNorm(torch::nn::Module& module, c10::intrusive_ptr<c10d::Backend> pg,
                          std::shared_ptr<ShmAllreduce> shm) {
   int replaced = 0;
   for (const auto& item : module.named_children()) {

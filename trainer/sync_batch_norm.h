@@ -1,4 +1,4 @@
-// SyncBatchNorm for LibTorch, on CPU with Gloo too (PyTorch 1.13's own refuses CPU modules).
+// SyncBatchNorm for LibTorch: CPU tensors with Gloo (or shared memory), CUDA tensors with NCCL.
 // In training, per-channel sums and counts of every rank are combined in one all-reduce, so the
 // statistics are those of the union of all ranks' batches (ranks may have different or empty
 // batches); the backward pass all-reduces sum(dy) and sum(dy * (x - mean)) in one collective.
@@ -10,7 +10,7 @@
 #include <memory>
 
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "trainer/shm_allreduce.h"
 
@@ -20,7 +20,7 @@ class SyncBatchNormImpl : public torch::nn::Module {
  public:
   // With `shm` (same ranks as `pg`), the statistics are summed through shared memory instead of
   // `pg` (shm_allreduce.h): for ranks on one host.
-  SyncBatchNormImpl(const torch::nn::BatchNormOptions& options, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+  SyncBatchNormImpl(const torch::nn::BatchNormOptions& options, c10::intrusive_ptr<c10d::Backend> pg,
                     std::shared_ptr<ShmAllreduce> shm = nullptr);
 
   // Input [N, C, ...] for any number of trailing dimensions (BatchNorm1d/2d/3d alike).
@@ -33,7 +33,7 @@ class SyncBatchNormImpl : public torch::nn::Module {
 
  private:
   const torch::nn::BatchNormOptions options_;
-  const c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  const c10::intrusive_ptr<c10d::Backend> pg_;
   const std::shared_ptr<ShmAllreduce> shm_;
 };
 TORCH_MODULE(SyncBatchNorm);
@@ -44,7 +44,7 @@ TORCH_MODULE(SyncBatchNorm);
 // C++ modules keep their children in members as well as in the registry: a model must reach
 // its norm layers through the registry at forward time (see ApplyNorm) for the replacement to
 // take effect, as trainer/models.h does. `shm`: see SyncBatchNormImpl.
-int ConvertSyncBatchNorm(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+int ConvertSyncBatchNorm(torch::nn::Module& module, c10::intrusive_ptr<c10d::Backend> pg,
                          std::shared_ptr<ShmAllreduce> shm = nullptr);
 
 // Runs a registered normalisation child (BatchNorm1d/2d/3d or SyncBatchNorm) on `x`.

@@ -1,38 +1,46 @@
 // elrun-train: the worker binary of the README's main job. Trains FashionNet (or an MLP) on
-// Fashion-MNIST with DistributedDataParallel, optional SyncBatchNorm and gradient accumulation,
-// checkpoints periodically and on SIGTERM, resumes from the latest checkpoint (also under
-// another world size), and reports test accuracy. Runs under elrun or Python's torchrun alike:
+// Fashion-MNIST with DistributedDataParallel or a sharded strategy, optional SyncBatchNorm and
+// gradient accumulation, on CPU (Gloo, shared memory) or CUDA (NCCL, cuda:LOCAL_RANK);
+// checkpoints periodically and on SIGTERM, resumes from the latest checkpoint (also under another
+// world size or device), and reports test accuracy. Runs under elrun or Python's torchrun alike:
 // everything distributed comes from the env contract.
+// Shape: ParseTrainOptions (every option, before anything else) -> Setup (environment, device,
+// data, process group, model, wrapper, optimizer, resume) -> TrainStep per batch -> Evaluate ->
+// Report.
 #include <malloc.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "trainer/checkpoint.h"
-#include "trainer/memory.h"
+#include "trainer/collectives.h"
+#include "trainer/cuda_memory.h"
 #include "trainer/data_parallel.h"
 #include "trainer/fashion_mnist.h"
 #include "trainer/linear_kernel.h"
+#include "trainer/memory.h"
 #include "trainer/models.h"
+#include "trainer/placement.h"
 #include "trainer/process_group.h"
 #include "trainer/sampler.h"
 #include "trainer/shm_allreduce.h"
 #include "trainer/sync_batch_norm.h"
 #include "trainer/thread_times.h"
+#include "trainer/train_options.h"
 
 extern char** environ;
 
@@ -41,39 +49,13 @@ namespace {
 
 std::atomic<bool> g_stop_requested{false};  // Set by the SIGTERM handler only.
 
-struct Options {
-  std::string model = "fashionnet";
-  std::string linear = "onednn";
-  std::string dataset = "fashion-mnist";
-  std::string data_dir = kFashionMnistDir;
-  int epochs = 1;
-  int64_t max_steps = 0;
-  int64_t batch_size = 64;
-  double lr = 0.05;
-  double momentum = 0.9;
-  double weight_decay = 0.0;
-  std::string lr_schedule = "cosine";
-  std::string optimizer = "sgd";
-  std::string strategy = "ddp";
-  std::vector<int64_t> mlp_hidden = MlpOptions{}.hidden;
-  bool report_memory = false;
-  int accum_steps = 1;
-  bool sync_bn = false;
-  uint64_t seed = 0;
-  std::string checkpoint_dir;
-  int64_t checkpoint_every = 0;
-  int threads = 1;
-  double bucket_cap_mb = 25.0;
-  double first_bucket_mb = 1.0;
-  std::string allreduce = "auto";
-  std::string metrics_file;
-  std::string step_times_file;
-  int64_t log_every = 50;
-};
-
-int Fail(const std::string& message, int code = 1) {
-  std::cerr << "elrun-train: " << message << std::endl;
-  return code;
+// Exit codes: 2 for what the user must change (options, environment, devices), 1 for failures
+// while running (a peer, a file, the data).
+int Fail(const absl::Status& status) {
+  std::cerr << "elrun-train: " << status.message() << std::endl;
+  const bool usage = status.code() == absl::StatusCode::kInvalidArgument ||
+                     status.code() == absl::StatusCode::kFailedPrecondition;
+  return usage ? 2 : 1;
 }
 
 // Appends one JSON line to the metrics file (rank 0 only).
@@ -119,8 +101,8 @@ class StepTimes {
 // The learning rate of the step that starts at `position` of the whole run, a fraction in [0, 1]
 // of epochs x dataset samples. Derived from the global sample position, not the step count, so a
 // run resumed under another world size continues on the same curve.
-double ScheduledLr(const Options& o, double position) {
-  if (o.lr_schedule == "constant") return o.lr;
+double ScheduledLr(const TrainOptions& o, double position) {
+  if (o.lr_schedule == LrSchedule::kConstant) return o.lr;
   return o.lr * 0.5 * (1.0 + std::cos(M_PI * std::clamp(position, 0.0, 1.0)));
 }
 
@@ -128,27 +110,24 @@ void SetLr(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }
 
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const Options& o, const std::vector<torch::Tensor>& params) {
-  if (o.optimizer == "adam") {
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const TrainOptions& o, const std::vector<torch::Tensor>& params) {
+  if (o.optimizer == OptimizerChoice::kAdam) {
     return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr).weight_decay(o.weight_decay));
   }
   return std::make_unique<torch::optim::SGD>(
       params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
 }
 
-// True on every rank when any rank asked to stop: ranks must leave the loop at the same step,
-// because checkpointing (and, for the sharded strategies, saving itself) is collective. Asked
-// after every step, so it goes through shared memory when the job has it.
-bool AnyRankStopping(c10d::ProcessGroup& pg, ShmAllreduce* shm, bool local) {
-  torch::Tensor flag = torch::tensor({local ? 1.0f : 0.0f});
-  AllreduceSum(pg, shm, flag)->wait();
-  return flag.item<float>() > 0;
-}
-
 std::string MemoryJson(const MemoryReport& m) {
-  return absl::StrFormat(
+  std::string json = absl::StrFormat(
       R"("params_bytes":%d,"grads_bytes":%d,"optimizer_bytes":%d,"state_bytes":%d,"peak_bytes":%d,"peak_rss_bytes":%d)",
       m.params, m.grads, m.optimizer_state, m.state(), m.peak, m.peak_rss);
+  if (m.on_cuda) {
+    json += absl::StrFormat(
+        R"(,"cuda_allocated_bytes":%d,"cuda_reserved_bytes":%d,"cuda_peak_allocated_bytes":%d,"cuda_peak_reserved_bytes":%d)",
+        m.cuda.allocated, m.cuda.reserved, m.cuda.peak_allocated, m.cuda.peak_reserved);
+  }
+  return json;
 }
 
 // The q-quantile (0..1, nearest rank) of `values`, 0 when empty. Reorders `values`.
@@ -170,258 +149,360 @@ std::string LoopTimesJson(const absl::StatusOr<ThreadTimes>& start, const absl::
                          std::max(0.0, elapsed_s - cpu - runqueue));
 }
 
-torch::Tensor Gather(const torch::Tensor& data, const std::vector<int64_t>& indices) {
-  return data.index_select(0, torch::tensor(indices, torch::kLong));
+// Rows `indices` of `data` on `device`. For CUDA they are gathered into pinned host memory and
+// copied without blocking the host (the copy is ordered before the kernels that read it on the
+// same stream; the pinned block is reused only after the copy finished).
+torch::Tensor Rows(const torch::Tensor& data, const std::vector<int64_t>& indices, const torch::Device& device) {
+  torch::Tensor index = torch::tensor(indices, torch::kLong);
+  if (device.is_cpu()) return data.index_select(0, index);
+  std::vector<int64_t> shape = data.sizes().vec();
+  shape[0] = static_cast<int64_t>(indices.size());
+  torch::Tensor pinned = torch::empty(shape, data.options().pinned_memory(true));
+  torch::index_select_out(pinned, data, 0, index);
+  return pinned.to(device, /*non_blocking=*/true);
 }
 
-// Test accuracy over every rank's strided shard of the test set, reduced across ranks.
-double Evaluate(Classifier& model, DataParallel& parallel, const Dataset& test, c10d::ProcessGroup& pg, int rank,
-                int world) {
-  torch::NoGradGuard no_grad;
-  model.eval();
-  int64_t correct = 0, total = 0;
-  std::vector<int64_t> shard;
-  for (int64_t i = rank; i < test.size(); i += world) shard.push_back(i);
-  for (size_t begin = 0; begin < shard.size(); begin += 1000) {
-    std::vector<int64_t> chunk(shard.begin() + begin, shard.begin() + std::min(shard.size(), begin + 1000));
-    auto logits = parallel.Forward(Gather(test.images, chunk));
-    correct += logits.argmax(1).eq(Gather(test.labels, chunk)).sum().item<int64_t>();
-    total += static_cast<int64_t>(chunk.size());
-  }
-  std::vector<torch::Tensor> counts{torch::tensor({correct, total}, torch::kLong)};
-  pg.allreduce(counts)->wait();
-  model.train();
-  return counts[0][0].item<double>() / std::max<int64_t>(1, counts[0][1].item<int64_t>());
-}
-
-int Train(const Options& o) {
-  torch::set_num_threads(o.threads);
+std::map<std::string, std::string> Environment() {
   std::map<std::string, std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string entry(*e);
     auto eq = entry.find('=');
     if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
   }
-  auto dist_env = ReadDistEnv(env);
-  if (!dist_env.ok()) return Fail(std::string(dist_env.status().message()), 2);
-  const int rank = dist_env->rank, world = dist_env->world_size;
-  std::unique_ptr<StepTimes> step_times;
-  if (!o.step_times_file.empty()) {
-    auto opened = StepTimes::Open(absl::StrCat(o.step_times_file, ".", rank));
-    if (!opened.ok()) return Fail(std::string(opened.status().message()), 2);
-    step_times = std::move(*opened);
-  }
-  auto dist = InitProcessGroup(*dist_env, std::chrono::seconds(120));
-  if (!dist.ok()) return Fail(std::string(dist.status().message()));
+  return env;
+}
 
-  absl::StatusOr<Dataset> train, test;
-  if (o.dataset == "fashion-mnist") {
-    train = LoadFashionMnist(o.data_dir, Split::kTrain);
-    test = LoadFashionMnist(o.data_dir, Split::kTest);
-  } else if (o.dataset == "synthetic") {
-    train = SyntheticDataset(4096, o.seed);
-    test = SyntheticDataset(1024, o.seed + 1);
-  } else {
-    return Fail(absl::StrCat("--dataset=", o.dataset, ": expected fashion-mnist or synthetic"), 2);
-  }
-  if (!train.ok()) return Fail(std::string(train.status().message()));
-  if (!test.ok()) return Fail(std::string(test.status().message()));
-  if (o.batch_size % o.accum_steps != 0) {
-    return Fail(absl::StrCat("--batch-size=", o.batch_size, " is not divisible by --accum-steps=",
-                             o.accum_steps), 2);
-  }
-
-  torch::manual_seed(o.seed);
-  MlpOptions mlp;
-  mlp.hidden = o.mlp_hidden;
-  auto linear = ParseLinearKernel(o.linear);
-  if (!linear.ok()) return Fail(absl::StrCat("--linear: ", linear.status().message()), 2);
-  auto model = MakeModel(o.model, mlp, *linear);
-  if (!model.ok()) return Fail(std::string(model.status().message()), 2);
-  if (o.lr_schedule != "constant" && o.lr_schedule != "cosine") {
-    return Fail(absl::StrCat("--lr-schedule=", o.lr_schedule, ": expected constant or cosine"), 2);
-  }
-  if (o.optimizer != "sgd" && o.optimizer != "adam") {
-    return Fail(absl::StrCat("--optimizer=", o.optimizer, ": expected sgd or adam"), 2);
-  }
-  if (o.allreduce != "auto" && o.allreduce != "shm" && o.allreduce != "gloo") {
-    return Fail(absl::StrCat("--allreduce=", o.allreduce, ": expected auto, shm or gloo"), 2);
-  }
-  // DDP's buckets and SyncBatchNorm's statistics go through shared memory where every rank can
-  // map it (all on this host); the sharded strategies' collectives stay on Gloo.
+// Everything a run holds, built by Setup.
+struct Job {
+  TrainOptions o;
+  DistEnv env;
+  Placement placement;
+  torch::Device device = torch::kCPU;
+  Dist dist;
+  Dataset train, test;
+  std::shared_ptr<Classifier> model;
   std::shared_ptr<ShmAllreduce> shm;
-  std::string allreduce = world > 1 ? "gloo" : "none";
-  if (world > 1 && o.allreduce != "gloo" && (o.strategy == "ddp" || o.sync_bn)) {
-    int64_t capacity = 1 << 20;  // SyncBatchNorm's statistics: 2 x channels + 1 doubles.
-    if (o.strategy == "ddp") {  // A bucket holds at most its limit plus its last tensor.
-      int64_t largest = 0;
-      for (const auto& p : (*model)->parameters()) largest = std::max<int64_t>(largest, p.numel() * p.element_size());
-      capacity = std::max<int64_t>(
-          capacity, static_cast<int64_t>(std::max(o.bucket_cap_mb, o.first_bucket_mb) * 1024 * 1024) + largest);
-    }
-    auto created = ShmAllreduce::Create(*dist->store, "shm_allreduce", rank, world, capacity, std::chrono::seconds(120));
-    if (created.ok()) {
-      shm = std::move(*created);
-      allreduce = "shm";
-    } else if (o.allreduce == "shm") {
-      return Fail(std::string(created.status().message()));
-    } else if (rank == 0) {
-      std::cerr << "elrun-train: " << created.status().message() << "; all-reduces go through Gloo" << std::endl;
-    }
-  }
-  if (o.sync_bn) ConvertSyncBatchNorm(**model, dist->pg, shm);
-  DdpOptions ddp_options;
-  ddp_options.bucket_cap_mb = o.bucket_cap_mb;
-  ddp_options.first_bucket_mb = o.first_bucket_mb;
-  if (o.strategy == "ddp") ddp_options.shm = shm;
-  auto parallel = DataParallel::Create(o.strategy, *model, dist->pg, ddp_options);
-  if (!parallel.ok()) return Fail(std::string(parallel.status().message()), 2);
-  std::unique_ptr<torch::optim::Optimizer> optimizer_owner = MakeOptimizer(o, (*parallel)->OptimizerParameters());
-  torch::optim::Optimizer& optimizer = *optimizer_owner;
-
+  std::string allreduce = "none";  // How DDP's and SyncBatchNorm's sums travel: shm, gloo, nccl.
+  std::unique_ptr<DataParallel> dp;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<DistributedSampler> sampler;
+  std::unique_ptr<StepTimes> step_times;
+  std::unique_ptr<Metrics> metrics;
   TrainProgress progress;
-  progress.world_size = world;
-  const std::string& checkpoint = o.checkpoint_dir;
-  if (!checkpoint.empty()) {
+  int rank() const { return env.rank; }
+  int world() const { return env.world_size; }
+};
+
+// DDP's buckets and SyncBatchNorm's statistics go through shared memory where every rank can map
+// it (all on this host, CPU tensors); the sharded strategies' collectives stay on the backend.
+absl::Status SetUpSharedMemory(Job& job) {
+  const TrainOptions& o = job.o;
+  job.allreduce = job.world() > 1 ? BackendName(job.dist.backend) : "none";
+  if (job.world() == 1 || job.placement.cuda || o.allreduce == AllreduceChoice::kProcessGroup ||
+      (o.strategy != Strategy::kDdp && !o.sync_bn)) {
+    return absl::OkStatus();
+  }
+  int64_t capacity = 1 << 20;  // SyncBatchNorm's statistics: 2 x channels + 1 doubles.
+  if (o.strategy == Strategy::kDdp) {  // A bucket holds at most its limit plus its last tensor.
+    int64_t largest = 0;
+    for (const auto& p : job.model->parameters()) largest = std::max<int64_t>(largest, p.numel() * p.element_size());
+    capacity = std::max<int64_t>(
+        capacity, static_cast<int64_t>(std::max(o.bucket_cap_mb, o.first_bucket_mb) * 1024 * 1024) + largest);
+  }
+  auto created = ShmAllreduce::Create(*job.dist.store, "shm_allreduce", job.rank(), job.world(), capacity,
+                                      std::chrono::seconds(120));
+  if (created.ok()) {
+    job.shm = std::move(*created);
+    job.allreduce = "shm";
+  } else if (o.allreduce == AllreduceChoice::kShm) {
+    return absl::UnavailableError(created.status().message());
+  } else if (job.rank() == 0) {
+    std::cerr << "elrun-train: " << created.status().message() << "; all-reduces go through Gloo" << std::endl;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
+  auto job = std::make_unique<Job>();
+  job->o = o;
+  const std::map<std::string, std::string> env = Environment();
+  auto dist_env = ReadDistEnv(env);
+  if (!dist_env.ok()) return dist_env.status();
+  job->env = *dist_env;
+  auto visible = env.find("CUDA_VISIBLE_DEVICES");
+  auto placement = ResolvePlacement(o.device, o.backend, job->env.local_rank,
+                                    static_cast<int>(torch::cuda::device_count()),
+                                    visible == env.end() ? "" : visible->second);
+  if (!placement.ok()) return placement.status();
+  job->placement = *placement;
+  if (job->placement.cuda) job->device = torch::Device(torch::kCUDA, job->placement.cuda_device);
+  if (!o.step_times_file.empty()) {
+    auto opened = StepTimes::Open(absl::StrCat(o.step_times_file, ".", job->rank()));
+    if (!opened.ok()) return opened.status();
+    job->step_times = std::move(*opened);
+  }
+  if (!o.checkpoint_dir.empty()) {
     std::error_code error;
     std::filesystem::create_directories(o.checkpoint_dir, error);
-    if (error) return Fail(absl::StrCat("--checkpoint-dir=", o.checkpoint_dir, ": ", error.message()));
-  }
-  if (!checkpoint.empty()) {
-    auto loaded = (*parallel)->Load(checkpoint, optimizer);
-    if (loaded.ok()) {
-      progress = *loaded;
-      if (rank == 0) {
-        std::cout << absl::StrFormat("resumed from %s: epoch %d, step %d, sample %d (written by %d ranks, now %d)",
-                                     checkpoint, progress.epoch, progress.step, progress.samples_seen,
-                                     progress.world_size, world)
-                  << std::endl;
-      }
-      progress.world_size = world;
-    } else if (loaded.status().code() != absl::StatusCode::kNotFound) {
-      return Fail(std::string(loaded.status().message()));
-    }
+    if (error) return absl::UnavailableError(absl::StrCat("--checkpoint-dir=", o.checkpoint_dir, ": ", error.message()));
   }
 
-  DataParallel& dp = **parallel;
-  Metrics metrics(rank == 0 ? o.metrics_file : "");
-  auto save = [&](bool final) {
-    if (checkpoint.empty()) return;
-    absl::Status saved = final ? dp.Export(checkpoint, optimizer, progress) : dp.Save(checkpoint, optimizer, progress);
-    if (!saved.ok()) std::cerr << "elrun-train: " << saved.message() << std::endl;
-  };
-
+  // The data before the rendezvous: a rank without it fails alone and at once.
+  if (o.dataset == DatasetChoice::kFashionMnist) {
+    const std::string dir = o.data_dir.empty() ? kFashionMnistDir : o.data_dir;
+    auto train = LoadFashionMnist(dir, Split::kTrain);
+    if (!train.ok()) return absl::UnavailableError(train.status().message());
+    auto test = LoadFashionMnist(dir, Split::kTest);
+    if (!test.ok()) return absl::UnavailableError(test.status().message());
+    job->train = std::move(*train);
+    job->test = std::move(*test);
+  } else {
+    job->train = SyntheticDataset(4096, o.seed);
+    job->test = SyntheticDataset(1024, o.seed + 1);
+  }
   SamplerOptions sampler_options;
-  sampler_options.dataset_size = train->size();
-  sampler_options.world_size = world;
-  sampler_options.rank = rank;
+  sampler_options.dataset_size = job->train.size();
+  sampler_options.world_size = job->world();
+  sampler_options.rank = job->rank();
   sampler_options.seed = o.seed;
   sampler_options.drop_last = true;
   sampler_options.batch_size = o.batch_size;
   auto sampler = DistributedSampler::Create(sampler_options);
-  if (!sampler.ok()) return Fail(std::string(sampler.status().message()), 2);
+  if (!sampler.ok()) return sampler.status();
+  job->sampler = std::make_unique<DistributedSampler>(std::move(*sampler));
 
+  auto dist = InitProcessGroup(job->env, job->placement.backend, job->placement.cuda_device, std::chrono::seconds(120));
+  if (!dist.ok()) return absl::UnavailableError(dist.status().message());
+  job->dist = std::move(*dist);
+
+  // Weights are drawn on the CPU from the seed, then moved: the same start on every device.
+  torch::manual_seed(o.seed);
+  MlpOptions mlp;
+  mlp.hidden = o.mlp_hidden;
+  const LinearKernel linear =
+      o.linear == LinearChoice::kAten || (o.linear == LinearChoice::kAuto && job->placement.cuda)
+          ? LinearKernel::kAten
+          : LinearKernel::kOneDnn;
+  auto model = MakeModel(o.model == ModelChoice::kMlp ? "mlp" : "fashionnet", mlp, linear);
+  if (!model.ok()) return model.status();
+  job->model = std::move(*model);
+  job->model->to(job->device);
+  if (absl::Status s = SetUpSharedMemory(*job); !s.ok()) return s;
+  if (o.sync_bn) ConvertSyncBatchNorm(*job->model, job->dist.pg, job->shm);
+  DdpOptions ddp_options;
+  ddp_options.bucket_cap_mb = o.bucket_cap_mb;
+  ddp_options.first_bucket_mb = o.first_bucket_mb;
+  if (o.strategy == Strategy::kDdp) ddp_options.shm = job->shm;
+  job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options);
+  job->optimizer = MakeOptimizer(o, job->dp->OptimizerParameters());
+  job->metrics = std::make_unique<Metrics>(job->rank() == 0 ? o.metrics_file : "");
+
+  job->progress.world_size = job->world();
+  if (!o.checkpoint_dir.empty()) {
+    auto loaded = job->dp->Load(o.checkpoint_dir, *job->optimizer);
+    if (loaded.ok()) {
+      job->progress = *loaded;
+      if (job->rank() == 0) {
+        std::cout << absl::StrFormat("resumed from %s: epoch %d, step %d, sample %d (written by %d ranks, now %d)",
+                                     o.checkpoint_dir, job->progress.epoch, job->progress.step,
+                                     job->progress.samples_seen, job->progress.world_size, job->world())
+                  << std::endl;
+      }
+      job->progress.world_size = job->world();
+    } else if (loaded.status().code() != absl::StatusCode::kNotFound) {
+      return absl::UnavailableError(loaded.status().message());
+    }
+  }
+  return job;
+}
+
+// One optimizer step over `batch` (split into --accum-steps micro-batches; only the last one
+// communicates). Returns the batch's loss.
+double TrainStep(Job& job, const std::vector<int64_t>& batch, double lr) {
+  const TrainOptions& o = job.o;
+  torch::Tensor images = Rows(job.train.images, batch, job.device);
+  torch::Tensor labels = Rows(job.train.labels, batch, job.device);
+  const int64_t micro = images.size(0) / o.accum_steps;
+  job.optimizer->zero_grad();
+  torch::Tensor loss_sum = torch::zeros({}, images.options());
+  for (int m = 0; m < o.accum_steps; ++m) {
+    const int64_t size = m + 1 < o.accum_steps ? micro : images.size(0) - m * micro;
+    torch::Tensor loss = torch::nn::functional::cross_entropy(job.dp->Forward(images.narrow(0, m * micro, size)),
+                                                              labels.narrow(0, m * micro, size)) /
+                         o.accum_steps;
+    job.dp->Backward(loss, /*synchronize=*/m + 1 == o.accum_steps);
+    loss_sum += loss.detach();
+  }
+  SetLr(*job.optimizer, lr);
+  job.optimizer->step();
+  return loss_sum.item<double>();  // On CUDA: waits for the step, so step times are real.
+}
+
+// True on every rank when any rank asked to stop: ranks must leave the loop at the same step,
+// because checkpointing (and, for the sharded strategies, saving itself) is collective. Asked
+// after every step, so it goes through shared memory when the job has it.
+bool AnyRankStopping(Job& job, bool local) {
+  torch::Tensor flag = torch::tensor({local ? 1.0f : 0.0f}).to(CommDevice(*job.dist.pg));
+  AllreduceSum(*job.dist.pg, job.shm.get(), flag)->wait();
+  return flag.item<float>() > 0;
+}
+
+// Test accuracy over every rank's strided shard of the test set, reduced across ranks.
+double Evaluate(Job& job) {
+  torch::NoGradGuard no_grad;
+  job.model->eval();
+  int64_t correct = 0, total = 0;
+  std::vector<int64_t> shard;
+  for (int64_t i = job.rank(); i < job.test.size(); i += job.world()) shard.push_back(i);
+  for (size_t begin = 0; begin < shard.size(); begin += 1000) {
+    std::vector<int64_t> chunk(shard.begin() + begin, shard.begin() + std::min(shard.size(), begin + 1000));
+    auto logits = job.dp->Forward(Rows(job.test.images, chunk, job.device));
+    correct += logits.argmax(1).eq(Rows(job.test.labels, chunk, job.device)).sum().item<int64_t>();
+    total += static_cast<int64_t>(chunk.size());
+  }
+  std::vector<torch::Tensor> counts{torch::tensor({correct, total}, torch::kLong).to(CommDevice(*job.dist.pg))};
+  job.dist.pg->allreduce(counts)->wait();
+  job.model->train();
+  torch::Tensor sums = counts[0].cpu();
+  return sums[0].item<double>() / std::max<int64_t>(1, sums[1].item<int64_t>());
+}
+
+// What the loop measured, for Report.
+struct LoopStats {
+  double elapsed_s = 0;
+  int64_t samples = 0;  // All ranks together.
+  double last_loss = 0;
+  std::vector<double> step_ms;
+  std::string loop_times;  // LoopTimesJson.
+  bool signalled = false;  // SIGTERM reached some rank: all save and exit 143 together.
+};
+
+MemoryReport Memory(Job& job) {
+  MemoryReport memory = job.dp->Memory(*job.optimizer);
+  if (job.placement.cuda) {
+    memory.on_cuda = true;
+    memory.cuda = CudaMemoryStats(job.placement.cuda_device);
+  }
+  return memory;
+}
+
+void ReportMemory(Job& job, const LoopStats& loop) {
+  const TrainOptions& o = job.o;
+  const MemoryReport memory = Memory(job);
+  std::string expected;
+  if (o.optimizer == OptimizerChoice::kAdam) {
+    int64_t params = 0;
+    for (const auto& p : job.model->parameters()) params += p.numel();
+    const std::string strategy = o.strategy == Strategy::kNoShard ? "ddp" : StrategyName(o.strategy);
+    expected = absl::StrFormat("  (ZeRO formula for fp32 Adam: %.2f MiB)",
+                               ExpectedAdamStateBytes(strategy, params, job.world()) / (1024.0 * 1024.0));
+  }
+  const int64_t steps = loop.samples / std::max<int64_t>(1, o.batch_size * job.world());
+  std::cout << absl::StrFormat("memory rank %d %s: %s%s", job.rank(), StrategyName(o.strategy),
+                               FormatMemoryReport(memory), expected)
+            << std::endl;
+  std::cout << absl::StrFormat(R"(memory-json {"rank":%d,"strategy":"%s",%s,"step_time_s":%.6f})", job.rank(),
+                               StrategyName(o.strategy), MemoryJson(memory),
+                               loop.elapsed_s / std::max<int64_t>(1, steps))
+            << std::endl;
+}
+
+void Report(Job& job, LoopStats& loop, double accuracy) {
+  const TrainOptions& o = job.o;
+  if (job.rank() != 0) return;
+  const double rate = loop.samples / std::max(loop.elapsed_s, 1e-9);
+  const int64_t steps = loop.samples / std::max<int64_t>(1, o.batch_size * job.world());
+  std::cout << absl::StrFormat("done: %d steps, %d epochs, %.1f s, %.0f samples/s, test accuracy %.4f",
+                               job.progress.step, o.epochs, loop.elapsed_s, rate, accuracy)
+            << std::endl;
+  const char* linear =
+      o.linear == LinearChoice::kAten || (o.linear == LinearChoice::kAuto && job.placement.cuda) ? "aten" : "onednn";
+  job.metrics->Write(absl::StrFormat(
+      R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","allreduce":"%s","device":"%s","backend":"%s","step_time_s":%.6f,"step_ms_p10":%.3f,"step_ms_p50":%.3f,"step_ms_p90":%.3f,%s%s})",
+      accuracy, rate, job.progress.step, o.epochs, loop.elapsed_s, job.world(), StrategyName(o.strategy),
+      OptimizerName(o.optimizer), linear, job.allreduce, job.device.str(), BackendName(job.dist.backend),
+      loop.elapsed_s / std::max<int64_t>(1, steps), Quantile(loop.step_ms, 0.1), Quantile(loop.step_ms, 0.5),
+      Quantile(loop.step_ms, 0.9), loop.loop_times, MemoryJson(Memory(job))));
+}
+
+// The epochs from the resumed position on; stops early at --max-steps or on SIGTERM.
+LoopStats RunLoop(Job& job) {
+  const TrainOptions& o = job.o;
+  TrainProgress& progress = job.progress;
+  const std::string& checkpoint = o.checkpoint_dir;
+  auto save = [&](bool final) {
+    if (checkpoint.empty()) return;
+    absl::Status saved = final ? job.dp->Export(checkpoint, *job.optimizer, progress)
+                               : job.dp->Save(checkpoint, *job.optimizer, progress);
+    if (!saved.ok()) std::cerr << "elrun-train: " << saved.message() << std::endl;
+  };
+  LoopStats loop;
   const auto start_time = std::chrono::steady_clock::now();
   const absl::StatusOr<ThreadTimes> start_times = CurrentThreadTimes();
-  // Each step's time from its data to the end of the optimizer step (communication included),
-  // for the end record's spread: with DDP, a step ends when the slowest rank's does.
-  std::vector<double> step_ms;
-  int64_t samples_done = 0;
-  double last_loss = 0;
+  const double dataset = static_cast<double>(job.train.size());
   bool stop = false;
-  bool signalled = false;  // SIGTERM reached some rank: all save and exit 143 together.
   for (; progress.epoch < o.epochs && !stop; ++progress.epoch, progress.samples_seen = 0) {
     const int64_t start = progress.samples_seen;
-    auto batches = sampler->Batches(progress.epoch, start);
+    auto batches = job.sampler->Batches(progress.epoch, start);
     for (size_t b = 0; b < batches.size(); ++b) {
       if (o.max_steps > 0 && progress.step >= o.max_steps) {  // Also when resumed at or past it.
         stop = true;
         break;
       }
       const auto step_start = std::chrono::steady_clock::now();
-      const double step_cpu_start = step_times ? ThreadCpuSeconds() : 0;
-      auto images = Gather(train->images, batches[b]);
-      auto labels = Gather(train->labels, batches[b]);
-      const int64_t micro = images.size(0) / o.accum_steps;
-      optimizer.zero_grad();
-      double loss_sum = 0;
-      for (int m = 0; m < o.accum_steps; ++m) {
-        int64_t size = m + 1 < o.accum_steps ? micro : images.size(0) - m * micro;
-        auto loss = torch::nn::functional::cross_entropy(dp.Forward(images.narrow(0, m * micro, size)),
-                                                         labels.narrow(0, m * micro, size)) /
-                    o.accum_steps;
-        dp.Backward(loss, /*synchronize=*/m + 1 == o.accum_steps);
-        loss_sum += loss.item<double>();
-      }
-      const double position =
-          (static_cast<double>(progress.epoch) * train->size() + sampler->Position(start, static_cast<int64_t>(b))) /
-          (static_cast<double>(o.epochs) * train->size());
-      SetLr(optimizer, ScheduledLr(o, position));
-      optimizer.step();
-      step_ms.push_back(
+      const double step_cpu_start = job.step_times ? ThreadCpuSeconds() : 0;
+      const double position = (progress.epoch * dataset + job.sampler->Position(start, static_cast<int64_t>(b))) /
+                              (o.epochs * dataset);
+      const double lr = ScheduledLr(o, position);
+      loop.last_loss = TrainStep(job, batches[b], lr);
+      loop.step_ms.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count());
-      if (step_times) step_times->Write(progress.step, step_ms.back(), (ThreadCpuSeconds() - step_cpu_start) * 1e3);
+      if (job.step_times) {
+        job.step_times->Write(progress.step, loop.step_ms.back(), (ThreadCpuSeconds() - step_cpu_start) * 1e3);
+      }
       ++progress.step;
-      samples_done += images.size(0) * world;
-      progress.samples_seen = sampler->Position(start, static_cast<int64_t>(b) + 1);
-      last_loss = loss_sum;
+      loop.samples += static_cast<int64_t>(batches[b].size()) * job.world();
+      progress.samples_seen = job.sampler->Position(start, static_cast<int64_t>(b) + 1);
       if (o.checkpoint_every > 0 && progress.step % o.checkpoint_every == 0) save(false);
-      if (rank == 0 && o.log_every > 0 && progress.step % o.log_every == 0) {
-        double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
-        double rate = samples_done / std::max(elapsed, 1e-9);
-        int64_t left = (o.epochs - progress.epoch) * train->size() - progress.samples_seen;
+      if (job.rank() == 0 && o.log_every > 0 && progress.step % o.log_every == 0) {
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+        const double rate = loop.samples / std::max(elapsed, 1e-9);
+        const double left = (o.epochs - progress.epoch) * dataset - progress.samples_seen;
         std::cout << absl::StrFormat("epoch %d  step %d  loss %.4f  lr %.4g  %.0f samples/s  ETA %.0f s",
-                                     progress.epoch, progress.step, last_loss, ScheduledLr(o, position), rate,
+                                     progress.epoch, progress.step, loop.last_loss, lr, rate,
                                      left / std::max(rate, 1e-9))
                   << std::endl;
-        metrics.Write(absl::StrFormat(R"({"event":"step","epoch":%d,"step":%d,"loss":%.6f,"lr":%.6g,"samples_per_s":%.1f})",
-                                      progress.epoch, progress.step, last_loss, ScheduledLr(o, position), rate));
+        job.metrics->Write(absl::StrFormat(
+            R"({"event":"step","epoch":%d,"step":%d,"loss":%.6f,"lr":%.6g,"samples_per_s":%.1f})", progress.epoch,
+            progress.step, loop.last_loss, lr, rate));
       }
-      signalled =
-          checkpoint.empty() ? g_stop_requested.load() : AnyRankStopping(*dist->pg, shm.get(), g_stop_requested);
-      if ((o.max_steps > 0 && progress.step >= o.max_steps) || signalled) {
+      loop.signalled = checkpoint.empty() ? g_stop_requested.load() : AnyRankStopping(job, g_stop_requested);
+      if ((o.max_steps > 0 && progress.step >= o.max_steps) || loop.signalled) {
         stop = true;
         break;
       }
     }
     if (stop) break;
   }
-  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
-  const std::string loop_times = LoopTimesJson(start_times, CurrentThreadTimes(), elapsed);
-  const int64_t steps_done = samples_done / std::max<int64_t>(1, o.batch_size * world);
-  const MemoryReport memory = dp.Memory(optimizer);
-  if (o.report_memory) {
-    std::string expected;
-    if (o.optimizer == "adam") {
-      int64_t params = 0;
-      for (const auto& p : (*model)->parameters()) params += p.numel();
-      expected = absl::StrFormat("  (ZeRO formula for fp32 Adam: %.2f MiB)",
-                                 ExpectedAdamStateBytes(o.strategy == "no_shard" ? "ddp" : o.strategy, params, world) /
-                                     (1024.0 * 1024.0));
-    }
-    std::cout << absl::StrFormat("memory rank %d %s: %s%s", rank, o.strategy, FormatMemoryReport(memory), expected)
-              << std::endl;
-    std::cout << absl::StrFormat(R"(memory-json {"rank":%d,"strategy":"%s",%s,"step_time_s":%.6f})", rank,
-                                 o.strategy, MemoryJson(memory), elapsed / std::max<int64_t>(1, steps_done))
-              << std::endl;
-  }
-  if (signalled) {
+  loop.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+  loop.loop_times = LoopTimesJson(start_times, CurrentThreadTimes(), loop.elapsed_s);
+  if (loop.signalled) {
     save(false);
-    return 128 + SIGTERM;
+  } else {
+    save(true);
   }
-  save(true);
-  double accuracy = Evaluate(**model, dp, *test, *dist->pg, rank, world);
-  double rate = samples_done / std::max(elapsed, 1e-9);
-  if (rank == 0) {
-    std::cout << absl::StrFormat("done: %d steps, %d epochs, %.1f s, %.0f samples/s, test accuracy %.4f",
-                                 progress.step, o.epochs, elapsed, rate, accuracy)
-              << std::endl;
-    metrics.Write(absl::StrFormat(
-        R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","allreduce":"%s","step_time_s":%.6f,"step_ms_p10":%.3f,"step_ms_p50":%.3f,"step_ms_p90":%.3f,%s%s})",
-        accuracy, rate, progress.step, o.epochs, elapsed, world, o.strategy, o.optimizer, o.linear, allreduce,
-        elapsed / std::max<int64_t>(1, steps_done), Quantile(step_ms, 0.1), Quantile(step_ms, 0.5),
-        Quantile(step_ms, 0.9), loop_times, MemoryJson(memory)));
-  }
+  return loop;
+}
+
+int Train(const TrainOptions& o) {
+  torch::set_num_threads(o.threads);
+  auto job = Setup(o);
+  if (!job.ok()) return Fail(job.status());
+  LoopStats loop = RunLoop(**job);
+  if (o.report_memory) ReportMemory(**job, loop);
+  if (loop.signalled) return 128 + SIGTERM;
+  const double accuracy = Evaluate(**job);
+  Report(**job, loop, accuracy);
   return 0;
 }
 
@@ -429,65 +510,10 @@ int Train(const Options& o) {
 }  // namespace elrun::trainer
 
 int main(int argc, char** argv) {
-  using elrun::trainer::Options;
-  Options o;
-  CLI::App app("elrun-train: data-parallel training of FashionNet on Fashion-MNIST (LibTorch).",
-               "elrun-train");
-  app.add_option("--model", o.model, "fashionnet or mlp")->capture_default_str();
-  app.add_option("--linear", o.linear,
-                 "kernel of the fully connected layers: onednn (as a 1x1 convolution) or aten (the linked BLAS)")
-      ->capture_default_str();
-  app.add_option("--dataset", o.dataset, "fashion-mnist or synthetic")->capture_default_str();
-  app.add_option("--data-dir", o.data_dir, "Fashion-MNIST IDX files")->capture_default_str();
-  app.add_option("--epochs", o.epochs, "epochs")->capture_default_str()->check(CLI::Range(1, 100000));
-  app.add_option("--max-steps", o.max_steps, "stop after this many steps (0: no limit)")->capture_default_str();
-  app.add_option("--batch-size", o.batch_size, "samples per rank per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  CLI::Option* lr = app.add_option("--lr", o.lr, "learning rate (default 0.05 for sgd, 0.001 for adam)");
-  app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
-  app.add_option("--optimizer", o.optimizer, "sgd or adam")->capture_default_str();
-  app.add_option("--strategy", o.strategy,
-                 "ddp (bucketed all-reduce), no_shard, zero1, zero2 or fsdp (FullyShardedDataParallel)")
-      ->capture_default_str();
-  app.add_option("--mlp-hidden", o.mlp_hidden, "hidden layer widths of --model mlp")
-      ->delimiter(',')->capture_default_str();
-  app.add_flag("--report-memory", o.report_memory,
-               "print each rank's parameter, gradient and optimizer-state bytes, peak and peak RSS");
-  app.add_option("--weight-decay", o.weight_decay, "SGD weight decay (L2)")->capture_default_str();
-  app.add_option("--lr-schedule", o.lr_schedule,
-                 "constant, or cosine: lr x (1 + cos(pi x fraction of epochs done)) / 2, per step")
-      ->capture_default_str();
-  app.add_option("--accum-steps", o.accum_steps, "micro-batches per step (communication once per step)")
-      ->capture_default_str()->check(CLI::Range(1, 4096));
-  app.add_flag("--sync-bn", o.sync_bn, "convert BatchNorm layers to SyncBatchNorm");
-  app.add_option("--seed", o.seed, "seed of weights and data order")->capture_default_str();
-  app.add_option("--checkpoint-dir", o.checkpoint_dir, "save and resume checkpoint.pt here");
-  app.add_option("--checkpoint-every", o.checkpoint_every, "save every N steps (0: at the end and on SIGTERM)")->capture_default_str();
-  app.add_option("--threads", o.threads, "intra-op threads per rank")->capture_default_str()->check(CLI::Range(1, 256));
-  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket size limit (MiB)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--first-bucket-mb", o.first_bucket_mb,
-                 "limit of DDP's first bucket (MiB), small so the last layers' all-reduce overlaps backward")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--allreduce", o.allreduce,
-                 "transport of DDP's and SyncBatchNorm's all-reduces: shm (shared memory, all ranks on "
-                 "this host), gloo, or auto (shm where every rank can map it, else gloo)")
-      ->capture_default_str();
-  app.add_option("--metrics-file", o.metrics_file, "JSON lines: steps and a final {\"event\":\"end\",...}");
-  app.add_option("--step-times-file", o.step_times_file,
-                 "each rank appends to PATH.<rank>: per step, its wall and CPU milliseconds (tab-separated)");
-  app.add_option("--log-every", o.log_every, "progress line every N steps (rank 0)")->capture_default_str();
-  try {
-    app.parse(argc, argv);
-    if (lr->count() == 0 && o.optimizer == "adam") o.lr = 1e-3;
-  } catch (const CLI::CallForHelp&) {
-    std::cout << app.help();
-    return 0;
-  } catch (const CLI::ParseError& error) {
-    std::cerr << "elrun-train: " << error.what() << "; see elrun-train --help" << std::endl;
-    return 2;
-  }
+  auto parsed = elrun::trainer::ParseTrainOptions(argc, argv, std::cout);
+  if (!parsed.ok()) return elrun::trainer::Fail(parsed.status());
+  if (!parsed->has_value()) return 0;  // --help.
+  const elrun::trainer::TrainOptions& o = **parsed;
   std::signal(SIGTERM, [](int) { elrun::trainer::g_stop_requested = true; });
   // Every step frees and reallocates the same tensors. With glibc's adaptive mmap threshold a
   // rank could keep mmap/munmap-ing them: measured, one rank took ~36,000 page faults/s and
@@ -499,11 +525,14 @@ int main(int argc, char** argv) {
   // memory (measured ~100,000 page faults per rank per step for a 53.6M-parameter MLP). One
   // arena keeps those buffers in the main heap: fsdp's step went from 10.6 s to 7.0 s there.
   // ddp is left alone: one arena made FashionNet's DDP ~6% slower (1520 -> 1420 samples/s).
-  if (o.strategy != "ddp") ::mallopt(M_ARENA_MAX, 1);
+  if (o.strategy != elrun::trainer::Strategy::kDdp) ::mallopt(M_ARENA_MAX, 1);
   try {
     return elrun::trainer::Train(o);
   } catch (const c10::Error& error) {
     std::cerr << "elrun-train: " << error.what_without_backtrace() << std::endl;
+    return 1;
+  } catch (const std::exception& error) {
+    std::cerr << "elrun-train: " << error.what() << std::endl;
     return 1;
   }
 }

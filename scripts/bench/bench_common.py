@@ -16,7 +16,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 TORCHRUN_COMPAT = os.path.join(HERE, "torchrun_compat.py")
-PYTHON = "/usr/bin/python3"
+# The torch 2.11 environment (scripts/setup.sh links it as .venv) runs torchrun, the Python twin
+# and every worker; the benchmark scripts themselves run on Debian's python3 (matplotlib).
+PYTHON = os.path.join(REPO, ".venv", "bin", "python3")
 
 
 class RunError(Exception):
@@ -199,20 +201,14 @@ def machine_info(binaries):
             cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
     except OSError:
         pass
-    torch_deb = sh_out(["dpkg-query", "-W", "-f", "${Version}", "python3-torch"])
-    try:
-        import importlib.metadata
-        torch_meta = importlib.metadata.version("torch")
-    except Exception:  # noqa: BLE001 - informational only
-        torch_meta = "?"
+    torch_meta = sh_out([PYTHON, "-c", "import torch; print(torch.__version__)"])
     return [
         ("machine", f"{cpu or platform.machine()}, nproc {len(os.sched_getaffinity(0))} "
                     f"(os.cpu_count {os.cpu_count()})"),
         ("kernel", f"{platform.system()} {platform.release()}"),
         ("os", sh_out(["sh", "-c", ". /etc/os-release && echo \"$PRETTY_NAME\""]) or "?"),
         ("python", f"{PYTHON} {platform.python_version()}"),
-        ("torch", f"Debian python3-torch {torch_deb or '?'} (torch metadata: {torch_meta}); "
-                  f"torchrun run through scripts/bench/torchrun_compat.py"),
+        ("torch", f"torch {torch_meta or '?'} ({PYTHON}); torchrun through scripts/bench/torchrun_compat.py"),
         *[(key, describe_binary(path)) for key, path in binaries],
         ("date", time.strftime("%Y-%m-%d %H:%M:%S %Z")),
     ]

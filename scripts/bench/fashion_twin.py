@@ -1,18 +1,20 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """fashion_twin.py: a Python PyTorch DDP twin of elrun-train, for a fair same-machine comparison.
 
-Run it under torchrun (here: scripts/bench/torchrun_compat.py, for Debian's torch 1.13 under
-Python 3.11):
+Run it under torchrun of the project's torch 2.11 environment (.venv, scripts/setup.sh):
 
-  /usr/bin/python3 scripts/bench/torchrun_compat.py --standalone --nproc_per_node 2 \\
+  .venv/bin/python3 scripts/bench/torchrun_compat.py --standalone --nproc_per_node 2 \\
       scripts/bench/fashion_twin.py --max-steps 300 --lr-schedule constant --metrics-file m.jsonl
+
+--device cuda (one GPU per rank, cuda:LOCAL_RANK) trains on the GPU with nccl, as elrun-train's
+--device cuda does: each batch is gathered into pinned host memory and copied without blocking.
 
 It does what trainer/train_main.cc does, step for step, with Python's own tools:
 - Model: FashionNet (trainer/models.cc: conv1 1->32 3x3 pad 1, bn1, ReLU, maxpool 2, conv2 32->64
   3x3 pad 1, bn2, ReLU, maxpool 2, flatten, fc1 3136->128, ReLU, fc2 128->10) or the MLP
   (Linear 784->256->128->10, ReLU between), built after torch.manual_seed(--seed) with the
-  modules constructed in the same order as in C++. LibTorch here is Debian's libtorch 1.13.1, the
-  same library as python3-torch, so the initial weights come out identical (see the README).
+  modules constructed in the same order as in C++. LibTorch here is the torch 2.11 wheel's, the
+  same library as this interpreter's torch, so the initial weights come out identical.
 - Data: Fashion-MNIST read from the gzip IDX files in --data-dir, whole into memory, normalized
   exactly like trainer/fashion_mnist.cc: float32((v / 255.0 - 0.2860) / 0.3530), computed in
   double, per pixel value v.
@@ -21,14 +23,14 @@ It does what trainer/train_main.cc does, step for step, with Python's own tools:
   Fisher-Yates shuffle from the back drawing j = Below(gen, i + 1) by rejection, rank r takes
   positions r, r + W, ... of the order, drop_last, batches of --batch-size per rank (the last one
   of an epoch may be smaller). This order is computed inside the timed loop, as in elrun-train.
-- Step: index_select of the batch from the in-memory tensors, optimizer.zero_grad() (1.13
-  default: zero, not None, as LibTorch 1.13's), cross_entropy on the DDP forward, backward,
+- Step: index_select of the batch from the in-memory tensors, optimizer.zero_grad() (2.x
+  default: gradients set to None, as LibTorch 2.11's), cross_entropy on the DDP forward, backward,
   loss.item(), then the learning rate of this step is set (--lr-schedule: constant, or cosine
   lr = base * 0.5 * (1 + cos(pi * t)), t = (epoch * N + p) / (epochs * N), p = samples of this
   epoch all ranks consumed before this step), then SGD(lr, momentum, weight_decay).step().
 - DDP: torch.nn.parallel.DistributedDataParallel on gloo with its defaults (25 MiB buckets,
   broadcast_buffers=True: BatchNorm buffers are broadcast from rank 0 before every forward) and
-  plain BatchNorm2d (PyTorch 1.13's SyncBatchNorm refuses CPU tensors).
+  plain BatchNorm2d (PyTorch's SyncBatchNorm refuses CPU tensors).
 - Throughput, as elrun-train measures it: samples_per_s = steps done x batch x world size over
   the time from just before the first training step (after data loading, process-group and DDP
   set-up) to the end of the last step. Test accuracy afterwards over rank-strided shards of the
@@ -275,7 +277,17 @@ def scheduled_lr(args, t):
     return args.lr * 0.5 * (1.0 + math.cos(math.pi * min(max(t, 0.0), 1.0)))
 
 
-def evaluate(model, test_x, test_y, rank, world):
+def rows(data, idx, device):
+    """Rows idx of data on device: on CUDA through pinned memory and a non-blocking copy."""
+    import torch
+    if device.type == "cpu":
+        return data.index_select(0, idx)
+    pinned = torch.empty((idx.numel(),) + tuple(data.shape[1:]), dtype=data.dtype, pin_memory=True)
+    torch.index_select(data, 0, idx, out=pinned)
+    return pinned.to(device, non_blocking=True)
+
+
+def evaluate(model, test_x, test_y, rank, world, device):
     import torch
     import torch.distributed as dist
     model.eval()
@@ -284,10 +296,10 @@ def evaluate(model, test_x, test_y, rank, world):
     with torch.no_grad():
         for begin in range(0, shard.numel(), 1000):
             chunk = shard[begin:begin + 1000]
-            logits = model(test_x.index_select(0, chunk))
-            correct += int(logits.argmax(1).eq(test_y.index_select(0, chunk)).sum().item())
+            logits = model(rows(test_x, chunk, device))
+            correct += int(logits.argmax(1).eq(rows(test_y, chunk, device)).sum().item())
             total += chunk.numel()
-    counts = torch.tensor([correct, total], dtype=torch.long)
+    counts = torch.tensor([correct, total], dtype=torch.long, device=device)
     dist.all_reduce(counts)
     model.train()
     return counts[0].item() / max(1, counts[1].item())
@@ -301,17 +313,24 @@ def train(args):
 
     torch.set_num_threads(args.threads)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=120), device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     train_x, train_y = load_fashion_mnist(args.data_dir, "train")
     test_x, test_y = load_fashion_mnist(args.data_dir, "test")
     n = train_x.shape[0]
 
     torch.manual_seed(args.seed)
-    model = make_model(args.model)
+    model = make_model(args.model).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                                 weight_decay=args.weight_decay)
     # gloo, 25 MiB buckets, broadcast_buffers=True unless --no-broadcast-buffers.
-    ddp = DistributedDataParallel(model, broadcast_buffers=not args.no_broadcast_buffers)
+    ddp = DistributedDataParallel(model, broadcast_buffers=not args.no_broadcast_buffers,
+                                  device_ids=[device.index] if device.type == "cuda" else None)
     metrics = open(args.metrics_file, "a") if rank == 0 and args.metrics_file else None
 
     def write(record):
@@ -326,8 +345,8 @@ def train(args):
         batches = rank_batches(epoch_order(n, args.seed, epoch), world, rank, args.batch_size)
         for b, batch in enumerate(batches):
             idx = torch.from_numpy(batch)
-            images = train_x.index_select(0, idx)
-            labels = train_y.index_select(0, idx)
+            images = rows(train_x, idx, device)
+            labels = rows(train_y, idx, device)
             optimizer.zero_grad()
             loss = F.cross_entropy(ddp(images), labels)
             loss.backward()
@@ -354,7 +373,7 @@ def train(args):
         if stop:
             break
     elapsed = time.perf_counter() - start_time
-    accuracy = evaluate(model, test_x, test_y, rank, world)
+    accuracy = evaluate(model, test_x, test_y, rank, world, device)
     rate = samples_done / max(elapsed, 1e-9)
     if rank == 0:
         print(f"done: {step} steps, {args.epochs} epochs, {elapsed:.1f} s, {rate:.0f} samples/s, "
@@ -388,6 +407,8 @@ def main():
     ap.add_argument("--lr-schedule", default="cosine", choices=["constant", "cosine"])
     ap.add_argument("--seed", type=int, default=0, help="seed of weights and data order")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: rank i on cuda:LOCAL_RANK with nccl (default cpu, gloo)")
     ap.add_argument("--log-every", type=int, default=50, help="progress line every N steps")
     ap.add_argument("--metrics-file", help="JSON lines, rank 0: steps and a final end record")
     ap.add_argument("--no-broadcast-buffers", action="store_true",

@@ -20,7 +20,10 @@ import tempfile
 import time
 import unittest
 
-PYTHON = "/usr/bin/python3"  # Debian's interpreter with torch 1.13.1 (CPU, gloo).
+# The project's torch 2.11 environment (scripts/setup.sh links it as .venv): Bazel passes it as
+# PYTHON_EXEC (.bazelrc); by hand it is found from this file's place in the checkout.
+PYTHON = os.environ.get("PYTHON_EXEC") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ".venv", "bin", "python3")
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "workers")
 

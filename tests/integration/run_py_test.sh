@@ -1,4 +1,4 @@
 #!/bin/sh
-# Runs one integration test file with Debian's Python (the one with torch), unbuffered.
+# Runs one integration test file with the torch 2.11 environment's Python ($PYTHON_EXEC), unbuffered.
 # Usage (Bazel sh_test args): run_py_test.sh path/to/some_test.py [unittest args...]
-exec /usr/bin/python3 -u -B "$@"
+exec "${PYTHON_EXEC:-/usr/bin/python3}" -u -B "$@"

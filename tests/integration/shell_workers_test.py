@@ -1,6 +1,7 @@
 """Entrypoints and exit codes with cheap workers: sh (--no-python), ELF binaries, .py scripts,
 python -m modules; ${local_rank} substitution; options from PET_* variables and both spellings."""
 import os
+import shlex
 
 import harness
 from harness import ElrunTestCase, sh, worker
@@ -12,8 +13,8 @@ DUMP_ENV = worker("dump_env.py")
 PYTHON_WRAPPER = """#!/bin/sh
 for a in "$@"; do printf '%s\\t' "$a"; done >> "$OUT_DIR/calls.$LOCAL_RANK"
 echo >> "$OUT_DIR/calls.$LOCAL_RANK"
-exec /usr/bin/python3 "$@"
-"""
+exec PYTHON "$@"
+""".replace("PYTHON", shlex.quote(harness.PYTHON))
 
 
 class ExitCodesTest(ElrunTestCase):

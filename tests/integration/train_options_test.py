@@ -1,20 +1,31 @@
 """elrun-train's kernel and transport options. --linear: the oneDNN route (the default) and ATen's
 BLAS Linear train the same job to the same checkpoint, up to float rounding. --allreduce: DDP's
 buckets and SyncBatchNorm's statistics through shared memory and through Gloo give the same
-checkpoint, and the shared-memory segment leaves nothing in /dev/shm. Unknown values are one line on stderr and exit 2.
+checkpoint, and the shared-memory segment leaves nothing in /dev/shm. Unknown values, and
+device/backend pairs that cannot work, are one line on stderr and exit 2, before any rendezvous.
 
 The jobs: 40 steps of batch 32 per worker on the seeded synthetic data set (FashionNet with
 SyncBatchNorm, as the other train_* tests), ~10 s each on 2 idle cores.
 """
 import glob
 import os
+import socket
 import subprocess
+import time
+import unittest
 
 import harness
 import train_harness
 from train_harness import TrainTestCase, train_args
 
 STEPS = 40
+
+
+def cuda_devices():
+    """CUDA devices the torch environment sees (0 on a machine without a GPU or driver)."""
+    out = subprocess.run([harness.PYTHON, "-c", "import torch; print(torch.cuda.device_count())"],
+                         capture_output=True, text=True, timeout=120)
+    return int(out.stdout.strip() or 0)
 
 
 class TrainOptionsTest(TrainTestCase):
@@ -96,8 +107,11 @@ class TrainOptionsTest(TrainTestCase):
 
     def test_unknown_values_are_one_line_and_exit_2(self):
         for option, value, message in [
-                ("linear", "mkl", "--linear: linear kernel 'mkl': expected onednn or aten"),
-                ("allreduce", "tcp", "--allreduce=tcp: expected auto, shm or gloo")]:
+                ("linear", "mkl", "--linear=mkl: expected auto, onednn or aten"),
+                ("allreduce", "tcp", "--allreduce=tcp: expected auto, shm or gloo"),
+                ("strategy", "zero4", "--strategy=zero4: expected ddp, no_shard, zero1, zero2 or fsdp"),
+                ("device", "tpu", "--device=tpu: expected auto, cpu or cuda"),
+                ("backend", "mpi", "--backend=mpi: expected auto, gloo or nccl")]:
             command = train_harness.train_command() + train_args(max_steps=1, **{option: value})
             result = subprocess.run(command, capture_output=True, text=True, timeout=60,
                                     env=dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"))
@@ -105,6 +119,38 @@ class TrainOptionsTest(TrainTestCase):
                              % (option, value, result.stderr))
             self.assertEqual(result.stderr.strip().splitlines(), ["elrun-train: " + message])
             self.assertNotIn("step", result.stdout)
+
+    def test_options_are_checked_before_the_rendezvous(self):
+        # Rank 1 of 2 with nobody hosting the store: a bad option must fail at once (exit 2), not
+        # after the 120 s store timeout.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            env = dict(os.environ, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port))
+            for args, message in [
+                    (["--backend", "nccl", "--device", "cpu"],
+                     "--backend=nccl needs CUDA tensors: use --device cuda (or auto on a GPU machine), "
+                     "or --backend gloo"),
+                    (["--optimizer", "lamb"], "--optimizer=lamb: expected sgd or adam")]:
+                start = time.monotonic()
+                result = subprocess.run(train_harness.train_command() + train_args(max_steps=1) + args,
+                                        capture_output=True, text=True, timeout=60, env=env)
+                self.assertEqual(result.returncode, 2, "stderr:\n" + result.stderr)
+                self.assertEqual(result.stderr.strip().splitlines(), ["elrun-train: " + message])
+                self.assertLess(time.monotonic() - start, 20, "expected the error before any rendezvous")
+
+    @unittest.skipIf(cuda_devices() > 0, "this machine has a GPU")
+    def test_cuda_without_a_gpu_is_one_line_and_exit_2(self):
+        for args, message in [
+                (["--device", "cuda"], "--device=cuda: no CUDA device is visible (0 visible); use --device cpu or auto"),
+                (["--backend", "nccl"], "--backend=nccl needs CUDA tensors, and no CUDA device is visible "
+                                        "(0 visible); use --backend gloo")]:
+            result = subprocess.run(train_harness.train_command() + train_args(max_steps=1) + args,
+                                    capture_output=True, text=True, timeout=60,
+                                    env=dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"))
+            self.assertEqual(result.returncode, 2, "stderr:\n" + result.stderr)
+            self.assertEqual(result.stderr.strip().splitlines(), ["elrun-train: " + message])
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-// Runs the body of each rank on its own thread with a real Gloo process group over loopback TCP
-// (an in-memory store), for tests of collectives without spawning processes.
+// Runs the body of each rank on its own thread with a real process group (Gloo over loopback TCP,
+// or another backend such as NCCL) over an in-memory store, for tests of collectives without
+// spawning processes.
 #ifndef ELRUN_TESTS_TRAINER_RANK_THREADS_H_
 #define ELRUN_TESTS_TRAINER_RANK_THREADS_H_
 
@@ -12,26 +13,27 @@
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "trainer/process_group.h"
 
 namespace elrun::trainer {
 
-using PG = c10::intrusive_ptr<c10d::ProcessGroup>;
+using PG = c10::intrusive_ptr<c10d::Backend>;
 
-// Exceptions of a rank fail the test with the rank's message. `timeout` bounds every collective.
-// The body also gets the store the group was set up with (for more setup over it).
-inline void RunRanksWithStore(int world, const std::function<void(int rank, PG pg, c10d::Store& store)>& body,
-                              std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+using BackendFactory = std::function<PG(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world)>;
+
+// Runs `body` on `world` threads, each with the backend `make` builds over one in-memory store.
+// Exceptions of a rank fail the test with the rank's message. The body also gets the store the
+// group was set up with (for more setup over it).
+inline void RunRanksOn(int world, const BackendFactory& make,
+                       const std::function<void(int rank, PG pg, c10d::Store& store)>& body) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::thread> threads;
   std::vector<std::string> errors(world);
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        auto options = c10d::ProcessGroupGloo::Options::create();
-        options->timeout = timeout;
-        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-        PG pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
+        PG pg = make(store, rank, world);
         body(rank, pg, *store);
       } catch (const std::exception& e) {
         errors[rank] = e.what();
@@ -42,6 +44,17 @@ inline void RunRanksWithStore(int world, const std::function<void(int rank, PG p
   for (int rank = 0; rank < world; ++rank) {
     CHECK_MESSAGE(errors[rank].empty(), "rank ", rank, ": ", errors[rank]);
   }
+}
+
+// Gloo over loopback; `timeout` bounds every collective.
+inline void RunRanksWithStore(int world, const std::function<void(int rank, PG pg, c10d::Store& store)>& body,
+                              std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  RunRanksOn(
+      world,
+      [timeout](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
+        return MakeGlooBackend(store, rank, size, "127.0.0.1", timeout);
+      },
+      body);
 }
 
 inline void RunRanks(int world, const std::function<void(int rank, PG pg)>& body,

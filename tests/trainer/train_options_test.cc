@@ -1,0 +1,88 @@
+// elrun-train's options: typed values, defaults, and one line for each wrong value or pair.
+#include "trainer/train_options.h"
+
+#include <doctest/doctest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace elrun::trainer {
+namespace {
+
+absl::StatusOr<std::optional<TrainOptions>> Parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "elrun-train");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out;
+  return ParseTrainOptions(static_cast<int>(argv.size()), argv.data(), out);
+}
+
+std::string Error(std::vector<std::string> args) { return std::string(Parse(std::move(args)).status().message()); }
+
+TEST_CASE("defaults") {
+  auto parsed = Parse({});
+  REQUIRE(parsed.ok());
+  REQUIRE(parsed->has_value());
+  const TrainOptions& o = **parsed;
+  CHECK(o.strategy == Strategy::kDdp);
+  CHECK(o.device == DeviceChoice::kAuto);
+  CHECK(o.backend == BackendChoice::kAuto);
+  CHECK(o.linear == LinearChoice::kAuto);
+  CHECK(o.optimizer == OptimizerChoice::kSgd);
+  CHECK(o.lr == doctest::Approx(0.05));
+  CHECK(o.lr_schedule == LrSchedule::kCosine);
+}
+
+TEST_CASE("every choice becomes its enum; strategy aliases too") {
+  auto parsed = Parse({"--strategy", "full_shard", "--device", "cuda", "--backend", "nccl", "--optimizer", "adam",
+                       "--lr-schedule", "constant", "--model", "mlp", "--linear", "aten", "--allreduce", "gloo",
+                       "--dataset", "synthetic"});
+  REQUIRE(parsed.ok());
+  const TrainOptions& o = **parsed;
+  CHECK(o.strategy == Strategy::kFsdp);
+  CHECK(o.device == DeviceChoice::kCuda);
+  CHECK(o.backend == BackendChoice::kNccl);
+  CHECK(o.optimizer == OptimizerChoice::kAdam);
+  CHECK(o.lr == doctest::Approx(1e-3));  // Adam's default unless --lr is given.
+  CHECK(o.lr_schedule == LrSchedule::kConstant);
+  CHECK(o.model == ModelChoice::kMlp);
+  CHECK(o.linear == LinearChoice::kAten);
+  CHECK(o.allreduce == AllreduceChoice::kProcessGroup);
+  CHECK(o.dataset == DatasetChoice::kSynthetic);
+  CHECK(StrategyName(o.strategy) == std::string("fsdp"));
+}
+
+TEST_CASE("an unknown value names the option, the value and the choices") {
+  CHECK(Error({"--strategy", "zero4"}) == "--strategy=zero4: expected ddp, no_shard, zero1, zero2 or fsdp");
+  CHECK(Error({"--device", "tpu"}) == "--device=tpu: expected auto, cpu or cuda");
+  CHECK(Error({"--backend", "mpi"}) == "--backend=mpi: expected auto, gloo or nccl");
+  CHECK(Error({"--optimizer", "lamb"}) == "--optimizer=lamb: expected sgd or adam");
+  CHECK(Error({"--lr-schedule", "step"}) == "--lr-schedule=step: expected constant or cosine");
+  CHECK(Error({"--linear", "mkl"}) == "--linear=mkl: expected auto, onednn or aten");
+  CHECK(Error({"--allreduce", "tcp"}) == "--allreduce=tcp: expected auto, shm or gloo");
+}
+
+TEST_CASE("pairs no device can satisfy are refused before anything runs") {
+  CHECK(Error({"--backend", "nccl", "--device", "cpu"}).find("--backend=nccl needs CUDA tensors") == 0);
+  CHECK(Error({"--backend", "gloo", "--device", "cuda"}) ==
+        "--backend=gloo with --device cuda: CUDA tensors go through nccl");
+  CHECK(Error({"--allreduce", "shm", "--device", "cuda"}) == "--allreduce=shm sums CPU tensors: use it with --device cpu");
+  CHECK(Error({"--batch-size", "10", "--accum-steps", "3"}) == "--batch-size=10 is not divisible by --accum-steps=3");
+  CHECK(Error({"--mlp-hidden", "64,0"}) == "--mlp-hidden: width 0 is not positive");
+}
+
+TEST_CASE("malformed numbers and unknown flags are errors; --help is not") {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--epochs", "0"}, {"--batch-size", "x"}, {"--lr", "-1"}, {"--no-such-flag"}}) {
+    auto parsed = Parse(args);
+    CHECK(parsed.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(parsed.status().message()).find("see elrun-train --help") != std::string::npos);
+  }
+  auto help = Parse({"--help"});
+  REQUIRE(help.ok());
+  CHECK_FALSE(help->has_value());
+}
+
+}  // namespace
+}  // namespace elrun::trainer

@@ -1,0 +1,196 @@
+#include "trainer/train_options.h"
+
+#include <utility>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace elrun::trainer {
+namespace {
+
+template <typename E>
+using Choices = std::vector<std::pair<std::string, E>>;
+
+// The value `text` of --flag among `choices`; the error lists the choices, the last with "or".
+template <typename E>
+absl::StatusOr<E> Pick(const std::string& flag, const std::string& text, const Choices<E>& choices,
+                       size_t listed = 0) {
+  for (const auto& [name, value] : choices) {
+    if (name == text) return value;
+  }
+  std::vector<std::string> names;
+  for (size_t i = 0; i < (listed ? listed : choices.size()); ++i) names.push_back(choices[i].first);
+  const std::string last = names.back();
+  names.pop_back();
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", text, ": expected ", absl::StrJoin(names, ", "),
+                                                 names.empty() ? "" : " or ", last));
+}
+
+struct RawChoices {
+  std::string model = "fashionnet", linear = "auto", dataset = "fashion-mnist", lr_schedule = "cosine",
+              optimizer = "sgd", strategy = "ddp", allreduce = "auto", device = "auto", backend = "auto";
+};
+
+absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
+  auto model = Pick<ModelChoice>("model", raw.model, {{"fashionnet", ModelChoice::kFashionNet}, {"mlp", ModelChoice::kMlp}});
+  auto linear = Pick<LinearChoice>(
+      "linear", raw.linear, {{"auto", LinearChoice::kAuto}, {"onednn", LinearChoice::kOneDnn}, {"aten", LinearChoice::kAten}});
+  auto dataset = Pick<DatasetChoice>(
+      "dataset", raw.dataset, {{"fashion-mnist", DatasetChoice::kFashionMnist}, {"synthetic", DatasetChoice::kSynthetic}});
+  auto schedule = Pick<LrSchedule>("lr-schedule", raw.lr_schedule,
+                                   {{"constant", LrSchedule::kConstant}, {"cosine", LrSchedule::kCosine}});
+  auto optimizer = Pick<OptimizerChoice>("optimizer", raw.optimizer,
+                                         {{"sgd", OptimizerChoice::kSgd}, {"adam", OptimizerChoice::kAdam}});
+  auto strategy = Pick<Strategy>("strategy", raw.strategy,
+                                 {{"ddp", Strategy::kDdp},
+                                  {"no_shard", Strategy::kNoShard},
+                                  {"zero1", Strategy::kZero1},
+                                  {"zero2", Strategy::kZero2},
+                                  {"fsdp", Strategy::kFsdp},
+                                  {"shard_optimizer", Strategy::kZero1},
+                                  {"shard_grad_op", Strategy::kZero2},
+                                  {"zero3", Strategy::kFsdp},
+                                  {"full_shard", Strategy::kFsdp}},
+                                 /*listed=*/5);
+  auto allreduce = Pick<AllreduceChoice>(
+      "allreduce", raw.allreduce,
+      {{"auto", AllreduceChoice::kAuto}, {"shm", AllreduceChoice::kShm}, {"gloo", AllreduceChoice::kProcessGroup}});
+  auto device = Pick<DeviceChoice>("device", raw.device,
+                                   {{"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}});
+  auto backend = Pick<BackendChoice>(
+      "backend", raw.backend, {{"auto", BackendChoice::kAuto}, {"gloo", BackendChoice::kGloo}, {"nccl", BackendChoice::kNccl}});
+  for (const absl::Status& s : {model.status(), linear.status(), dataset.status(), schedule.status(),
+                                optimizer.status(), strategy.status(), allreduce.status(), device.status(),
+                                backend.status()}) {
+    if (!s.ok()) return s;
+  }
+  o.model = *model;
+  o.linear = *linear;
+  o.dataset = *dataset;
+  o.lr_schedule = *schedule;
+  o.optimizer = *optimizer;
+  o.strategy = *strategy;
+  o.allreduce = *allreduce;
+  o.device = *device;
+  o.backend = *backend;
+
+  if (o.batch_size % o.accum_steps != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--batch-size=", o.batch_size, " is not divisible by --accum-steps=", o.accum_steps));
+  }
+  if (o.backend == BackendChoice::kNccl && o.device == DeviceChoice::kCpu) {
+    return absl::InvalidArgumentError(
+        "--backend=nccl needs CUDA tensors: use --device cuda (or auto on a GPU machine), or --backend gloo");
+  }
+  if (o.backend == BackendChoice::kGloo && o.device == DeviceChoice::kCuda) {
+    return absl::InvalidArgumentError("--backend=gloo with --device cuda: CUDA tensors go through nccl");
+  }
+  if (o.allreduce == AllreduceChoice::kShm && o.device == DeviceChoice::kCuda) {
+    return absl::InvalidArgumentError("--allreduce=shm sums CPU tensors: use it with --device cpu");
+  }
+  for (int64_t width : o.mlp_hidden) {
+    if (width <= 0) return absl::InvalidArgumentError(absl::StrCat("--mlp-hidden: width ", width, " is not positive"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* StrategyName(Strategy strategy) {
+  switch (strategy) {
+    case Strategy::kDdp: return "ddp";
+    case Strategy::kNoShard: return "no_shard";
+    case Strategy::kZero1: return "zero1";
+    case Strategy::kZero2: return "zero2";
+    case Strategy::kFsdp: return "fsdp";
+  }
+  return "?";
+}
+
+const char* OptimizerName(OptimizerChoice optimizer) { return optimizer == OptimizerChoice::kAdam ? "adam" : "sgd"; }
+
+absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const char* const* argv, std::ostream& out) {
+  TrainOptions o;
+  RawChoices raw;
+  CLI::App app("elrun-train: data-parallel training of FashionNet on Fashion-MNIST (LibTorch), on CPU or CUDA.",
+               "elrun-train");
+  app.add_option("--model", raw.model, "fashionnet or mlp")->capture_default_str();
+  app.add_option("--linear", raw.linear,
+                 "kernel of the fully connected layers: onednn (as a 1x1 convolution), aten (the linked BLAS or "
+                 "cuBLAS), or auto (onednn on CPU, aten on CUDA)")
+      ->capture_default_str();
+  app.add_option("--dataset", raw.dataset, "fashion-mnist or synthetic")->capture_default_str();
+  app.add_option("--data-dir", o.data_dir, "Fashion-MNIST IDX files (default: Debian's dataset-fashion-mnist)");
+  app.add_option("--epochs", o.epochs, "epochs")->capture_default_str()->check(CLI::Range(1, 100000));
+  app.add_option("--max-steps", o.max_steps, "stop after this many steps (0: no limit)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--batch-size", o.batch_size, "samples per rank per step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  CLI::Option* lr = app.add_option("--lr", o.lr, "learning rate (default 0.05 for sgd, 0.001 for adam)")
+                        ->check(CLI::PositiveNumber);
+  app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--optimizer", raw.optimizer, "sgd or adam")->capture_default_str();
+  app.add_option("--strategy", raw.strategy,
+                 "ddp (bucketed all-reduce), no_shard, zero1, zero2 or fsdp (FullyShardedDataParallel)")
+      ->capture_default_str();
+  app.add_option("--mlp-hidden", o.mlp_hidden, "hidden layer widths of --model mlp")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_flag("--report-memory", o.report_memory,
+               "print each rank's parameter, gradient and optimizer-state bytes, peak, peak RSS and, on CUDA, "
+               "the caching allocator's allocated, reserved and peak bytes");
+  app.add_option("--weight-decay", o.weight_decay, "weight decay (L2)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--lr-schedule", raw.lr_schedule,
+                 "constant, or cosine: lr x (1 + cos(pi x fraction of epochs done)) / 2, per step")
+      ->capture_default_str();
+  app.add_option("--accum-steps", o.accum_steps, "micro-batches per step (communication once per step)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  app.add_flag("--sync-bn", o.sync_bn, "convert BatchNorm layers to SyncBatchNorm");
+  app.add_option("--seed", o.seed, "seed of weights and data order")->capture_default_str();
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "save and resume checkpoint.pt here");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "save every N steps (0: at the end and on SIGTERM)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", o.threads, "intra-op threads per rank")->capture_default_str()->check(CLI::Range(1, 256));
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket size limit (MiB)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--first-bucket-mb", o.first_bucket_mb,
+                 "limit of DDP's first bucket (MiB), small so the last layers' all-reduce overlaps backward")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--allreduce", raw.allreduce,
+                 "transport of DDP's and SyncBatchNorm's all-reduces on CPU: shm (shared memory, all ranks on "
+                 "this host), gloo (the process group), or auto (shm where every rank can map it, else the "
+                 "process group)")
+      ->capture_default_str();
+  app.add_option("--device", raw.device,
+                 "cpu, cuda (worker i uses cuda:LOCAL_RANK among CUDA_VISIBLE_DEVICES), or auto (cuda when a "
+                 "device is visible)")
+      ->capture_default_str();
+  app.add_option("--backend", raw.backend, "gloo, nccl, or auto (nccl for CUDA, gloo for CPU)")->capture_default_str();
+  app.add_option("--metrics-file", o.metrics_file, "JSON lines: steps and a final {\"event\":\"end\",...}");
+  app.add_option("--step-times-file", o.step_times_file,
+                 "each rank appends to PATH.<rank>: per step, its wall and CPU milliseconds (tab-separated)");
+  app.add_option("--log-every", o.log_every, "progress line every N steps (rank 0)")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    out << app.help();
+    return std::optional<TrainOptions>();
+  } catch (const CLI::ParseError& error) {
+    return absl::InvalidArgumentError(absl::StrCat(error.what(), "; see elrun-train --help"));
+  }
+  if (absl::Status s = Resolve(raw, o); !s.ok()) return s;
+  if (lr->count() == 0 && o.optimizer == OptimizerChoice::kAdam) o.lr = 1e-3;
+  return std::optional<TrainOptions>(std::move(o));
+}
+
+}  // namespace elrun::trainer

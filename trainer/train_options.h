@@ -1,0 +1,70 @@
+// elrun-train's command line as typed values: every option is parsed and checked here, before
+// the worker reads its environment, joins a rendezvous or opens a file, so a mistyped option is
+// one line on stderr and exit 2 at once. Thread-compatible; no LibTorch.
+#ifndef ELRUN_TRAINER_TRAIN_OPTIONS_H_
+#define ELRUN_TRAINER_TRAIN_OPTIONS_H_
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace elrun::trainer {
+
+enum class ModelChoice { kFashionNet, kMlp };
+enum class DatasetChoice { kFashionMnist, kSynthetic };
+enum class OptimizerChoice { kSgd, kAdam };
+enum class LrSchedule { kConstant, kCosine };
+// ddp: DistributedDataParallel; the others are FullyShardedDataParallel's strategies.
+enum class Strategy { kDdp, kNoShard, kZero1, kZero2, kFsdp };
+enum class LinearChoice { kAuto, kOneDnn, kAten };  // auto: oneDNN on CPU, ATen on CUDA.
+enum class AllreduceChoice { kAuto, kShm, kProcessGroup };  // --allreduce auto|shm|gloo.
+enum class DeviceChoice { kAuto, kCpu, kCuda };      // auto: CUDA when a device is visible.
+enum class BackendChoice { kAuto, kGloo, kNccl };    // auto: NCCL for CUDA, Gloo for CPU.
+
+const char* StrategyName(Strategy strategy);  // ddp, no_shard, zero1, zero2, fsdp.
+const char* OptimizerName(OptimizerChoice optimizer);
+
+struct TrainOptions {
+  ModelChoice model = ModelChoice::kFashionNet;
+  LinearChoice linear = LinearChoice::kAuto;
+  DatasetChoice dataset = DatasetChoice::kFashionMnist;
+  std::string data_dir;  // Empty: Debian's dataset-fashion-mnist folder (kFashionMnistDir).
+  int epochs = 1;
+  int64_t max_steps = 0;
+  int64_t batch_size = 64;
+  double lr = 0.05;  // 0.001 for adam unless given.
+  double momentum = 0.9;
+  double weight_decay = 0.0;
+  LrSchedule lr_schedule = LrSchedule::kCosine;
+  OptimizerChoice optimizer = OptimizerChoice::kSgd;
+  Strategy strategy = Strategy::kDdp;
+  std::vector<int64_t> mlp_hidden = {256, 128};
+  bool report_memory = false;
+  int accum_steps = 1;
+  bool sync_bn = false;
+  uint64_t seed = 0;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int threads = 1;
+  double bucket_cap_mb = 25.0;
+  double first_bucket_mb = 1.0;
+  AllreduceChoice allreduce = AllreduceChoice::kAuto;
+  DeviceChoice device = DeviceChoice::kAuto;
+  BackendChoice backend = BackendChoice::kAuto;
+  std::string metrics_file;
+  std::string step_times_file;
+  int64_t log_every = 50;
+};
+
+// Parses elrun-train's arguments. nullopt after printing --help to `out`; InvalidArgument with a
+// one-line message naming the option, the value and the choices for anything else wrong,
+// including combinations no device can satisfy (--backend nccl --device cpu).
+absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const char* const* argv, std::ostream& out);
+
+}  // namespace elrun::trainer
+
+#endif  // ELRUN_TRAINER_TRAIN_OPTIONS_H_
