@@ -10,10 +10,11 @@ absl::StatusOr<Placement> ResolvePlacement(DeviceChoice device, BackendChoice ba
                                            cuda_visible_devices.empty()
                                                ? std::string()
                                                : absl::StrCat(" with CUDA_VISIBLE_DEVICES=", cuda_visible_devices));
+  if (absl::Status s = CheckDeviceBackend(device, backend); !s.ok()) return s;
   Placement placement;
   placement.cuda = device == DeviceChoice::kCuda || (device == DeviceChoice::kAuto && visible_cuda_devices > 0);
   if (!placement.cuda) {
-    if (backend == BackendChoice::kNccl) {
+    if (backend == BackendChoice::kNccl) {  // --device auto without a visible device.
       return absl::InvalidArgumentError(
           absl::StrCat("--backend=nccl needs CUDA tensors, and no CUDA device is visible (", visible,
                        "); use --backend gloo"));
@@ -29,7 +30,7 @@ absl::StatusOr<Placement> ResolvePlacement(DeviceChoice device, BackendChoice ba
         absl::StrCat("LOCAL_RANK=", local_rank, " has no CUDA device (", visible,
                      "); start at most one worker per device (elrun --nproc-per-node gpu), or use --device cpu"));
   }
-  if (backend == BackendChoice::kGloo) {
+  if (backend == BackendChoice::kGloo) {  // --device auto with a visible device.
     return absl::InvalidArgumentError("--backend=gloo with CUDA tensors: CUDA tensors go through nccl");
   }
   placement.cuda_device = local_rank;

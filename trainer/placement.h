@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "trainer/process_group.h"
+#include "trainer/backend_kind.h"
 #include "trainer/train_options.h"
 
 namespace elrun::trainer {
@@ -21,7 +21,8 @@ struct Placement {
 // `visible_cuda_devices`: what the CUDA runtime reports (0 without a GPU or driver);
 // `cuda_visible_devices`: the CUDA_VISIBLE_DEVICES value, for messages ("" when unset).
 // FailedPrecondition, one line naming LOCAL_RANK and the device count, when this worker has no
-// device; InvalidArgument for a device/backend pair that cannot work.
+// device; InvalidArgument for a device/backend pair that cannot work (CheckDeviceBackend's, and
+// those that --device auto makes impossible on this machine).
 absl::StatusOr<Placement> ResolvePlacement(DeviceChoice device, BackendChoice backend, int local_rank,
                                            int visible_cuda_devices, const std::string& cuda_visible_devices);
 

@@ -55,8 +55,6 @@ absl::StatusOr<DistEnv> ReadDistEnv(const std::map<std::string, std::string>& en
   return d;
 }
 
-const char* BackendName(BackendKind kind) { return kind == BackendKind::kNccl ? "nccl" : "gloo"; }
-
 absl::StatusOr<Dist> InitProcessGroup(const DistEnv& env, BackendKind backend, int cuda_device,
                                       std::chrono::milliseconds timeout) {
   try {

@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "absl/status/statusor.h"
+#include "trainer/backend_kind.h"
 
 namespace elrun::trainer {
 
@@ -30,9 +31,6 @@ struct DistEnv {
 // Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT. InvalidArgument naming the
 // variable when one is missing or malformed.
 absl::StatusOr<DistEnv> ReadDistEnv(const std::map<std::string, std::string>& env);
-
-enum class BackendKind { kGloo, kNccl };
-const char* BackendName(BackendKind kind);  // "gloo", "nccl".
 
 struct Dist {
   DistEnv env;

@@ -157,9 +157,13 @@ std::shared_ptr<SyncBatchNormImpl> ConvertOne(const std::shared_ptr<torch::nn::M
   auto bn = std::dynamic_pointer_cast<BatchNormImpl>(child);
   if (!bn) return nullptr;
   auto sync = std::make_shared<SyncBatchNormImpl>(bn->options, pg, shm);
-  // On the device (and in the dtype) of the layer it replaces, CPU or CUDA.
-  for (const auto& t : bn->parameters()) sync->to(t.device(), t.scalar_type());
-  for (const auto& t : bn->buffers()) sync->to(t.device());
+  // On the device of the layer it replaces, CPU or CUDA (Module::to with a dtype would also
+  // convert num_batches_tracked, so the device alone; the copies below keep the values).
+  if (bn->options.affine()) {
+    sync->to(bn->weight.device());
+  } else if (bn->options.track_running_stats()) {
+    sync->to(bn->running_mean.device());
+  }
   torch::NoGradGuard no_grad;
   if (bn->options.affine()) {
     sync->weight.copy_(bn->weight);

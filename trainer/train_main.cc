@@ -177,7 +177,8 @@ struct Job {
   TrainOptions o;
   DistEnv env;
   Placement placement;
-  torch::Device device = torch::kCPU;
+  torch::Device device = torch::kCPU;  // From placement.
+  LinearKernel linear = LinearKernel::kOneDnn;  // --linear resolved for the device.
   Dist dist;
   Dataset train, test;
   std::shared_ptr<Classifier> model;
@@ -279,11 +280,10 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   torch::manual_seed(o.seed);
   MlpOptions mlp;
   mlp.hidden = o.mlp_hidden;
-  const LinearKernel linear =
-      o.linear == LinearChoice::kAten || (o.linear == LinearChoice::kAuto && job->placement.cuda)
-          ? LinearKernel::kAten
-          : LinearKernel::kOneDnn;
-  auto model = MakeModel(o.model == ModelChoice::kMlp ? "mlp" : "fashionnet", mlp, linear);
+  job->linear = o.linear == LinearChoice::kAten || (o.linear == LinearChoice::kAuto && job->placement.cuda)
+                    ? LinearKernel::kAten
+                    : LinearKernel::kOneDnn;
+  auto model = MakeModel(o.model == ModelChoice::kMlp ? "mlp" : "fashionnet", mlp, job->linear);
   if (!model.ok()) return model.status();
   job->model = std::move(*model);
   job->model->to(job->device);
@@ -415,12 +415,10 @@ void Report(Job& job, LoopStats& loop, double accuracy) {
   std::cout << absl::StrFormat("done: %d steps, %d epochs, %.1f s, %.0f samples/s, test accuracy %.4f",
                                job.progress.step, o.epochs, loop.elapsed_s, rate, accuracy)
             << std::endl;
-  const char* linear =
-      o.linear == LinearChoice::kAten || (o.linear == LinearChoice::kAuto && job.placement.cuda) ? "aten" : "onednn";
   job.metrics->Write(absl::StrFormat(
       R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","allreduce":"%s","device":"%s","backend":"%s","step_time_s":%.6f,"step_ms_p10":%.3f,"step_ms_p50":%.3f,"step_ms_p90":%.3f,%s%s})",
       accuracy, rate, job.progress.step, o.epochs, loop.elapsed_s, job.world(), StrategyName(o.strategy),
-      OptimizerName(o.optimizer), linear, job.allreduce, job.device.str(), BackendName(job.dist.backend),
+      OptimizerName(o.optimizer), LinearKernelName(job.linear), job.allreduce, job.device.str(), BackendName(job.dist.backend),
       loop.elapsed_s / std::max<int64_t>(1, steps), Quantile(loop.step_ms, 0.1), Quantile(loop.step_ms, 0.5),
       Quantile(loop.step_ms, 0.9), loop.loop_times, MemoryJson(Memory(job))));
 }

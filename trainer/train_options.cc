@@ -80,13 +80,7 @@ absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--batch-size=", o.batch_size, " is not divisible by --accum-steps=", o.accum_steps));
   }
-  if (o.backend == BackendChoice::kNccl && o.device == DeviceChoice::kCpu) {
-    return absl::InvalidArgumentError(
-        "--backend=nccl needs CUDA tensors: use --device cuda (or auto on a GPU machine), or --backend gloo");
-  }
-  if (o.backend == BackendChoice::kGloo && o.device == DeviceChoice::kCuda) {
-    return absl::InvalidArgumentError("--backend=gloo with --device cuda: CUDA tensors go through nccl");
-  }
+  if (absl::Status s = CheckDeviceBackend(o.device, o.backend); !s.ok()) return s;
   if (o.allreduce == AllreduceChoice::kShm && o.device == DeviceChoice::kCuda) {
     return absl::InvalidArgumentError("--allreduce=shm sums CPU tensors: use it with --device cpu");
   }
@@ -107,6 +101,17 @@ const char* StrategyName(Strategy strategy) {
     case Strategy::kFsdp: return "fsdp";
   }
   return "?";
+}
+
+absl::Status CheckDeviceBackend(DeviceChoice device, BackendChoice backend) {
+  if (backend == BackendChoice::kNccl && device == DeviceChoice::kCpu) {
+    return absl::InvalidArgumentError(
+        "--backend=nccl needs CUDA tensors: use --device cuda (or auto on a GPU machine), or --backend gloo");
+  }
+  if (backend == BackendChoice::kGloo && device == DeviceChoice::kCuda) {
+    return absl::InvalidArgumentError("--backend=gloo with --device cuda: CUDA tensors go through nccl");
+  }
+  return absl::OkStatus();
 }
 
 const char* OptimizerName(OptimizerChoice optimizer) { return optimizer == OptimizerChoice::kAdam ? "adam" : "sgd"; }

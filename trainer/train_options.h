@@ -60,6 +60,10 @@ struct TrainOptions {
   int64_t log_every = 50;
 };
 
+// The --device/--backend pairs that cannot work on any machine: InvalidArgument, one line. The
+// pairs that depend on the devices present are ResolvePlacement's (placement.h).
+absl::Status CheckDeviceBackend(DeviceChoice device, BackendChoice backend);
+
 // Parses elrun-train's arguments. nullopt after printing --help to `out`; InvalidArgument with a
 // one-line message naming the option, the value and the choices for anything else wrong,
 // including combinations no device can satisfy (--backend nccl --device cpu).

@@ -48,6 +48,10 @@ TEST_CASE("nccl needs CUDA tensors; gloo does not take them") {
   CHECK(gloo.status().code() == absl::StatusCode::kInvalidArgument);
   auto cpu_gloo = ResolvePlacement(DeviceChoice::kCpu, BackendChoice::kGloo, 0, 1, "");
   CHECK(cpu_gloo.ok());
+  // Explicit pairs that no machine satisfies: the same line as elrun-train's option check.
+  auto cpu_nccl = ResolvePlacement(DeviceChoice::kCpu, BackendChoice::kNccl, 0, 8, "");
+  CHECK(cpu_nccl.status() == CheckDeviceBackend(DeviceChoice::kCpu, BackendChoice::kNccl));
+  CHECK_FALSE(cpu_nccl.ok());
 }
 
 }  // namespace
