@@ -8,6 +8,10 @@
 #include <fstream>
 #include <iterator>
 
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/csrc/jit/serialization/pickler_helper.h>
+
 #include "absl/strings/str_cat.h"
 #include "trainer/optimizer_state.h"
 
@@ -27,6 +31,32 @@ TrainProgress ReadProgress(const c10::impl::GenericDict& dict) {
   progress.samples_seen = dict.at("samples_seen").toInt();
   progress.world_size = dict.at("world_size").toInt();
   return progress;
+}
+
+std::vector<char> SaveForPython(const c10::IValue& value) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&](const char* bytes, size_t n) { pickle.insert(pickle.end(), bytes, bytes + n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t n) {
+    const char* begin = static_cast<const char*>(bytes);
+    archive.insert(archive.end(), begin, begin + n);
+    return n;
+  });
+  // The layout torch::pickle_save writes: the storages as data/<i> in the order the pickle
+  // names them, then data.pkl.
+  const std::vector<at::Tensor>& tensors = pickler.tensorData();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    torch::jit::WriteableTensorData data = torch::jit::getWriteableTensorData(tensors[i]);
+    writer.writeRecord("data/" + std::to_string(i), data.data(), data.sizeInBytes());
+  }
+  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  writer.writeEndOfFile();
+  return archive;
 }
 
 absl::Status WriteAtomically(const std::string& path, const std::vector<char>& bytes) {
@@ -81,7 +111,7 @@ absl::Status WriteCheckpointFile(const std::string& path, const std::map<std::st
     root.insert("optimizer", state);
     root.insert("optimizer_kind", optimizer_kind);
     InsertProgress(root, progress);
-    return WriteAtomically(path, torch::pickle_save(root));
+    return WriteAtomically(path, SaveForPython(root));
   } catch (const c10::Error& error) {
     return absl::InternalError(absl::StrCat("save ", path, ": ", error.what_without_backtrace()));
   }

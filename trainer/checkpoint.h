@@ -28,6 +28,12 @@ struct TrainProgress {
 void InsertProgress(c10::impl::GenericDict& dict, const TrainProgress& progress);
 TrainProgress ReadProgress(const c10::impl::GenericDict& dict);  // Throws c10::Error if missing.
 
+// `value` in torch.save's format (a zip with data.pkl and one record per tensor storage, CUDA
+// tensors copied to the CPU) that Python's torch.load opens with its default weights_only=True:
+// unlike torch::pickle_save, no dict or list is tagged with its element types (restore_type_tag,
+// a global weights_only refuses). torch::pickle_load reads it back. Throws c10::Error.
+std::vector<char> SaveForPython(const c10::IValue& value);
+
 // Writes `bytes` to `path` through a temporary file, fsync and rename.
 absl::Status WriteAtomically(const std::string& path, const std::vector<char>& bytes);
 

@@ -197,7 +197,7 @@ absl::Status SaveSharded(const std::string& dir, FullyShardedDataParallel& fsdp,
       file.insert("units", units);
       file.insert("buffers", buffers);
       InsertProgress(file, progress);
-      status = WriteAtomically(ShardFile(step_dir, k, count), torch::pickle_save(file));
+      status = WriteAtomically(ShardFile(step_dir, k, count), SaveForPython(file));
     } catch (const c10::Error& error) {
       status = absl::InternalError(absl::StrCat("save shard: ", error.what_without_backtrace()));
     }

@@ -81,7 +81,7 @@ def end_record(metrics_path):
 def load_checkpoint(path):
     """A checkpoint.pt of elrun-train, read by Python's torch.load."""
     import torch  # Only the tests of this module pay for importing torch.
-    return torch.load(path, weights_only=False)  # LibTorch pickles tag their dicts (restore_type_tag).
+    return torch.load(path)  # torch 2.11 default: weights_only=True.
 
 
 def checkpoint_differences(a, b, tolerance, ignore=()):
