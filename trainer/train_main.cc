@@ -280,9 +280,9 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   torch::manual_seed(o.seed);
   MlpOptions mlp;
   mlp.hidden = o.mlp_hidden;
-  job->linear = o.linear == LinearChoice::kAten || (o.linear == LinearChoice::kAuto && job->placement.cuda)
-                    ? LinearKernel::kAten
-                    : LinearKernel::kOneDnn;
+  // auto is ATen's Linear on both devices since torch 2.11: its CPU build's Linear (MKL) beat the
+  // oneDNN 1x1-convolution route in train_bench (README), which Debian's reference BLAS needed.
+  job->linear = o.linear == LinearChoice::kOneDnn ? LinearKernel::kOneDnn : LinearKernel::kAten;
   auto model = MakeModel(o.model == ModelChoice::kMlp ? "mlp" : "fashionnet", mlp, job->linear);
   if (!model.ok()) return model.status();
   job->model = std::move(*model);

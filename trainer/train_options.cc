@@ -123,8 +123,8 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
                "elrun-train");
   app.add_option("--model", raw.model, "fashionnet or mlp")->capture_default_str();
   app.add_option("--linear", raw.linear,
-                 "kernel of the fully connected layers: onednn (as a 1x1 convolution), aten (the linked BLAS or "
-                 "cuBLAS), or auto (onednn on CPU, aten on CUDA)")
+                 "kernel of the fully connected layers: aten (torch's Linear: MKL on CPU, cuBLAS on CUDA), "
+                 "onednn (as a 1x1 convolution), or auto (aten)")
       ->capture_default_str();
   app.add_option("--dataset", raw.dataset, "fashion-mnist or synthetic")->capture_default_str();
   app.add_option("--data-dir", o.data_dir, "Fashion-MNIST IDX files (default: Debian's dataset-fashion-mnist)");

@@ -20,7 +20,7 @@ enum class OptimizerChoice { kSgd, kAdam };
 enum class LrSchedule { kConstant, kCosine };
 // ddp: DistributedDataParallel; the others are FullyShardedDataParallel's strategies.
 enum class Strategy { kDdp, kNoShard, kZero1, kZero2, kFsdp };
-enum class LinearChoice { kAuto, kOneDnn, kAten };  // auto: oneDNN on CPU, ATen on CUDA.
+enum class LinearChoice { kAuto, kOneDnn, kAten };  // auto: ATen (train_main.cc says why).
 enum class AllreduceChoice { kAuto, kShm, kProcessGroup };  // --allreduce auto|shm|gloo.
 enum class DeviceChoice { kAuto, kCpu, kCuda };      // auto: CUDA when a device is visible.
 enum class BackendChoice { kAuto, kGloo, kNccl };    // auto: NCCL for CUDA, Gloo for CPU.
