@@ -5,12 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/group_ranks.h"
+#include "agent/wire_checks.h"
 
 namespace elrun::rdzv {
 namespace {
 
 constexpr size_t kMaxIdLength = 128;
-constexpr size_t kMaxAddrLength = 255;
 constexpr int kMaxNodes = 65536;
 constexpr int kMaxNproc = 4096;
 constexpr int64_t kMaxTimeoutMs = 7LL * 24 * 3600 * 1000;
@@ -36,13 +36,19 @@ absl::Status CheckRange(const std::string& what, int64_t value, int64_t min, int
   return absl::OkStatus();
 }
 
+// The first setting in which `b` (a joining node's) differs from `a` (the job's), named with
+// both values; empty when they all match.
 std::string SettingsDiff(const v1::JobSettings& a, const v1::JobSettings& b) {
   auto diff = [](const char* name, int64_t x, int64_t y) {
     return x == y ? std::string() : absl::StrCat(name, " ", y, " (the job has ", x, ")");
   };
   for (std::string d : {diff("min_nodes", a.min_nodes(), b.min_nodes()),
                         diff("max_nodes", a.max_nodes(), b.max_nodes()),
-                        diff("max_restarts", a.max_restarts(), b.max_restarts())}) {
+                        diff("max_restarts", a.max_restarts(), b.max_restarts()),
+                        diff("last_call_timeout_ms", a.last_call_timeout_ms(), b.last_call_timeout_ms()),
+                        diff("join_timeout_ms", a.join_timeout_ms(), b.join_timeout_ms()),
+                        diff("heartbeat_timeout_ms", a.heartbeat_timeout_ms(), b.heartbeat_timeout_ms()),
+                        diff("close_timeout_ms", a.close_timeout_ms(), b.close_timeout_ms())}) {
     if (!d.empty()) return d;
   }
   return "";
@@ -65,16 +71,16 @@ absl::Status ValidateJoin(const v1::Join& join) {
                          CheckRange("master_port", join.master_port(), 1, 65535)}) {
     if (!s.ok()) return s;
   }
-  if (join.master_addr().empty() || join.master_addr().size() > kMaxAddrLength) {
-    return absl::InvalidArgumentError("master_addr must be 1-255 characters");
-  }
+  // It becomes every worker's MASTER_ADDR: a host name or an address literal, nothing else.
+  if (absl::Status s = CheckHostOrAddress("master_addr", join.master_addr()); !s.ok()) return s;
   const v1::JobSettings& s = join.settings();
   for (absl::Status st : {CheckRange("min_nodes", s.min_nodes(), 1, kMaxNodes),
                           CheckRange("max_nodes", s.max_nodes(), s.min_nodes(), kMaxNodes),
                           CheckRange("max_restarts", s.max_restarts(), 0, 1 << 30),
                           CheckRange("last_call_timeout_ms", s.last_call_timeout_ms(), 0, kMaxTimeoutMs),
                           CheckRange("join_timeout_ms", s.join_timeout_ms(), 1, kMaxTimeoutMs),
-                          CheckRange("heartbeat_timeout_ms", s.heartbeat_timeout_ms(), 1, kMaxTimeoutMs)}) {
+                          CheckRange("heartbeat_timeout_ms", s.heartbeat_timeout_ms(), 1, kMaxTimeoutMs),
+                          CheckRange("close_timeout_ms", s.close_timeout_ms(), 1, kMaxTimeoutMs)}) {
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
@@ -151,10 +157,20 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
   node.succeeded = false;
 
   if (job->phase == Phase::kRunning) {
-    // A newcomer while the job runs: scale up if there is room, else wait for a place.
+    // A newcomer while the job runs: scale up if there is room, else wait for a place. A round
+    // ends for a scale-up at most once per last call, so that a node that joins and leaves
+    // over and over cannot keep the job restarting.
     if (Count(*job, NodeState::kActive) < job->settings.max_nodes()) {
       node.state = NodeState::kPending;
-      EndRound(*job, v1::RoundEnded::NODE_JOINED, absl::StrCat("node ", node.node_id, " joined"), now);
+      TimePoint due = job->round_started_at + Ms(job->settings.last_call_timeout_ms());
+      if (now >= due) {
+        EndRound(*job, v1::RoundEnded::NODE_JOINED, absl::StrCat("node ", node.node_id, " joined"), now);
+      } else {
+        job->scale_up_at = due;
+        v1::CoordinatorMessage waiting;
+        waiting.mutable_waiting()->set_nodes_joined(Count(*job, NodeState::kPending));
+        Send(id, waiting);
+      }
     } else {
       node.state = NodeState::kWaitListed;
       v1::CoordinatorMessage waiting;
@@ -184,7 +200,7 @@ absl::Status Coordinator::HandleWorkersEnded(Job& job, Node& node, const v1::Wor
     for (const auto& [id, other] : job.nodes) {
       if (other.state == NodeState::kActive && !other.succeeded) return absl::OkStatus();
     }
-    EndJob(job, true, absl::StrCat("all workers of round ", job.round, " succeeded"));
+    EndJob(job, true, absl::StrCat("all workers of round ", job.round, " succeeded"), now);
     return absl::OkStatus();
   }
   std::string detail = absl::StrCat("node ", node.node_id, " (group rank ", node.group_rank, "): ",
@@ -194,24 +210,25 @@ absl::Status Coordinator::HandleWorkersEnded(Job& job, Node& node, const v1::Wor
     EndRound(job, v1::RoundEnded::WORKER_FAILED, detail, now);
   } else {
     EndJob(job, false, absl::StrCat(detail, "; no restarts left (max_restarts ",
-                                    job.settings.max_restarts(), ")"));
+                                    job.settings.max_restarts(), ")"), now);
   }
   return absl::OkStatus();
 }
 
 void Coordinator::MaybeCompleteRound(Job& job, TimePoint now) {
   if (job.phase != Phase::kGathering) return;
+  // After a round ended, the survivors are known: no round starts before all of them are back
+  // (one that dies, hangs or never rejoins is removed by its stream, its heartbeat or the join
+  // timeout), so that spares and newcomers cannot take their places.
+  if (job.round > 0 && Count(job, NodeState::kStopping) > 0) return;
   int pending = Count(job, NodeState::kPending);
-  int stopping = Count(job, NodeState::kStopping);
   if (pending >= job.settings.max_nodes()) {
     CompleteRound(job, now);
     return;
   }
   if (pending < job.settings.min_nodes()) return;
-  // After a round ended, the survivors are known: start as soon as all of them are back (one
-  // that dies or hangs meanwhile is removed by its stream or its heartbeat), without last call.
-  if (job.round > 0) {
-    if (stopping == 0) CompleteRound(job, now);
+  if (job.round > 0) {  // Every survivor is back: no last call.
+    CompleteRound(job, now);
     return;
   }
   if (!job.last_call_deadline) {
@@ -254,6 +271,8 @@ void Coordinator::CompleteRound(Job& job, TimePoint now) {
   ++job.round;
   job.phase = Phase::kRunning;
   job.last_call_deadline.reset();
+  job.scale_up_at.reset();
+  job.round_started_at = now;
   int world_size = 0;
   std::map<std::string, int> role_sizes;
   for (const Node* node : by_rank) {
@@ -302,12 +321,15 @@ void Coordinator::EndRound(Job& job, v1::RoundEnded::Reason reason, const std::s
   job.phase = Phase::kGathering;
   job.gathering_since = now;
   job.last_call_deadline.reset();
+  job.scale_up_at.reset();
   MaybeCompleteRound(job, now);
 }
 
-void Coordinator::EndJob(Job& job, bool success, const std::string& detail) {
+void Coordinator::EndJob(Job& job, bool success, const std::string& detail, TimePoint now) {
   job.phase = Phase::kDone;
   job.last_call_deadline.reset();
+  job.scale_up_at.reset();
+  job.ended_at = now;
   v1::CoordinatorMessage message;
   message.mutable_job_ended()->set_success(success);
   message.mutable_job_ended()->set_detail(detail);
@@ -346,7 +368,7 @@ void Coordinator::RemoveNode(const std::string& run_id, SessionId id, const std:
       for (const auto& [other_id, other] : job->nodes) {
         if (other.state == NodeState::kActive && !other.succeeded) all = false;
       }
-      if (all && Count(*job, NodeState::kActive) > 0) EndJob(*job, true, "all workers succeeded");
+      if (all && Count(*job, NodeState::kActive) > 0) EndJob(*job, true, "all workers succeeded", now);
       return;
     }
     EndRound(*job, v1::RoundEnded::NODE_LOST,
@@ -360,35 +382,78 @@ void Coordinator::Tick(TimePoint now) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> run_ids;
   for (const auto& [run_id, job] : jobs_) run_ids.push_back(run_id);
-  for (const std::string& run_id : run_ids) {
-    Job* job = FindJob(run_id);
-    if (job == nullptr || job->phase == Phase::kDone) continue;
-    // Hung or cut-off agents: evicted, as if their stream had closed.
-    std::vector<SessionId> hung;
-    for (const auto& [id, node] : job->nodes) {
-      if (now - node.last_seen > Ms(job->settings.heartbeat_timeout_ms())) hung.push_back(id);
+  for (const std::string& run_id : run_ids) TickJob(run_id, now);
+}
+
+void Coordinator::TickJob(const std::string& run_id, TimePoint now) {
+  Job* job = FindJob(run_id);
+  if (job == nullptr) return;
+  if (job->phase == Phase::kDone) {
+    // Nodes that have not left close_timeout after the end are closed and the run forgotten.
+    if (now >= *job->ended_at + Ms(job->settings.close_timeout_ms())) {
+      std::vector<SessionId> ids;
+      for (const auto& [id, node] : job->nodes) ids.push_back(id);
+      Evict(run_id, ids,
+            absl::DeadlineExceededError(absl::StrCat("run ", run_id, " ended ", job->settings.close_timeout_ms(),
+                                                     " ms ago (close_timeout); closing")),
+            "the job ended", now);
     }
-    for (SessionId id : hung) {
-      auto session = sessions_.find(id);
-      if (session != sessions_.end()) {
-        session->second.sink->Close(absl::UnavailableError(absl::StrCat(
-            "no heartbeat for ", job->settings.heartbeat_timeout_ms(), " ms: removed from run ", run_id)));
-        session->second.run_id.clear();
+    return;
+  }
+  // Hung or cut-off agents: evicted, as if their stream had closed.
+  std::vector<SessionId> hung;
+  for (const auto& [id, node] : job->nodes) {
+    if (now - node.last_seen > Ms(job->settings.heartbeat_timeout_ms())) hung.push_back(id);
+  }
+  Evict(run_id, hung,
+        absl::UnavailableError(absl::StrCat("no heartbeat for ", job->settings.heartbeat_timeout_ms(),
+                                            " ms: removed from run ", run_id)),
+        "no heartbeat", now);
+  job = FindJob(run_id);
+  if (job == nullptr) return;
+  if (job->phase == Phase::kRunning) {
+    if (job->scale_up_at && now >= *job->scale_up_at) {
+      job->scale_up_at.reset();
+      if (Count(*job, NodeState::kPending) > 0) {
+        EndRound(*job, v1::RoundEnded::NODE_JOINED, "nodes joined", now);
       }
-      RemoveNode(run_id, id, "no heartbeat", now);
-      job = FindJob(run_id);
-      if (job == nullptr) break;
     }
-    if (job == nullptr || job->phase != Phase::kGathering) continue;
-    if (job->last_call_deadline && now >= *job->last_call_deadline &&
-        Count(*job, NodeState::kPending) >= job->settings.min_nodes()) {
-      CompleteRound(*job, now);
-    } else if (now - job->gathering_since >= Ms(job->settings.join_timeout_ms()) &&
-               Count(*job, NodeState::kPending) < job->settings.min_nodes()) {
-      EndJob(*job, false, absl::StrCat("only ", Count(*job, NodeState::kPending), " of min ",
-                                       job->settings.min_nodes(), " nodes joined within join_timeout ",
-                                       job->settings.join_timeout_ms(), " ms"));
+    return;
+  }
+  if (job->phase != Phase::kGathering) return;
+  bool join_timed_out = now - job->gathering_since >= Ms(job->settings.join_timeout_ms());
+  if (join_timed_out && job->round > 0) {
+    // Survivors that keep their session but never rejoin are declared lost.
+    std::vector<SessionId> stuck;
+    for (const auto& [id, node] : job->nodes) {
+      if (node.state == NodeState::kStopping) stuck.push_back(id);
     }
+    Evict(run_id, stuck,
+          absl::DeadlineExceededError(absl::StrCat("did not rejoin run ", run_id, " within join_timeout ",
+                                                   job->settings.join_timeout_ms(), " ms")),
+          "did not rejoin", now);
+    job = FindJob(run_id);
+    if (job == nullptr || job->phase != Phase::kGathering) return;
+  }
+  if (job->last_call_deadline && now >= *job->last_call_deadline &&
+      Count(*job, NodeState::kPending) >= job->settings.min_nodes()) {
+    CompleteRound(*job, now);
+  } else if (join_timed_out && Count(*job, NodeState::kPending) < job->settings.min_nodes()) {
+    EndJob(*job, false, absl::StrCat("only ", Count(*job, NodeState::kPending), " of min ",
+                                     job->settings.min_nodes(), " nodes joined within join_timeout ",
+                                     job->settings.join_timeout_ms(), " ms"), now);
+  }
+}
+
+void Coordinator::Evict(const std::string& run_id, const std::vector<SessionId>& ids,
+                        const absl::Status& status, const std::string& why, TimePoint now) {
+  for (SessionId id : ids) {
+    auto session = sessions_.find(id);
+    if (session != sessions_.end()) {
+      session->second.sink->Close(status);
+      session->second.run_id.clear();
+    }
+    RemoveNode(run_id, id, why, now);
   }
 }
 
@@ -399,7 +464,11 @@ std::optional<TimePoint> Coordinator::NextDeadline() const {
     if (!next || t < *next) next = t;
   };
   for (const auto& [run_id, job] : jobs_) {
-    if (job.phase == Phase::kDone) continue;
+    if (job.phase == Phase::kDone) {
+      consider(*job.ended_at + Ms(job.settings.close_timeout_ms()));
+      continue;
+    }
+    if (job.scale_up_at) consider(*job.scale_up_at);
     for (const auto& [id, node] : job.nodes) {
       consider(node.last_seen + Ms(job.settings.heartbeat_timeout_ms()) + std::chrono::milliseconds(1));
     }

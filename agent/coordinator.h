@@ -1,6 +1,9 @@
 // The rendezvous coordinator's logic, without any networking: rounds of nodes for many jobs
 // (isolated by run id), stable group ranks, the wait list, liveness, one restart budget per job
-// and the exit barrier. The gRPC adapter (coordinator_service.h) feeds it one message at a time
+// and the exit barrier. Membership rules: a round after the first starts only once every
+// survivor of the last one has rejoined or been declared lost; spares fill vacancies only;
+// a scale-up ends a round at most once per last_call_timeout; an ended job is forgotten after
+// close_timeout whatever its sessions do. The gRPC adapter (coordinator_service.h) feeds it one message at a time
 // and delivers what it sends through each session's SessionSink; tests call it directly.
 // Thread-safe: every public method takes the coordinator's mutex.
 #ifndef ELRUN_AGENT_COORDINATOR_H_
@@ -14,6 +17,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "proto/rendezvous.pb.h"
@@ -23,7 +27,7 @@ namespace elrun::rdzv {
 using TimePoint = std::chrono::steady_clock::time_point;
 using SessionId = uint64_t;
 
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;  // 2: JobSettings.close_timeout_ms.
 
 // Where the coordinator's messages to one agent go. Implementations must not block and must
 // not call back into the Coordinator.
@@ -63,7 +67,8 @@ class Coordinator {
   // The stream ended (the agent died, left, or the stream broke).
   void OnDisconnect(SessionId id, TimePoint now);
 
-  // Applies every timeout due at `now`: heartbeats, last call, join timeout.
+  // Applies every timeout due at `now`: heartbeats, last call, join timeout, a deferred
+  // scale-up, close timeout.
   void Tick(TimePoint now);
 
   // The earliest time Tick has something to do; nullopt when nothing is pending.
@@ -104,6 +109,9 @@ class Coordinator {
     int restart_count = 0;
     TimePoint gathering_since;
     std::optional<TimePoint> last_call_deadline;
+    TimePoint round_started_at;
+    std::optional<TimePoint> scale_up_at;  // A newcomer waits for this while the job runs.
+    std::optional<TimePoint> ended_at;     // Set when the job is done.
     uint64_t next_join_order = 0;
     std::map<SessionId, Node> nodes;  // By session.
   };
@@ -118,7 +126,12 @@ class Coordinator {
   void MaybeCompleteRound(Job& job, TimePoint now);
   void CompleteRound(Job& job, TimePoint now);
   void EndRound(Job& job, v1::RoundEnded::Reason reason, const std::string& detail, TimePoint now);
-  void EndJob(Job& job, bool success, const std::string& detail);
+  void EndJob(Job& job, bool success, const std::string& detail, TimePoint now);
+  // Closes the sessions of a job's remaining nodes with `status` and forgets them, and the job
+  // when nobody is left.
+  void Evict(const std::string& run_id, const std::vector<SessionId>& ids, const absl::Status& status,
+             const std::string& why, TimePoint now);
+  void TickJob(const std::string& run_id, TimePoint now);
   // Removes a node that died or hung; reacts as the job's phase requires. May erase the job.
   void RemoveNode(const std::string& run_id, SessionId id, const std::string& why, TimePoint now);
   void Send(SessionId id, const v1::CoordinatorMessage& message);

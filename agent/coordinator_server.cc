@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -17,6 +18,29 @@ namespace {
 
 grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+// The wire form of a coordinator message.
+grpc::ByteBuffer Serialize(const v1::CoordinatorMessage& message) {
+  std::string bytes = message.SerializeAsString();
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Parses an agent's message; InvalidArgument when the bytes are not one (truncated, garbage).
+// gRPC's own parsing would end the stream as if the agent had closed it, with status OK.
+absl::Status Parse(const grpc::ByteBuffer& buffer, v1::AgentMessage* message) {
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (buffer.Dump(&slices).ok()) {
+    for (const grpc::Slice& slice : slices) {
+      bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    if (message->ParseFromString(bytes)) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unparsable message (", buffer.Length(), " bytes): not an AgentMessage of protocol version ",
+                   kProtocolVersion));
 }
 
 bool ConstantTimeEquals(const std::string& a, const std::string& b) {
@@ -73,9 +97,10 @@ class Ticker {
   std::thread thread_;
 };
 
-// One agent's stream. Reads feed the coordinator; the coordinator's sends are queued and written
+// One agent's stream, in raw bytes so that a message that does not parse is told apart from
+// the agent's end. Reads feed the coordinator; the coordinator's sends are queued and written
 // one at a time. Deletes itself when gRPC is done with it.
-class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>,
+class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                        public SessionSink {
  public:
   SessionReactor(Coordinator* coordinator, Ticker* ticker, SessionId id, grpc::Status refused)
@@ -95,9 +120,12 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMessage, v1::Coor
       Close(absl::OkStatus());
       return;
     }
-    absl::Status status =
-        coordinator_->OnMessage(id_, incoming_, std::chrono::steady_clock::now());
-    ticker_->Wake();
+    v1::AgentMessage message;
+    absl::Status status = Parse(incoming_, &message);
+    if (status.ok()) {
+      status = coordinator_->OnMessage(id_, message, std::chrono::steady_clock::now());
+      ticker_->Wake();
+    }
     if (!status.ok()) {
       Disconnect();
       Close(status);
@@ -109,7 +137,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMessage, v1::Coor
   void Send(const v1::CoordinatorMessage& message) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (finish_requested_) return;
-    outbox_.push_back(message);
+    outbox_.push_back(Serialize(message));
     if (!writing_) {
       writing_ = true;
       StartWrite(&outbox_.front());
@@ -155,20 +183,20 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::AgentMessage, v1::Coor
   Ticker* const ticker_;
   const SessionId id_;
   std::atomic<bool> connected_{false};
-  v1::AgentMessage incoming_;  // Only touched by the read chain.
+  grpc::ByteBuffer incoming_;  // Only touched by the read chain.
   std::mutex mu_;
-  std::deque<v1::CoordinatorMessage> outbox_;  // Guarded by mu_; front() is being written.
+  std::deque<grpc::ByteBuffer> outbox_;  // Guarded by mu_; front() is being written.
   bool writing_ = false;                        // Guarded by mu_.
   bool finish_requested_ = false;               // Guarded by mu_.
   grpc::Status final_status_;                   // Guarded by mu_.
 };
 
-class Service final : public v1::Rendezvous::CallbackService {
+class Service final : public v1::Rendezvous::WithRawCallbackMethod_Session<v1::Rendezvous::Service> {
  public:
   Service(Coordinator* coordinator, Ticker* ticker, std::string token)
       : coordinator_(coordinator), ticker_(ticker), token_(std::move(token)) {}
 
-  grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>* Session(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* context) override {
     grpc::Status refused = grpc::Status::OK;
     if (!token_.empty()) {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/coordinator_server.h"
 #include "agent/rendezvous_client.h"
+#include "agent/wire_checks.h"
 #include "launcher/attempt_builder.h"
 #include "launcher/host_info.h"
 #include "launcher/job_runtime.h"
@@ -141,6 +142,7 @@ class ElasticAgent {
     settings->set_last_call_timeout_ms(rdzv_.last_call_timeout.count());
     settings->set_join_timeout_ms(rdzv_.join_timeout.count());
     settings->set_heartbeat_timeout_ms(rdzv_.heartbeat_timeout.count());
+    settings->set_close_timeout_ms(rdzv_.close_timeout.count());
     phase_ = Phase::kJoining;
     join_deadline_ = steady_clock::now() + rdzv_.join_timeout + std::chrono::seconds(5);
     client_.Write(message);  // A broken stream shows up as the client's end.
@@ -148,6 +150,15 @@ class ElasticAgent {
 
   void OnRoundStarted(const v1::RoundStarted& round) {
     if (phase_ != Phase::kJoining) return;
+    // Nothing from the coordinator reaches a worker's environment unchecked.
+    absl::Status valid = rdzv::ValidateRoundStarted(
+        round, {spec_.nproc_per_node, spec_.min_nodes, spec_.max_nodes, spec_.max_restarts, round_});
+    if (!valid.ok()) {
+      PrintError(absl::StrCat("the rendezvous coordinator at ", rdzv_.Endpoint(),
+                              " sent an invalid round (", valid.message(), "); leaving the job"));
+      Finish(kExitJobFailed);
+      return;
+    }
     NodeAssignment node{round.group_rank(),       round.group_world_size(), round.rank_offset(),
                         round.world_size(),       round.role_rank_offset(), round.role_world_size(),
                         round.master_addr(),      round.master_port()};
@@ -169,7 +180,7 @@ class ElasticAgent {
 
   void OnRoundEnded(const v1::RoundEnded& ended) {
     spdlog::warn("round {} ended ({}: {}); stopping the workers and rejoining", ended.round(),
-                 ReasonName(ended.reason()), ended.detail());
+                 ReasonName(ended.reason()), rdzv::EscapeForConsole(ended.detail()));
     if (phase_ == Phase::kRunning) {
       phase_ = Phase::kStoppingForRound;
       supervisor_->Stop();
@@ -180,7 +191,7 @@ class ElasticAgent {
   }
 
   void OnJobEnded(const v1::JobEnded& ended) {
-    end_detail_ = ended.detail();
+    end_detail_ = rdzv::EscapeForConsole(ended.detail());
     end_code_ = ended.success() ? kExitSuccess : kExitJobFailed;
     if (phase_ == Phase::kRunning || phase_ == Phase::kStoppingForRound) {
       phase_ = Phase::kStoppingForEnd;
@@ -194,10 +205,10 @@ class ElasticAgent {
   void OnStreamEnded(const absl::Status& status) {
     if (status.code() == absl::StatusCode::kUnavailable || status.code() == absl::StatusCode::kCancelled) {
       PrintError(absl::StrCat("lost the rendezvous coordinator at ", rdzv_.Endpoint(), ": ",
-                              status.message()));
+                              rdzv::EscapeForConsole(status.message())));
     } else {
       PrintError(absl::StrCat("the rendezvous at ", rdzv_.Endpoint(), " refused this node: ",
-                              status.message()));
+                              rdzv::EscapeForConsole(status.message())));
     }
     end_code_ = kExitJobFailed;
     if (supervisor_ && !supervisor_->done()) {
@@ -330,6 +341,10 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
   if (master_addr.empty()) {
     master_addr = LocalAddressToward(rdzv.host, rdzv.port).value_or(
         IsLocalHost(rdzv.host) ? "127.0.0.1" : HostName());
+  }
+  if (absl::Status s = rdzv::CheckHostOrAddress("--local-addr", master_addr); !s.ok()) {
+    PrintError(std::string(s.message()));
+    return kExitJobFailed;
   }
 
   AttemptBuilder builder(spec, argv_template, spec.rdzv_id, rt.layout(), env, PickFreePort);

@@ -109,6 +109,7 @@ class Fuzzer {
       s->set_last_call_timeout_ms(500);
       s->set_join_timeout_ms(Pick(0, 30) == 0 ? 0 : 20000);
       s->set_heartbeat_timeout_ms(5000);
+      s->set_close_timeout_ms(30000);
     } else if (kind < 7) {
       m.mutable_heartbeat();
     } else if (kind < 9) {

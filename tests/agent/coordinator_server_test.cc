@@ -1,6 +1,9 @@
 // The coordinator over real gRPC on loopback: the client's stream, token checks, size limits.
 #include <doctest/doctest.h>
 
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/sync_stream.h>
+
 #include "agent/coordinator_server.h"
 #include "agent/rendezvous_client.h"
 #include "tests/agent/client_wait.h"
@@ -24,6 +27,7 @@ v1::AgentMessage Join(const std::string& node, int nodes = 2) {
   join->mutable_settings()->set_last_call_timeout_ms(1000);
   join->mutable_settings()->set_join_timeout_ms(60000);
   join->mutable_settings()->set_heartbeat_timeout_ms(60000);
+  join->mutable_settings()->set_close_timeout_ms(30000);
   return m;
 }
 
@@ -113,6 +117,42 @@ TEST_CASE("messages over the size limit are refused") {
   absl::Status status = WaitEnded(*client);
   CHECK(status.code() == absl::StatusCode::kResourceExhausted);
   CHECK(server->coordinator().job_count() == 0);
+}
+
+// Sends `bytes` as one raw message on a Session stream and returns how the stream ended; a
+// reply (the bytes parsed) cancels the stream and counts in `replies`.
+grpc::Status SendRaw(int port, const std::string& bytes, int* replies = nullptr) {
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::internal::RpcMethod method("/elrun.rdzv.v1.Rendezvous/Session",
+                                   grpc::internal::RpcMethod::BIDI_STREAMING, channel);
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channel.get(), method, &context));
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer buffer(&slice, 1);
+  stream->Write(buffer);
+  grpc::ByteBuffer reply;
+  while (stream->Read(&reply)) {
+    if (replies != nullptr) ++*replies;
+    context.TryCancel();
+  }
+  return stream->Finish();
+}
+
+TEST_CASE("unparsable or truncated messages end the stream with INVALID_ARGUMENT, not OK") {
+  auto server = StartServer();
+  std::string whole = Join("a").SerializeAsString();
+  for (const std::string& bytes : {std::string("\xff\xff\xff\xff garbage"), whole.substr(0, whole.size() / 2)}) {
+    grpc::Status status = SendRaw(server->port(), bytes);
+    CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK_MESSAGE(status.error_message().find("unparsable message") != std::string::npos, status.error_message());
+  }
+  CHECK(server->coordinator().job_count() == 0);
+  int replies = 0;  // The whole message parses: the agent joined and was answered.
+  CHECK(SendRaw(server->port(), whole, &replies).error_code() == grpc::StatusCode::CANCELLED);
+  CHECK(replies == 1);
 }
 
 TEST_CASE("a second server on the same port fails to start") {

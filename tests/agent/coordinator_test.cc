@@ -35,6 +35,7 @@ v1::JobSettings Settings(int min, int max, int max_restarts = 0) {
   s.set_last_call_timeout_ms(1000);
   s.set_join_timeout_ms(60000);
   s.set_heartbeat_timeout_ms(5000);
+  s.set_close_timeout_ms(30000);
   return s;
 }
 
@@ -243,6 +244,7 @@ TEST_CASE("a node arriving while the job runs scales it up") {
   REQUIRE(h.Join(1).ok());
   h.Advance(milliseconds(1000));
   REQUIRE(h.Started(0).group_world_size() == 2);
+  h.Advance(milliseconds(1000));  // One last call after the round started: no damping.
   h.Clear();
   REQUIRE(h.Join(2).ok());
   CHECK(h.Sink(0).Pop().round_ended().reason() == v1::RoundEnded::NODE_JOINED);
@@ -410,15 +412,18 @@ TEST_CASE("malformed joins are refused without a trace") {
     mutate(*m.mutable_join());
     CHECK_FALSE(h.Send(0, m).ok());
   };
-  refuse([](v1::Join& j) { j.set_protocol_version(2); });
+  refuse([](v1::Join& j) { j.set_protocol_version(1); });
   refuse([](v1::Join& j) { j.set_run_id(""); });
   refuse([](v1::Join& j) { j.set_run_id(std::string(200, 'a')); });
   refuse([](v1::Join& j) { j.set_run_id("a/b"); });
   refuse([](v1::Join& j) { j.set_nproc(0); });
   refuse([](v1::Join& j) { j.set_master_port(70000); });
   refuse([](v1::Join& j) { j.set_master_addr(""); });
+  refuse([](v1::Join& j) { j.set_master_addr("10.0.0.1\nLD_PRELOAD=/tmp/x.so"); });
+  refuse([](v1::Join& j) { j.set_master_addr("\x1b]0;owned\x07"); });
   refuse([](v1::Join& j) { j.mutable_settings()->set_min_nodes(3); });
   refuse([](v1::Join& j) { j.mutable_settings()->set_heartbeat_timeout_ms(0); });
+  refuse([](v1::Join& j) { j.mutable_settings()->set_close_timeout_ms(0); });
   CHECK(h.coordinator.job_count() == 0);
 }
 
@@ -440,6 +445,148 @@ TEST_CASE("a node that succeeded and left does not restart the others") {
   CHECK(h.Sink(1).messages.empty());
   REQUIRE(h.Ended(1, 1, true).ok());
   CHECK(h.Sink(1).Pop().job_ended().success());
+}
+
+TEST_CASE("every setting must match the job's, refused naming the key and both values") {
+  struct Case {
+    void (*mutate)(v1::JobSettings&);
+    const char* text;
+  };
+  for (Case c : {Case{[](v1::JobSettings& s) { s.set_heartbeat_timeout_ms(7LL * 24 * 3600 * 1000); },
+                      "heartbeat_timeout_ms 604800000 (the job has 5000)"},
+                 Case{[](v1::JobSettings& s) { s.set_join_timeout_ms(1); }, "join_timeout_ms 1 (the job has 60000)"},
+                 Case{[](v1::JobSettings& s) { s.set_last_call_timeout_ms(0); },
+                      "last_call_timeout_ms 0 (the job has 1000)"},
+                 Case{[](v1::JobSettings& s) { s.set_close_timeout_ms(5); }, "close_timeout_ms 5 (the job has 30000)"},
+                 Case{[](v1::JobSettings& s) { s.set_max_restarts(9); }, "max_restarts 9 (the job has 0)"}}) {
+    Harness h;
+    REQUIRE(h.Join(0).ok());
+    c.mutate(h.settings);
+    absl::Status status = h.Join(1);
+    CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK_MESSAGE(std::string(status.message()).find(c.text) != std::string::npos, status.message());
+    CHECK(h.coordinator.View("job")->pending == 1);
+  }
+}
+
+TEST_CASE("a survivor keeps its place: wait-listed spares only fill the vacancy") {
+  Harness h;  // 2:2.
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  REQUIRE(h.Join(2).ok());
+  REQUIRE(h.Join(3).ok());
+  REQUIRE(h.Sink(3).messages.back().waiting().wait_listed());
+  h.Clear();
+  h.coordinator.OnDisconnect(h.agents[1].id, h.now);  // Rank 1 dies; node 0 survives.
+  CHECK_FALSE(h.Has(2, v1::CoordinatorMessage::kRoundStarted));  // Not before the survivor is back.
+  CHECK_FALSE(h.Has(3, v1::CoordinatorMessage::kRoundStarted));
+  REQUIRE(h.Join(0).ok());
+  CHECK(h.Started(0).group_rank() == 0);
+  CHECK(h.Started(2).group_rank() == 1);  // The earliest spare takes the vacancy.
+  CHECK_FALSE(h.Has(3, v1::CoordinatorMessage::kRoundStarted));
+  CHECK(h.Sink(3).messages.back().waiting().wait_listed());
+}
+
+TEST_CASE("newcomers to a running job never displace its survivors, rank 0 included") {
+  Harness h;
+  h.settings = Settings(2, 3);
+  h.settings.set_last_call_timeout_ms(0);
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  REQUIRE(h.Started(0).group_world_size() == 2);
+  h.Clear();
+  for (int n : {2, 3, 4}) REQUIRE(h.Join(n).ok());
+  for (int n : {2, 3, 4}) CHECK_FALSE(h.Has(n, v1::CoordinatorMessage::kRoundStarted));
+  REQUIRE(h.Join(1).ok());
+  REQUIRE(h.Join(0).ok());
+  CHECK(h.Started(0).group_rank() == 0);
+  CHECK(h.Started(1).group_rank() == 1);
+  CHECK(h.Started(2).group_rank() == 2);
+  CHECK(h.Started(0).group_world_size() == 3);
+  for (int n : {3, 4}) {
+    CHECK_FALSE(h.Has(n, v1::CoordinatorMessage::kRoundStarted));
+    CHECK(h.Sink(n).messages.back().waiting().wait_listed());
+  }
+}
+
+TEST_CASE("a survivor that never rejoins is declared lost after join_timeout") {
+  Harness g;
+  g.settings = Settings(2, 3, 5);
+  g.settings.set_join_timeout_ms(3000);
+  REQUIRE(g.Join(0).ok());
+  REQUIRE(g.Join(1).ok());
+  REQUIRE(g.Join(2).ok());
+  REQUIRE(g.Started(0).group_world_size() == 3);
+  g.Clear();
+  REQUIRE(g.Ended(2, 1, false).ok());  // Restart; node 2 keeps heartbeating but never rejoins.
+  REQUIRE(g.Join(0).ok());
+  REQUIRE(g.Join(1).ok());
+  for (int i = 0; i < 3; ++i) {
+    CHECK_FALSE(g.Has(0, v1::CoordinatorMessage::kRoundStarted));
+    for (int n : {0, 1, 2}) REQUIRE(g.Heartbeat(n).ok());
+    g.Advance(milliseconds(1000));
+  }
+  REQUIRE(g.Sink(2).closed.has_value());
+  CHECK(g.Sink(2).closed->code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(g.Started(0).group_world_size() == 2);
+  CHECK(g.Started(0).group_rank() == 0);
+}
+
+TEST_CASE("a scale-up ends the round at most once per last_call_timeout, however nodes flap") {
+  Harness h;
+  h.settings = Settings(1, 3);  // Last call 1000 ms.
+  REQUIRE(h.Join(0).ok());
+  h.Advance(milliseconds(1000));
+  REQUIRE(h.Has(0, v1::CoordinatorMessage::kRoundStarted));
+  h.Clear();
+  int restarts = 0;
+  // Three join-and-leave cycles within one last call: none of them restarts the job.
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    int n = 10 + cycle;
+    REQUIRE(h.Join(n).ok());
+    CHECK_FALSE(h.Sink(n).messages.back().waiting().wait_listed());
+    h.Advance(milliseconds(100));
+    REQUIRE(h.Heartbeat(0).ok());
+    h.coordinator.OnDisconnect(h.agents[n].id, h.now);
+  }
+  restarts += h.Has(0, v1::CoordinatorMessage::kRoundEnded);
+  CHECK(restarts == 0);
+  // A newcomer that stays gets its round once the last call since the round's start is over.
+  REQUIRE(h.Join(20).ok());
+  h.Advance(milliseconds(699));
+  CHECK_FALSE(h.Has(0, v1::CoordinatorMessage::kRoundEnded));
+  h.Advance(milliseconds(1));
+  REQUIRE(h.Has(0, v1::CoordinatorMessage::kRoundEnded));
+  CHECK(h.Sink(0).Pop().round_ended().reason() == v1::RoundEnded::NODE_JOINED);
+  REQUIRE(h.Join(0).ok());
+  CHECK(h.Started(20).group_world_size() == 2);
+  CHECK(h.Started(0).group_rank() == 0);
+  // The flapper is back at once: it waits for the next last call.
+  h.Clear();
+  REQUIRE(h.Join(21).ok());
+  CHECK_FALSE(h.Has(0, v1::CoordinatorMessage::kRoundEnded));
+  REQUIRE(h.coordinator.NextDeadline().has_value());
+}
+
+TEST_CASE("an ended job is forgotten after close_timeout, whatever its sessions do") {
+  Harness h;
+  h.settings.set_close_timeout_ms(2000);
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  REQUIRE(h.Ended(0, 1, true).ok());
+  REQUIRE(h.Ended(1, 1, true).ok());
+  REQUIRE(h.Has(0, v1::CoordinatorMessage::kJobEnded));
+  h.coordinator.OnDisconnect(h.agents[1].id, h.now);  // Node 0 stays, silent.
+  h.Advance(milliseconds(1999));
+  CHECK(h.coordinator.job_count() == 1);
+  CHECK(h.Join(2).code() == absl::StatusCode::kFailedPrecondition);  // "has already ended".
+  h.Advance(milliseconds(1));
+  REQUIRE(h.Sink(0).closed.has_value());
+  CHECK(h.Sink(0).closed->code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(h.coordinator.job_count() == 0);
+  h.agents.erase(2);
+  REQUIRE(h.Join(2).ok());  // The run id is free again.
+  CHECK(h.coordinator.View("job")->pending == 1);
 }
 
 }  // namespace

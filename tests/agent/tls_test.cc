@@ -32,6 +32,7 @@ v1::AgentMessage Join() {
   join->mutable_settings()->set_max_nodes(2);
   join->mutable_settings()->set_join_timeout_ms(60000);
   join->mutable_settings()->set_heartbeat_timeout_ms(60000);
+  join->mutable_settings()->set_close_timeout_ms(30000);
   return m;
 }
 
