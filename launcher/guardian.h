@@ -12,23 +12,33 @@
 
 namespace elrun {
 
-class Guardian {
+// Where worker process groups are registered, to be killed if the launcher dies.
+class GroupRegistry {
+ public:
+  virtual ~GroupRegistry() = default;
+  // Removes a process group from those to kill. Call while the group's leader is still
+  // unreaped (a zombie at most), so that its id cannot have been reused by anyone else yet:
+  // a kill -9 of the launcher right after a reap must not signal a stranger's group.
+  virtual void Unregister(int pgid) = 0;
+  // The write end of the registry's pipe (close-on-exec): "+<pgid>\n" registers. Each record
+  // must be written with one write(2).
+  virtual int fd() const = 0;
+};
+
+class Guardian : public GroupRegistry {
  public:
   // Forks the guardian. Call before creating other file descriptors, so the guardian holds none.
   static absl::StatusOr<std::unique_ptr<Guardian>> Start();
   // Closes the pipe; the guardian kills what is still registered (normally nothing) and exits.
-  ~Guardian();
+  ~Guardian() override;
   Guardian(const Guardian&) = delete;
   Guardian& operator=(const Guardian&) = delete;
 
-  // Removes a process group from those to kill if the launcher dies; call before reaping the
-  // group's leader. Workers register themselves, before exec, by writing "+<pgid>\n" to fd()
-  // (see posix_process_table.cc), so that no grandchild can exist unguarded.
-  void Unregister(int pgid);
-
-  // The write end of the guardian's pipe (close-on-exec): "+<pgid>\n" registers, "-<pgid>\n"
-  // unregisters. Each record must be written with one write(2).
-  int fd() const { return write_fd_; }
+  // Workers register themselves, before exec, by writing "+<pgid>\n" to fd() (see
+  // posix_process_table.cc), so that no grandchild can exist unguarded; "-<pgid>\n"
+  // unregisters. The guardian reads every record before the EOF of the launcher's death.
+  void Unregister(int pgid) override;
+  int fd() const override { return write_fd_; }
 
   int pid() const { return pid_; }
 

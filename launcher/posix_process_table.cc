@@ -158,7 +158,7 @@ ExitStatus StatusFrom(const siginfo_t& info) {
 
 }  // namespace
 
-PosixProcessTable::PosixProcessTable(EventLoop* loop, Guardian* guardian,
+PosixProcessTable::PosixProcessTable(EventLoop* loop, GroupRegistry* guardian,
                                      std::vector<int> forwarded_signals, ExitCallback on_exit)
     : loop_(loop),
       guardian_(guardian),
@@ -169,8 +169,10 @@ PosixProcessTable::~PosixProcessTable() {
   for (auto& [pid, worker] : workers_) {
     ::kill(-pid, SIGKILL);
     siginfo_t info{};
+    ::waitid(P_PID, pid, &info, WEXITED | WNOWAIT);
+    guardian_->Unregister(pid);  // While the zombie still holds the group id.
     ::waitid(P_PID, pid, &info, WEXITED);
-    Forget(pid, worker);
+    Forget(worker);
   }
 }
 
@@ -192,8 +194,10 @@ absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
   out->child.reset();
   err->child.reset();
   if (args.exec_errno != 0) {
-    ::waitpid(pid, nullptr, 0);
+    siginfo_t info{};
+    ::waitid(P_PID, pid, &info, WEXITED | WNOWAIT);
     guardian_->Unregister(pid);
+    ::waitpid(pid, nullptr, 0);
     return absl::FailedPreconditionError(
         absl::StrCat("cannot execute ", launch.argv[0], ": ", std::strerror(args.exec_errno)));
   }
@@ -203,8 +207,10 @@ absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
   if (worker.pidfd < 0) {
     int error = errno;
     ::kill(-pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
+    siginfo_t info{};
+    ::waitid(P_PID, pid, &info, WEXITED | WNOWAIT);
     guardian_->Unregister(pid);
+    ::waitpid(pid, nullptr, 0);
     return absl::InternalError(
         absl::StrCat("pidfd_open: ", std::strerror(error), " (elrun needs Linux >= 5.3)"));
   }
@@ -243,14 +249,14 @@ void PosixProcessTable::OnExit(int pid) {
   // The leader is a zombie: its group id is still reserved, so this reaches only its group.
   ::kill(-pid, SIGKILL);
   for (auto& pump : it->second.pumps) pump->Drain();
+  guardian_->Unregister(pid);  // Before the reap frees the id for reuse.
   ::waitid(P_PID, pid, &info, WEXITED);
-  Forget(pid, it->second);
+  Forget(it->second);
   workers_.erase(it);
   on_exit_(pid, StatusFrom(info));
 }
 
-void PosixProcessTable::Forget(int pid, Worker& worker) {
-  guardian_->Unregister(pid);
+void PosixProcessTable::Forget(Worker& worker) {
   for (auto& pump : worker.pumps) loop_->Remove(pump->fd());
   worker.pumps.clear();
   loop_->Remove(worker.pidfd);

@@ -24,10 +24,11 @@ class PosixProcessTable : public ProcessTable {
  public:
   using ExitCallback = std::function<void(int pid, ExitStatus status)>;
 
-  // `loop` and `guardian` must outlive the table. Workers start with `forwarded_signals` at
+  // `loop` and `guardian` must outlive the table. A group is unregistered from `guardian` before
+  // its leader is reaped, never after. Workers start with `forwarded_signals` at
   // their default disposition. `on_exit` runs on the loop's thread once per worker, after its
   // leader was reaped and its output drained.
-  PosixProcessTable(EventLoop* loop, Guardian* guardian, std::vector<int> forwarded_signals,
+  PosixProcessTable(EventLoop* loop, GroupRegistry* guardian, std::vector<int> forwarded_signals,
                     ExitCallback on_exit);
   // SIGKILLs and reaps every worker still running.
   ~PosixProcessTable() override;
@@ -42,10 +43,10 @@ class PosixProcessTable : public ProcessTable {
   };
 
   void OnExit(int pid);
-  void Forget(int pid, Worker& worker);
+  void Forget(Worker& worker);  // Stops watching a reaped worker.
 
   EventLoop* const loop_;
-  Guardian* const guardian_;
+  GroupRegistry* const guardian_;
   const std::vector<int> forwarded_signals_;
   const ExitCallback on_exit_;
   std::map<int, Worker> workers_;  // By pid; unreaped workers only.
