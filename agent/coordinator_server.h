@@ -5,6 +5,7 @@
 #ifndef ELRUN_AGENT_COORDINATOR_SERVER_H_
 #define ELRUN_AGENT_COORDINATOR_SERVER_H_
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -30,6 +31,9 @@ struct ServerOptions {
 
 // The metadata key that carries the job token.
 inline constexpr char kTokenMetadata[] = "x-elrun-token";
+
+// The shortest keepalive ping interval an agent uses, and the server accepts (half of it).
+inline constexpr std::chrono::milliseconds kMinKeepalivePing{1000};
 
 class CoordinatorServer {
  public:

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
+#include <condition_variable>
 #include <cstring>
 
 #include <grpcpp/grpcpp.h>
@@ -22,11 +24,18 @@ class RendezvousClient::Stream {
   std::chrono::milliseconds connect_timeout{0};
   std::atomic<bool> cancelled{false};
   std::mutex write_mu;
-  // Guarded by write_mu: the stream once open, and what was written before.
+  std::condition_variable write_cv;
+  // Guarded by write_mu: the stream once open, the messages not sent yet, whether the writer
+  // thread is inside a Write, and whether the stream is over.
   std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::CoordinatorMessage>> rw;
-  std::vector<v1::AgentMessage> unsent;
+  std::deque<v1::AgentMessage> unsent;
+  bool writing = false;
   bool broken = false;
 };
+
+std::chrono::milliseconds KeepaliveInterval(std::chrono::milliseconds silence_timeout) {
+  return std::max(kMinKeepalivePing, silence_timeout / 3);
+}
 
 absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Open(
     const ClientOptions& options) {
@@ -55,6 +64,13 @@ absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Open(
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 * 1024);
   args.SetMaxSendMessageSize(64 * 1024);
+  // A coordinator that stops answering (SIGSTOP, a dead host without a RST) is noticed by
+  // its missing ping acks, not by TCP's retransmission timeout of many minutes.
+  int keepalive_ms = static_cast<int>(KeepaliveInterval(options.silence_timeout).count());
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   stream->channel = grpc::CreateCustomChannel(options.endpoint, credentials, args);
   stream->stub = v1::Rendezvous::NewStub(stream->channel);
   if (!options.token.empty()) stream->context.AddMetadata(kTokenMetadata, options.token);
@@ -63,6 +79,7 @@ absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Open(
 
   std::unique_ptr<RendezvousClient> client(new RendezvousClient(fd, std::move(stream)));
   client->reader_ = std::thread([raw = client.get()] { raw->ReadLoop(); });
+  client->writer_ = std::thread([raw = client.get()] { raw->WriteLoop(); });
   return client;
 }
 
@@ -70,9 +87,14 @@ RendezvousClient::RendezvousClient(int event_fd, std::unique_ptr<Stream> stream)
     : event_fd_(event_fd), stream_(std::move(stream)) {}
 
 RendezvousClient::~RendezvousClient() {
-  stream_->cancelled = true;
+  {
+    std::lock_guard<std::mutex> lock(stream_->write_mu);
+    stream_->cancelled = true;
+  }
+  stream_->write_cv.notify_all();
   stream_->context.TryCancel();
   if (reader_.joinable()) reader_.join();
+  if (writer_.joinable()) writer_.join();
   ::close(event_fd_);
 }
 
@@ -97,11 +119,8 @@ void RendezvousClient::ReadLoop() {
   {
     std::lock_guard<std::mutex> lock(stream_->write_mu);
     stream_->rw = stream_->stub->Session(&stream_->context);
-    for (const v1::AgentMessage& m : stream_->unsent) {
-      if (!stream_->rw->Write(m)) stream_->broken = true;
-    }
-    stream_->unsent.clear();
   }
+  stream_->write_cv.notify_all();
   v1::CoordinatorMessage message;
   while (stream_->rw->Read(&message)) {
     {
@@ -112,8 +131,38 @@ void RendezvousClient::ReadLoop() {
     ssize_t ignored = ::write(event_fd_, &one, sizeof(one));
     (void)ignored;
   }
+  {
+    // The call is over, so a Write in progress returns at once; Finish must not overlap it.
+    std::unique_lock<std::mutex> lock(stream_->write_mu);
+    stream_->broken = true;
+    stream_->write_cv.notify_all();
+    stream_->write_cv.wait(lock, [this] { return !stream_->writing; });
+  }
   grpc::Status status = stream_->rw->Finish();
   End(absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()));
+}
+
+void RendezvousClient::WriteLoop() {
+  std::unique_lock<std::mutex> lock(stream_->write_mu);
+  for (;;) {
+    stream_->write_cv.wait(lock, [this] {
+      return stream_->cancelled || stream_->broken || (stream_->rw && !stream_->unsent.empty());
+    });
+    if (stream_->cancelled || stream_->broken) return;
+    v1::AgentMessage message = std::move(stream_->unsent.front());
+    stream_->unsent.pop_front();
+    stream_->writing = true;
+    auto* rw = stream_->rw.get();
+    lock.unlock();
+    bool ok = rw->Write(message);
+    lock.lock();
+    stream_->writing = false;
+    stream_->write_cv.notify_all();
+    if (!ok) {
+      stream_->broken = true;
+      return;
+    }
+  }
 }
 
 void RendezvousClient::End(const absl::Status& status) {
@@ -125,19 +174,20 @@ void RendezvousClient::End(const absl::Status& status) {
     std::lock_guard<std::mutex> lock(stream_->write_mu);
     stream_->broken = true;
   }
+  stream_->write_cv.notify_all();
   uint64_t one = 1;
   ssize_t ignored = ::write(event_fd_, &one, sizeof(one));
   (void)ignored;
 }
 
 bool RendezvousClient::Write(const v1::AgentMessage& message) {
-  std::lock_guard<std::mutex> lock(stream_->write_mu);
-  if (stream_->broken) return false;
-  if (!stream_->rw) {
+  {
+    std::lock_guard<std::mutex> lock(stream_->write_mu);
+    if (stream_->broken) return false;
     stream_->unsent.push_back(message);
-    return true;
   }
-  return stream_->rw->Write(message);
+  stream_->write_cv.notify_all();
+  return true;
 }
 
 std::deque<v1::CoordinatorMessage> RendezvousClient::Take() {

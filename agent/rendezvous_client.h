@@ -1,7 +1,9 @@
 // The launcher's side of a rendezvous session: one bidirectional stream to the coordinator.
 // A reader thread queues what the coordinator pushes and makes event_fd() readable, so the
-// launcher's epoll loop learns of a new round the moment it is decided; writes come from the
-// loop's thread. Thread-safe as documented per method.
+// launcher's epoll loop learns of a new round the moment it is decided. Write only queues: a
+// writer thread sends, so the loop never blocks on a coordinator that stopped reading. HTTP/2
+// keepalive pings end the stream with UNAVAILABLE when the coordinator stops answering (a
+// SIGSTOP'd or cut-off host) within silence_timeout. Thread-safe as documented per method.
 #ifndef ELRUN_AGENT_RENDEZVOUS_CLIENT_H_
 #define ELRUN_AGENT_RENDEZVOUS_CLIENT_H_
 
@@ -27,7 +29,14 @@ struct ClientOptions {
   TlsFiles tls;
   // How long to wait for the coordinator to become reachable (it may start after this node).
   std::chrono::milliseconds connect_timeout{600000};
+  // A coordinator that answers no keepalive ping for this long is lost (heartbeat_timeout).
+  std::chrono::milliseconds silence_timeout{5000};
 };
+
+// The keepalive ping interval and ping timeout for a silence timeout: each a third of it, so
+// that a silent coordinator is noticed within it; never below kMinKeepalivePing, which the
+// coordinator's server accepts.
+std::chrono::milliseconds KeepaliveInterval(std::chrono::milliseconds silence_timeout);
 
 class RendezvousClient {
  public:
@@ -39,7 +48,8 @@ class RendezvousClient {
   // Cancels the stream and joins the reader thread.
   ~RendezvousClient();
 
-  // Sends one message (queued until the stream is open); false when the stream is broken.
+  // Queues one message for the writer thread (sent once the stream is open); never blocks on
+  // the network. False when the stream is broken.
   bool Write(const v1::AgentMessage& message);
 
   // Readable (level-triggered) while messages are queued or after the stream ended.
@@ -57,6 +67,7 @@ class RendezvousClient {
  private:
   RendezvousClient(int event_fd, std::unique_ptr<Stream> stream);
   void ReadLoop();
+  void WriteLoop();
   void End(const absl::Status& status);
 
   const int event_fd_;
@@ -65,6 +76,7 @@ class RendezvousClient {
   std::deque<v1::CoordinatorMessage> inbox_;  // Guarded by mu_.
   std::optional<absl::Status> ended_;         // Guarded by mu_.
   std::thread reader_;
+  std::thread writer_;
 };
 
 }  // namespace elrun::rdzv

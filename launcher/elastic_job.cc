@@ -331,6 +331,7 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
   client_options.token = rdzv.token;
   client_options.tls = {rdzv.tls_cert, rdzv.tls_key, rdzv.tls_ca};
   client_options.connect_timeout = rdzv.join_timeout;
+  client_options.silence_timeout = rdzv.heartbeat_timeout;
   auto client = rdzv::RendezvousClient::Open(client_options);
   if (!client.ok()) {
     PrintError(std::string(client.status().message()));

@@ -1,0 +1,49 @@
+"""A coordinator that stops answering: SIGSTOP'd, its stream neither breaks nor speaks. Every
+agent must notice within about heartbeat_timeout (HTTP/2 keepalive pings that go unanswered),
+stop its workers and exit with a cause naming the coordinator, instead of waiting for ever."""
+import signal
+import time
+import unittest
+
+import harness
+import rdzv_harness
+from rdzv_harness import RdzvTestCase
+
+HEARTBEAT_TIMEOUT_S = 1.5
+# Pings each keepalive interval (1 s at least), unanswered for another: about 2 s, then the
+# workers' SIGTERM and exit. Before the fix the agents waited for ever.
+EXIT_BOUND_S = 8.0
+
+
+@harness.elrun_only("multi-node rendezvous through elrun-rdzv")
+class CoordinatorLossTest(RdzvTestCase):
+
+    def test_sigstop_of_the_coordinator_agents_stop_their_workers_and_exit(self):
+        daemon = self.start_daemon()
+        conf = {"heartbeat_interval": "0.2", "heartbeat_timeout": str(HEARTBEAT_TIMEOUT_S)}
+        agents = [self.start_agent(node, daemon.port, nnodes=2, nproc=2, conf=conf,
+                                   rule=rdzv_harness.hold_while_world(4))
+                  for node in (1, 2)]
+        first = self.wait_workers(4, alive=agents, what="the job's 4 workers to start")
+        fds = self.pidfds(first)
+
+        stopped = time.monotonic()
+        daemon.proc.send_signal(signal.SIGSTOP)
+        self.wait_exit(agents, timeout=EXIT_BOUND_S + 20)
+        took = time.monotonic() - stopped
+        self.assertLess(took, EXIT_BOUND_S,
+                        "expected both agents to give up on the frozen coordinator within "
+                        "%.1f s; took %.2f s\n%s" % (EXIT_BOUND_S, took, self.summary()))
+        for agent in agents:
+            self.assertExit(agent.result(), 1)
+            self.assertIn("lost the rendezvous coordinator at 127.0.0.1:%d" % daemon.port,
+                          agent.stderr, "expected %s to name the coordinator\n%s"
+                          % (agent.name, agent.result()))
+        self.assertDead(fds, "the workers and their grandchildren")
+        self.assertNoMoreWorkers()
+        daemon.proc.send_signal(signal.SIGCONT)
+        self.stop_daemon(daemon)
+
+
+if __name__ == "__main__":
+    unittest.main()
