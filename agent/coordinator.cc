@@ -86,9 +86,9 @@ absl::Status ValidateJoin(const v1::Join& join) {
   return absl::OkStatus();
 }
 
-void Coordinator::OnConnect(SessionId id, SessionSink* sink) {
+void Coordinator::OnConnect(SessionId id, SessionSink* sink, TimePoint now) {
   std::lock_guard<std::mutex> lock(mu_);
-  sessions_[id] = Session{sink, ""};
+  sessions_[id] = Session{sink, "", now, false};
 }
 
 absl::Status Coordinator::OnMessage(SessionId id, const v1::AgentMessage& message, TimePoint now) {
@@ -380,6 +380,14 @@ void Coordinator::RemoveNode(const std::string& run_id, SessionId id, const std:
 
 void Coordinator::Tick(TimePoint now) {
   std::lock_guard<std::mutex> lock(mu_);
+  // Sessions that never joined (a client that opened a stream and went quiet) are closed.
+  for (auto& [id, session] : sessions_) {
+    if (session.run_id.empty() && !session.closing && now >= session.opened + first_join_timeout_) {
+      session.closing = true;
+      session.sink->Close(absl::DeadlineExceededError(
+          absl::StrCat("no Join within ", first_join_timeout_.count(), " ms of opening the session")));
+    }
+  }
   std::vector<std::string> run_ids;
   for (const auto& [run_id, job] : jobs_) run_ids.push_back(run_id);
   for (const std::string& run_id : run_ids) TickJob(run_id, now);
@@ -452,6 +460,7 @@ void Coordinator::Evict(const std::string& run_id, const std::vector<SessionId>&
     if (session != sessions_.end()) {
       session->second.sink->Close(status);
       session->second.run_id.clear();
+      session->second.closing = true;
     }
     RemoveNode(run_id, id, why, now);
   }
@@ -463,6 +472,9 @@ std::optional<TimePoint> Coordinator::NextDeadline() const {
   auto consider = [&next](TimePoint t) {
     if (!next || t < *next) next = t;
   };
+  for (const auto& [id, session] : sessions_) {
+    if (session.run_id.empty() && !session.closing) consider(session.opened + first_join_timeout_);
+  }
   for (const auto& [run_id, job] : jobs_) {
     if (job.phase == Phase::kDone) {
       consider(*job.ended_at + Ms(job.settings.close_timeout_ms()));

@@ -53,12 +53,14 @@ struct JobView {
 
 class Coordinator {
  public:
-  Coordinator() = default;
+  // A session that sends no Join within `first_join_timeout` of opening is closed.
+  explicit Coordinator(std::chrono::milliseconds first_join_timeout = std::chrono::seconds(10))
+      : first_join_timeout_(first_join_timeout) {}
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
   // A new agent stream. `sink` must stay valid until OnDisconnect(id) has returned.
-  void OnConnect(SessionId id, SessionSink* sink);
+  void OnConnect(SessionId id, SessionSink* sink, TimePoint now);
 
   // One message from a session. A bad message (malformed, for another run id, out of order)
   // returns an error status and changes nothing; the caller ends the stream with it.
@@ -67,8 +69,8 @@ class Coordinator {
   // The stream ended (the agent died, left, or the stream broke).
   void OnDisconnect(SessionId id, TimePoint now);
 
-  // Applies every timeout due at `now`: heartbeats, last call, join timeout, a deferred
-  // scale-up, close timeout.
+  // Applies every timeout due at `now`: a session's first Join, heartbeats, last call, join
+  // timeout, a deferred scale-up, close timeout.
   void Tick(TimePoint now);
 
   // The earliest time Tick has something to do; nullopt when nothing is pending.
@@ -119,6 +121,8 @@ class Coordinator {
   struct Session {
     SessionSink* sink = nullptr;
     std::string run_id;  // Empty until its first Join.
+    TimePoint opened;
+    bool closing = false;  // Closed by the coordinator; OnDisconnect follows.
   };
 
   absl::Status HandleJoin(SessionId id, Session& session, const v1::Join& join, TimePoint now);
@@ -138,6 +142,7 @@ class Coordinator {
   int Count(const Job& job, NodeState state) const;
   Job* FindJob(const std::string& run_id);
 
+  const std::chrono::milliseconds first_join_timeout_;
   mutable std::mutex mu_;
   std::condition_variable job_gone_;  // Notified when a job is erased.
   std::map<SessionId, Session> sessions_;  // Guarded by mu_.

@@ -1,6 +1,16 @@
 #include "agent/coordinator_server.h"
 
+#include <dirent.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
+
 #include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <condition_variable>
 #include <deque>
 #include <fstream>
@@ -110,7 +120,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
       return;
     }
     connected_ = true;
-    coordinator_->OnConnect(id_, this);
+    coordinator_->OnConnect(id_, this, std::chrono::steady_clock::now());
     StartRead(&incoming_);
   }
 
@@ -233,17 +243,73 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
 
 class CoordinatorServer::Impl {
  public:
+  explicit Impl(std::chrono::milliseconds first_join_timeout) : coordinator(first_join_timeout) {}
+  ~Impl() {
+    if (!socket_dir.empty()) {
+      ::unlink(socket_path.c_str());
+      ::rmdir(socket_dir.c_str());
+    }
+  }
   Coordinator coordinator;
   std::unique_ptr<Ticker> ticker;
   std::unique_ptr<Service> service;
   std::unique_ptr<grpc::Server> server;
-  int port = 0;
+  std::unique_ptr<ConnectionGate> gate;
+  std::string socket_dir;   // Private (0700), holding gRPC's unix socket.
+  std::string socket_path;
   std::once_flag shutdown_once;
 };
 
+namespace {
+
+constexpr char kSocketDirPrefix[] = "elrun-rdzv-";
+constexpr char kSocketName[] = "/coordinator.sock";
+
+// Removes what coordinators of this user that died without cleaning up (kill -9) left in
+// `base`: directories named elrun-rdzv-<pid>-XXXXXX whose process no longer exists.
+void RemoveStaleSocketDirs(const std::string& base) {
+  DIR* dir = ::opendir(base.c_str());
+  if (dir == nullptr) return;
+  while (dirent* entry = ::readdir(dir)) {
+    std::string name = entry->d_name;
+    if (name.rfind(kSocketDirPrefix, 0) != 0) continue;
+    int pid = std::atoi(name.c_str() + std::strlen(kSocketDirPrefix));
+    std::string path = base + "/" + name;
+    struct stat info {};
+    if (pid <= 0 || ::lstat(path.c_str(), &info) != 0 || !S_ISDIR(info.st_mode) || info.st_uid != ::getuid()) {
+      continue;
+    }
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    ::unlink((path + kSocketName).c_str());
+    ::rmdir(path.c_str());
+  }
+  ::closedir(dir);
+}
+
+// A fresh private directory (0700) for gRPC's unix socket, under $TMPDIR or /tmp, named with
+// this process's id so that a later coordinator can remove it if this one is killed.
+absl::StatusOr<std::string> MakeSocketDir() {
+  // A unix socket path must fit in 108 bytes: a long $TMPDIR (Bazel's) falls back to /tmp.
+  const char* tmp = std::getenv("TMPDIR");
+  std::string base = tmp != nullptr && *tmp != '\0' && std::strlen(tmp) < 64 ? tmp : "/tmp";
+  RemoveStaleSocketDirs(base);
+  std::string pattern = absl::StrCat(base, "/", kSocketDirPrefix, ::getpid(), "-XXXXXX");
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp ", pattern, ": ", std::strerror(errno)));
+  }
+  return pattern;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const ServerOptions& options) {
-  auto impl = std::make_unique<Impl>();
+  RaiseOpenFileLimit();
+  auto impl = std::make_unique<Impl>(options.first_join_timeout);
+  auto dir = MakeSocketDir();
+  if (!dir.ok()) return dir.status();
+  impl->socket_dir = *dir;
+  impl->socket_path = *dir + kSocketName;
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (options.tls.enabled()) {
     auto cert = ReadFileToString(options.tls.cert);
@@ -263,22 +329,32 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   impl->ticker = std::make_unique<Ticker>(&impl->coordinator);
   impl->service = std::make_unique<Service>(&impl->coordinator, impl->ticker.get(), options.token);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, credentials, &impl->port);
+  int bound = 0;
+  builder.AddListeningPort("unix:" + impl->socket_path, credentials, &bound);
   builder.RegisterService(impl->service.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
-  // One listener per port: a second coordinator on the same port must fail, not share it.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(options.handshake_timeout.count()));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             static_cast<int>(options.idle_connection_timeout.count()));
   // Agents ping once a second at most (kMinKeepalivePing) to notice a silent coordinator;
   // accept that, while a client pinging faster still collects strikes and is cut off.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              static_cast<int>(kMinKeepalivePing.count() / 2));
   impl->server = builder.BuildAndStart();
-  if (impl->server == nullptr || impl->port == 0) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("cannot listen on ", options.listen, " (address in use or not local)"));
+  if (impl->server == nullptr || bound == 0) {
+    return absl::InternalError(absl::StrCat("cannot serve gRPC on unix:", impl->socket_path));
   }
+  auto gate = ConnectionGate::Start(options.listen, impl->socket_path, options.gate);
+  if (!gate.ok()) {
+    impl->server->Shutdown(std::chrono::system_clock::now());
+    impl->server->Wait();
+    impl->ticker.reset();
+    return gate.status();
+  }
+  impl->gate = *std::move(gate);
   return std::unique_ptr<CoordinatorServer>(new CoordinatorServer(std::move(impl)));
 }
 
@@ -286,12 +362,15 @@ CoordinatorServer::CoordinatorServer(std::unique_ptr<Impl> impl) : impl_(std::mo
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(); }
 
-int CoordinatorServer::port() const { return impl_->port; }
+int CoordinatorServer::port() const { return impl_->gate->port(); }
+
+GateCounts CoordinatorServer::gate_counts() const { return impl_->gate->counts(); }
 
 Coordinator& CoordinatorServer::coordinator() { return impl_->coordinator; }
 
 void CoordinatorServer::Shutdown() {
   std::call_once(impl_->shutdown_once, [this] {
+    impl_->gate.reset();  // No new connections; the relayed ones end, so gRPC sees them go.
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
     impl_->server->Wait();
     impl_->ticker.reset();

@@ -1,6 +1,8 @@
 // Serves a Coordinator over gRPC: one callback reactor per agent stream (no thread per agent),
 // token check on every call, optional TLS, a size limit on every message, and a timer thread
-// that applies the coordinator's timeouts exactly when they fall due.
+// that applies the coordinator's timeouts exactly when they fall due. The TCP port belongs to a
+// ConnectionGate, which admits connections within its limits and relays them to gRPC on a
+// private unix socket; the soft descriptor limit is raised to the hard one at start.
 // Thread-safe; Shutdown (or the destructor) stops everything.
 #ifndef ELRUN_AGENT_COORDINATOR_SERVER_H_
 #define ELRUN_AGENT_COORDINATOR_SERVER_H_
@@ -10,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "agent/connection_gate.h"
 #include "agent/coordinator.h"
 
 namespace elrun::rdzv {
@@ -27,6 +30,13 @@ struct ServerOptions {
   std::string token;                 // Required in "x-elrun-token" when non-empty.
   TlsFiles tls;
   int max_message_bytes = 64 * 1024;
+  GateLimits gate;
+  // A session that has not sent its Join this long after it opened is closed.
+  std::chrono::milliseconds first_join_timeout{10000};
+  // A connection must finish its TLS and HTTP/2 handshakes within this, and one without any
+  // call is closed after idle_connection_timeout.
+  std::chrono::milliseconds handshake_timeout{5000};
+  std::chrono::milliseconds idle_connection_timeout{10000};
 };
 
 // The metadata key that carries the job token.
@@ -44,6 +54,7 @@ class CoordinatorServer {
 
   int port() const;
   Coordinator& coordinator();
+  GateCounts gate_counts() const;
   void Shutdown();
 
   class Impl;

@@ -24,6 +24,14 @@ int main(int argc, char** argv) {
   app.add_option("--tls-key", options.tls.key, "PEM private key of --tls-cert");
   app.add_option("--tls-ca", options.tls.ca, "PEM CA: agents must present a certificate it signed");
   app.add_option("--port-file", port_file, "write the bound port to this file once listening");
+  app.add_option("--max-connections", options.gate.max_connections,
+                 "open connections in all; 0: what the descriptor limit allows, at most 4096")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--max-connections-per-peer", options.gate.max_per_peer,
+                 "open connections from one address")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

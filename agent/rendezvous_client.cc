@@ -71,6 +71,11 @@ absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Open(
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Retry a refused or failed connection within a second (a coordinator that starts later, or
+  // whose gate was full during a flood), not after gRPC's default backoff of up to 2 minutes.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   stream->channel = grpc::CreateCustomChannel(options.endpoint, credentials, args);
   stream->stub = v1::Rendezvous::NewStub(stream->channel);
   if (!options.token.empty()) stream->context.AddMetadata(kTokenMetadata, options.token);

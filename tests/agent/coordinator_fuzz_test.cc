@@ -39,7 +39,7 @@ class Fuzzer {
     int action = Pick(0, 99);
     if (!connected_.count(session)) {
       sinks_[session] = std::make_unique<CountingSink>();
-      coordinator_.OnConnect(Id(session), sinks_[session].get());
+      coordinator_.OnConnect(Id(session), sinks_[session].get(), now_);
       connected_.insert(session);
       return;
     }

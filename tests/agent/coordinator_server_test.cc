@@ -1,6 +1,17 @@
 // The coordinator over real gRPC on loopback: the client's stream, token checks, size limits.
 #include <doctest/doctest.h>
 
+#include <dirent.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/codegen/sync_stream.h>
 
@@ -153,6 +164,40 @@ TEST_CASE("unparsable or truncated messages end the stream with INVALID_ARGUMENT
   int replies = 0;  // The whole message parses: the agent joined and was answered.
   CHECK(SendRaw(server->port(), whole, &replies).error_code() == grpc::StatusCode::CANCELLED);
   CHECK(replies == 1);
+}
+
+// Entries of `dir` whose names start with `prefix`.
+std::vector<std::string> Entries(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> found;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::string(e->d_name).rfind(prefix, 0) == 0) found.push_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return found;
+}
+
+TEST_CASE("the private socket directory goes with the server, and a killed one's with the next") {
+  const char* tmp = std::getenv("TMPDIR");  // As the server picks it.
+  const std::string base = tmp != nullptr && *tmp != '\0' && std::strlen(tmp) < 64 ? tmp : "/tmp";
+  std::string mine = "elrun-rdzv-" + std::to_string(::getpid()) + "-";
+  {
+    auto server = StartServer();
+    CHECK(Entries(base, mine).size() == 1);
+  }
+  CHECK(Entries(base, mine).empty());
+  // What a coordinator killed with SIGKILL leaves: its directory, named with its dead pid.
+  pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  REQUIRE(::waitpid(child, nullptr, 0) == child);
+  std::string stale = base + "/elrun-rdzv-" + std::to_string(child) + "-test01";
+  REQUIRE(::mkdir(stale.c_str(), 0700) == 0);
+  FILE* socket_file = std::fopen((stale + "/coordinator.sock").c_str(), "w");
+  REQUIRE(socket_file != nullptr);
+  std::fclose(socket_file);
+  auto server = StartServer();
+  CHECK(::access(stale.c_str(), F_OK) != 0);
 }
 
 TEST_CASE("a second server on the same port fails to start") {

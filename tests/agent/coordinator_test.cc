@@ -67,7 +67,7 @@ struct Harness {
   RecordingSink& Connect(int n) {
     Agent& agent = agents[n];
     agent.id = 1000 + n;
-    coordinator.OnConnect(agent.id, agent.sink.get());
+    coordinator.OnConnect(agent.id, agent.sink.get(), now);
     return *agent.sink;
   }
   absl::Status Send(int n, const v1::AgentMessage& message) {
@@ -566,6 +566,20 @@ TEST_CASE("a scale-up ends the round at most once per last_call_timeout, however
   REQUIRE(h.Join(21).ok());
   CHECK_FALSE(h.Has(0, v1::CoordinatorMessage::kRoundEnded));
   REQUIRE(h.coordinator.NextDeadline().has_value());
+}
+
+TEST_CASE("a session that never joins is closed after the first-join timeout") {
+  Harness h;  // The coordinator's default: 10 s.
+  h.settings.set_heartbeat_timeout_ms(60000);
+  h.Connect(0);
+  REQUIRE(h.Join(1).ok());
+  REQUIRE(h.coordinator.NextDeadline().has_value());
+  h.Advance(milliseconds(9999));
+  CHECK_FALSE(h.Sink(0).closed.has_value());
+  h.Advance(milliseconds(1));
+  REQUIRE(h.Sink(0).closed.has_value());
+  CHECK(h.Sink(0).closed->code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_FALSE(h.Sink(1).closed.has_value());  // Joined in time: a member, kept.
 }
 
 TEST_CASE("an ended job is forgotten after close_timeout, whatever its sessions do") {

@@ -110,12 +110,13 @@ class RdzvTestCase(ElrunTestCase):
 
     # -- starting -------------------------------------------------------------------------------
 
-    def start_daemon(self, token=None):
-        """Starts elrun-rdzv on 127.0.0.1 port 0 (ELRUN_RDZV_TOKEN=token when given) and waits
-        for the port it prints."""
+    def start_daemon(self, token=None, preexec_fn=None):
+        """Starts elrun-rdzv on 127.0.0.1 port 0 (ELRUN_RDZV_TOKEN=token when given; preexec_fn
+        runs in the child before exec) and waits for the port it prints."""
         port_file = self.path("rdzv.port")
         proc = self.start(["--listen", "127.0.0.1:0", "--port-file", port_file],
-                          env=self.env(ELRUN_RDZV_TOKEN=token), command=rdzv_command())
+                          env=self.env(ELRUN_RDZV_TOKEN=token), command=rdzv_command(),
+                          preexec_fn=preexec_fn)
         daemon = self._watch("elrun-rdzv", proc)
         self.pump(lambda: LISTENING.search(daemon.stdout), "elrun-rdzv to print its port",
                   DAEMON_TIMEOUT_S, alive=[daemon])
@@ -184,7 +185,10 @@ class RdzvTestCase(ElrunTestCase):
                     owners[fd] = (w, fd)
                 if w.rc is None:
                     owners[w.pidfd] = (w, None)
-            ready, _, _ = select.select(list(owners), [], [], remaining)
+            poller = select.poll()  # Not select(): descriptors may be >= 1024 (rdzv_flood_test).
+            for fd in owners:
+                poller.register(fd, select.POLLIN)
+            ready = [fd for fd, _ in poller.poll(remaining * 1000)]
             for fd in ready:
                 if owners[fd] is None:
                     continue  # The ready FIFO, drained at the top.

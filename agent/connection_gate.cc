@@ -1,0 +1,402 @@
+#include "agent/connection_gate.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace elrun::rdzv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kBufferBytes = 16 * 1024;
+constexpr int kReservedFds = 256;
+constexpr int kFdsPerConnection = 3;  // Ours: client and backend; gRPC's: the backend's peer.
+constexpr int kMaxConnections = 4096;
+
+// One direction of a relayed connection: bytes read from `from`, not yet written to `to`.
+struct Direction {
+  std::vector<char> buffer = std::vector<char>(kBufferBytes);
+  size_t begin = 0;
+  size_t end = 0;
+  bool eof = false;       // `from` has no more to send.
+  bool shut = false;      // ... and everything was passed on: `to` got SHUT_WR.
+  bool pending() const { return end > begin; }
+};
+
+struct Connection {
+  int client = -1;
+  int backend = -1;
+  std::string peer;
+  Direction up;    // client -> backend
+  Direction down;  // backend -> client
+  bool heard = false;  // The client sent its first bytes.
+  Clock::time_point silent_deadline;
+};
+
+absl::Status Errno(const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+std::string PeerAddress(const sockaddr_storage& address) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (address.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(address).sin_addr, text, sizeof(text));
+  } else if (address.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(address).sin6_addr, text, sizeof(text));
+  }
+  return text;
+}
+
+// HOST and PORT of "HOST:PORT" or "[V6]:PORT".
+absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(const std::string& listen) {
+  size_t colon = listen.rfind(':');
+  if (colon == std::string::npos || colon + 1 == listen.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("listen address ", listen, " is not HOST:PORT"));
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return std::make_pair(host, listen.substr(colon + 1));
+}
+
+}  // namespace
+
+class ConnectionGate::Relay {
+ public:
+  Relay(std::vector<int> listeners, int port, std::string backend, int max_connections, GateLimits limits)
+      : listeners_(std::move(listeners)), port_(port), backend_(std::move(backend)),
+        max_connections_(max_connections), limits_(limits) {}
+
+  absl::Status Init() {
+    epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
+    wake_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    reserve_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (epoll_ < 0 || wake_ < 0 || reserve_ < 0) return Errno("connection gate");
+    for (int fd : listeners_) Watch(fd, EPOLLIN, EPOLL_CTL_ADD);
+    Watch(wake_, EPOLLIN, EPOLL_CTL_ADD);
+    thread_ = std::thread([this] { Run(); });
+    return absl::OkStatus();
+  }
+
+  ~Relay() {
+    if (thread_.joinable()) {
+      stop_ = true;
+      uint64_t one = 1;
+      ssize_t ignored = ::write(wake_, &one, sizeof(one));
+      (void)ignored;
+      thread_.join();
+    }
+    std::vector<std::shared_ptr<Connection>> all;
+    for (auto& [fd, connection] : connections_) all.push_back(connection);
+    for (auto& connection : all) Close(connection);
+    for (int fd : listeners_) ::close(fd);
+    for (int fd : {epoll_, wake_, reserve_}) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+
+  int port() const { return port_; }
+  int max_connections() const { return max_connections_; }
+  GateCounts counts() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counts_;
+  }
+
+ private:
+  void Watch(int fd, uint32_t events, int op) {
+    epoll_event event{};
+    event.events = events;
+    event.data.fd = fd;
+    ::epoll_ctl(epoll_, op, fd, &event);
+  }
+
+  void Run() {
+    std::vector<epoll_event> events(256);
+    while (!stop_) {
+      int timeout_ms = -1;
+      if (!silent_.empty()) {
+        auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(silent_.front().first - Clock::now());
+        timeout_ms = static_cast<int>(std::max<int64_t>(0, wait.count() + 1));
+      }
+      int n = ::epoll_wait(epoll_, events.data(), static_cast<int>(events.size()), timeout_ms);
+      if (n < 0 && errno != EINTR) break;
+      for (int i = 0; i < n; ++i) {
+        int fd = events[i].data.fd;
+        if (fd == wake_) continue;
+        if (std::find(listeners_.begin(), listeners_.end(), fd) != listeners_.end()) {
+          AcceptAll(fd);
+          continue;
+        }
+        auto it = connections_.find(fd);
+        if (it != connections_.end()) Pump(it->second);
+      }
+      CloseSilent();
+    }
+  }
+
+  void AcceptAll(int listener) {
+    for (int i = 0; i < 1024; ++i) {  // Bounded, so the relay keeps serving during a flood.
+      sockaddr_storage address{};
+      socklen_t length = sizeof(address);
+      int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&address), &length,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE) {
+          // No descriptor left: give up the reserve to take the connection off the queue and
+          // close it, instead of leaving it there to wake us for ever.
+          ::close(reserve_);
+          int dropped = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+          if (dropped >= 0) ::close(dropped);
+          reserve_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+          Count([](GateCounts& c) { ++c.refused; });
+          continue;
+        }
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return;  // EAGAIN: the queue is empty.
+      }
+      Admit(fd, PeerAddress(address));
+    }
+  }
+
+  void Admit(int client, const std::string& peer) {
+    int open = static_cast<int>(connections_.size() / 2);
+    if (open >= max_connections_ || per_peer_[peer] >= limits_.max_per_peer) {
+      ::close(client);
+      Count([](GateCounts& c) { ++c.refused; });
+      return;
+    }
+    int backend = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::strncpy(address.sun_path, backend_.c_str(), sizeof(address.sun_path) - 1);
+    if (backend < 0 || ::connect(backend, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+      if (backend >= 0) ::close(backend);
+      ::close(client);
+      Count([](GateCounts& c) { ++c.refused; });
+      return;
+    }
+    auto connection = std::make_shared<Connection>();
+    connection->client = client;
+    connection->backend = backend;
+    connection->peer = peer;
+    connection->silent_deadline = Clock::now() + limits_.first_bytes_timeout;
+    connections_[client] = connection;
+    connections_[backend] = connection;
+    ++per_peer_[peer];
+    silent_.emplace_back(connection->silent_deadline, connection);
+    Watch(client, EPOLLIN, EPOLL_CTL_ADD);
+    Watch(backend, EPOLLIN, EPOLL_CTL_ADD);
+    Count([](GateCounts& c) {
+      ++c.admitted;
+      ++c.open;
+    });
+  }
+
+  // Moves what can be moved in both directions; closes the connection when both are done or
+  // either side failed.
+  void Pump(const std::shared_ptr<Connection>& c) {
+    bool ok = Transfer(c->client, c->up, c->backend, &c->heard) &&
+              Transfer(c->backend, c->down, c->client, nullptr);
+    if (!ok || (c->up.shut && c->down.shut)) {
+      Close(c);
+      return;
+    }
+    auto interest = [](const Direction& in, const Direction& out) {
+      uint32_t events = 0;
+      if (!in.eof && in.end < in.buffer.size()) events |= EPOLLIN;
+      if (out.pending()) events |= EPOLLOUT;
+      return events;
+    };
+    Watch(c->client, interest(c->up, c->down), EPOLL_CTL_MOD);
+    Watch(c->backend, interest(c->down, c->up), EPOLL_CTL_MOD);
+  }
+
+  // Reads from `from` into `d` while there is room, writes what is pending to `to`; sets *heard
+  // when bytes came. False on an error of either socket.
+  static bool Transfer(int from, Direction& d, int to, bool* heard) {
+    while (!d.eof && d.end < d.buffer.size()) {
+      ssize_t n = ::recv(from, d.buffer.data() + d.end, d.buffer.size() - d.end, 0);
+      if (n > 0) {
+        d.end += static_cast<size_t>(n);
+        if (heard != nullptr) *heard = true;
+      } else if (n == 0) {
+        d.eof = true;
+      } else if (errno == EINTR) {
+        continue;
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        break;
+      } else {
+        return false;
+      }
+    }
+    while (d.pending()) {
+      ssize_t n = ::send(to, d.buffer.data() + d.begin, d.end - d.begin, MSG_NOSIGNAL);
+      if (n > 0) {
+        d.begin += static_cast<size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        break;
+      } else {
+        return false;
+      }
+    }
+    if (!d.pending()) d.begin = d.end = 0;
+    if (d.eof && !d.pending() && !d.shut) {
+      ::shutdown(to, SHUT_WR);
+      d.shut = true;
+    }
+    return true;
+  }
+
+  void Close(const std::shared_ptr<Connection>& c) {
+    if (c->client < 0) return;
+    for (int fd : {c->client, c->backend}) {
+      ::epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
+      connections_.erase(fd);
+      ::close(fd);
+    }
+    c->client = c->backend = -1;
+    if (--per_peer_[c->peer] <= 0) per_peer_.erase(c->peer);
+    Count([](GateCounts& counts) { --counts.open; });
+  }
+
+  // Closes the connections whose client has sent nothing by its deadline.
+  void CloseSilent() {
+    auto now = Clock::now();
+    while (!silent_.empty() && silent_.front().first <= now) {
+      std::shared_ptr<Connection> c = silent_.front().second.lock();
+      silent_.pop_front();
+      if (c && !c->heard && c->client >= 0) {
+        Close(c);
+        Count([](GateCounts& counts) { ++counts.silent_closed; });
+      }
+    }
+  }
+
+  template <typename F>
+  void Count(F update) {
+    std::lock_guard<std::mutex> lock(mu_);
+    update(counts_);
+  }
+
+  const std::vector<int> listeners_;
+  const int port_;
+  const std::string backend_;
+  const int max_connections_;
+  const GateLimits limits_;
+  int epoll_ = -1;
+  int wake_ = -1;
+  int reserve_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  // Owned by the relay thread (and the destructor once it has stopped):
+  std::map<int, std::shared_ptr<Connection>> connections_;  // By client and by backend fd.
+  std::map<std::string, int> per_peer_;
+  std::deque<std::pair<Clock::time_point, std::weak_ptr<Connection>>> silent_;  // By deadline.
+  mutable std::mutex mu_;
+  GateCounts counts_;  // Guarded by mu_.
+};
+
+absl::StatusOr<std::unique_ptr<ConnectionGate>> ConnectionGate::Start(const std::string& listen,
+                                                                      const std::string& backend_path,
+                                                                      GateLimits limits) {
+  auto host_port = SplitHostPort(listen);
+  if (!host_port.ok()) return host_port.status();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const std::string& host = host_port->first;
+  int rc = ::getaddrinfo(host.empty() || host == "*" ? nullptr : host.c_str(), host_port->second.c_str(),
+                         &hints, &found);
+  if (rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot listen on ", listen, ": ", gai_strerror(rc)));
+  }
+  std::vector<int> listeners;
+  int port = 0;
+  absl::Status failed = absl::OkStatus();
+  for (addrinfo* a = found; a != nullptr && failed.ok(); a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // Not SO_REUSEPORT.
+    if (a->ai_family == AF_INET6) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    sockaddr_storage address{};
+    std::memcpy(&address, a->ai_addr, a->ai_addrlen);
+    if (port != 0) {  // Every address on the port the first one got.
+      if (a->ai_family == AF_INET) reinterpret_cast<sockaddr_in&>(address).sin_port = htons(port);
+      if (a->ai_family == AF_INET6) reinterpret_cast<sockaddr_in6&>(address).sin6_port = htons(port);
+    }
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&address), a->ai_addrlen) != 0 || ::listen(fd, 1024) != 0) {
+      int error = errno;
+      ::close(fd);
+      failed = absl::AlreadyExistsError(absl::StrCat("cannot listen on ", listen, " (",
+                                                     std::strerror(error), ": address in use or not local)"));
+      break;
+    }
+    socklen_t length = sizeof(address);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+    port = ntohs(address.ss_family == AF_INET ? reinterpret_cast<sockaddr_in&>(address).sin_port
+                                              : reinterpret_cast<sockaddr_in6&>(address).sin6_port);
+    listeners.push_back(fd);
+  }
+  ::freeaddrinfo(found);
+  if (failed.ok() && listeners.empty()) {
+    failed = absl::AlreadyExistsError(absl::StrCat("cannot listen on ", listen, " (no usable address)"));
+  }
+  if (!failed.ok()) {
+    for (int fd : listeners) ::close(fd);
+    return failed;
+  }
+  int max_connections = limits.max_connections;
+  if (max_connections <= 0) {
+    rlimit limit{};
+    ::getrlimit(RLIMIT_NOFILE, &limit);
+    int64_t budget = (static_cast<int64_t>(limit.rlim_cur) - kReservedFds) / kFdsPerConnection;
+    max_connections = static_cast<int>(std::clamp<int64_t>(budget, 8, kMaxConnections));
+  }
+  auto relay = std::make_unique<Relay>(std::move(listeners), port, backend_path, max_connections, limits);
+  absl::Status started = relay->Init();
+  if (!started.ok()) return started;
+  return std::unique_ptr<ConnectionGate>(new ConnectionGate(std::move(relay)));
+}
+
+ConnectionGate::ConnectionGate(std::unique_ptr<Relay> relay) : relay_(std::move(relay)) {}
+ConnectionGate::~ConnectionGate() = default;
+int ConnectionGate::port() const { return relay_->port(); }
+int ConnectionGate::max_connections() const { return relay_->max_connections(); }
+GateCounts ConnectionGate::counts() const { return relay_->counts(); }
+
+int RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 1024;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  return static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 30));
+}
+
+}  // namespace elrun::rdzv
