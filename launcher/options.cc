@@ -40,8 +40,10 @@ constexpr OptionDef kOptions[] = {
     {"standalone", "", true, "", "0",
      "Single-node job with a generated run id and a free port; ignores rdzv options."},
     {"rdzv-backend", "", false, "NAME", "static",
-     "static, or grpc (c10d is an alias); grpc is the default with --rdzv-endpoint or MIN:MAX."},
-    {"rdzv-endpoint", "", false, "HOST[:PORT]", "", "Rendezvous endpoint HOST[:PORT]."},
+     "static (node 0's store at --rdzv-endpoint or --master-addr:--master-port, as torchrun), "
+     "or grpc (c10d is an alias): elrun's elastic rendezvous, the default with --nnodes MIN:MAX."},
+    {"rdzv-endpoint", "", false, "HOST[:PORT]", "",
+     "grpc/c10d: the coordinator, HOST[:PORT]; static: node 0's store, HOST:PORT."},
     {"rdzv-id", "", false, "ID", "none", "Job id shared by all nodes of the job."},
     {"rdzv-conf", "", false, "K=V,...", "", "Rendezvous settings key=value,... (join_timeout, token, ...)."},
     {"max-restarts", "", false, "N", "0", "Restarts of the worker group after a failure."},
@@ -120,9 +122,8 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest,
   spec->node_rank_given = r.explicitly_set.count("node-rank") > 0;
   spec->standalone = r.Flag("standalone");
   spec->rdzv_backend = absl::AsciiStrToLower(r["rdzv-backend"]);
-  if (!r.explicitly_set.count("rdzv-backend") &&
-      (!r["rdzv-endpoint"].empty() || spec->min_nodes != spec->max_nodes)) {
-    spec->rdzv_backend = "grpc";  // A rendezvous endpoint or an elastic size: multi-node default.
+  if (!r.explicitly_set.count("rdzv-backend") && spec->min_nodes != spec->max_nodes) {
+    spec->rdzv_backend = "grpc";  // An elastic size needs a real rendezvous.
   }
   spec->rdzv_endpoint = r["rdzv-endpoint"];
   spec->rdzv_id = r["rdzv-id"];
@@ -173,6 +174,19 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest,
     }
   }
   if (spec->rdzv_backend == "static") {
+    // torchrun's static rendezvous: --rdzv-endpoint HOST:PORT is node 0's store, the workers'
+    // MASTER_ADDR and MASTER_PORT (over --master-addr/--master-port).
+    if (!spec->rdzv_endpoint.empty()) {
+      auto endpoint = ParseEndpoint(spec->rdzv_endpoint);
+      if (!endpoint.ok()) return Invalid(r, "rdzv-endpoint", endpoint.status());
+      if (!endpoint->port || *endpoint->port == 0) {
+        return Invalid(r, "rdzv-endpoint", absl::InvalidArgumentError(
+                                               "the static rendezvous needs HOST:PORT, node 0's store "
+                                               "(or --rdzv-backend c10d for elrun's rendezvous)"));
+      }
+      spec->master_addr = endpoint->host;
+      spec->master_port = *endpoint->port;
+    }
     if (spec->min_nodes != spec->max_nodes) {
       return Invalid(r, "nnodes", absl::InvalidArgumentError(
                                       "--rdzv-backend static needs a fixed N; use grpc for MIN:MAX"));

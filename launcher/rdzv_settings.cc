@@ -39,36 +39,12 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec,
         "--rdzv-backend=", spec.rdzv_backend, " with --nnodes=", spec.min_nodes, ":", spec.max_nodes,
         " needs --rdzv-endpoint HOST[:PORT] (the same on every node)"));
   }
-  std::string port_text;
-  if (endpoint.front() == '[') {
-    size_t close = endpoint.find(']');
-    if (close == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("--rdzv-endpoint=", endpoint, ": missing ']'"));
-    }
-    settings.host = endpoint.substr(1, close - 1);
-    if (close + 1 < endpoint.size()) {
-      if (endpoint[close + 1] != ':') {
-        return absl::InvalidArgumentError(absl::StrCat("--rdzv-endpoint=", endpoint, ": expected [HOST]:PORT"));
-      }
-      port_text = endpoint.substr(close + 2);
-    }
-  } else {
-    size_t colon = endpoint.rfind(':');
-    bool one_colon = colon != std::string::npos && endpoint.find(':') == colon;
-    settings.host = one_colon ? endpoint.substr(0, colon) : endpoint;
-    if (one_colon) port_text = endpoint.substr(colon + 1);
+  auto parsed = ParseEndpoint(endpoint);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--rdzv-endpoint=", endpoint, ": ", parsed.status().message()));
   }
-  if (settings.host.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--rdzv-endpoint=", endpoint, ": no host"));
-  }
-  if (!port_text.empty()) {
-    auto port = ParseInt(port_text, 0, 65535);
-    if (!port.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--rdzv-endpoint=", endpoint, ": port ", port.status().message()));
-    }
-    settings.port = *port;
-  }
+  settings.host = parsed->host;
+  settings.port = parsed->port.value_or(settings.port);
 
   std::optional<std::chrono::milliseconds> keep_alive_interval;
   std::optional<int> keep_alive_attempts;

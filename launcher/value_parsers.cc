@@ -64,6 +64,36 @@ absl::StatusOr<std::chrono::milliseconds> ParseSeconds(absl::string_view text) {
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0 + 0.5));
 }
 
+absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view text) {
+  Endpoint endpoint;
+  absl::string_view port_text;
+  if (!text.empty() && text.front() == '[') {
+    size_t close = text.find(']');
+    if (close == absl::string_view::npos) return absl::InvalidArgumentError("missing ']'");
+    endpoint.host = std::string(text.substr(1, close - 1));
+    if (close + 1 < text.size()) {
+      if (text[close + 1] != ':') return absl::InvalidArgumentError("expected [HOST]:PORT");
+      port_text = text.substr(close + 2);
+      if (port_text.empty()) return absl::InvalidArgumentError("no port after ':'");
+    }
+  } else {
+    size_t colon = text.rfind(':');
+    bool one_colon = colon != absl::string_view::npos && text.find(':') == colon;
+    endpoint.host = std::string(one_colon ? text.substr(0, colon) : text);
+    if (one_colon) {
+      port_text = text.substr(colon + 1);
+      if (port_text.empty()) return absl::InvalidArgumentError("no port after ':'");
+    }
+  }
+  if (endpoint.host.empty()) return absl::InvalidArgumentError("no host");
+  if (!port_text.empty()) {
+    auto port = ParseInt(port_text, 0, 65535);
+    if (!port.ok()) return absl::InvalidArgumentError(absl::StrCat("port ", port.status().message()));
+    endpoint.port = *port;
+  }
+  return endpoint;
+}
+
 absl::StatusOr<std::pair<int, int>> ParseNnodes(absl::string_view text) {
   std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
   constexpr int kMaxNodes = 1 << 20;

@@ -7,12 +7,13 @@
 #include <chrono>
 #include <map>
 #include <set>
+#include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "launcher/job_spec.h"
 
 namespace elrun {
@@ -25,6 +26,14 @@ absl::StatusOr<std::chrono::milliseconds> ParseSeconds(absl::string_view text);
 
 // --nnodes: "N" or "MIN:MAX", 1 <= MIN <= MAX.
 absl::StatusOr<std::pair<int, int>> ParseNnodes(absl::string_view text);
+
+// --rdzv-endpoint: "HOST", "HOST:PORT" or "[V6]:PORT" (a bare IPv6 address has no port);
+// the host without brackets, the port when given (0-65535).
+struct Endpoint {
+  std::string host;
+  std::optional<int> port;
+};
+absl::StatusOr<Endpoint> ParseEndpoint(absl::string_view text);
 
 // What the machine offers to --nproc-per-node's symbolic values.
 struct DeviceCounts {

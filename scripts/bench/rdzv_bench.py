@@ -465,7 +465,7 @@ class Bench:
 
     # argv builders; port and run id are per run.
     def elrun_argv(self, nnodes, port, run_id, worker):
-        return [self.args.elrun, "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-endpoint",
+        return [self.args.elrun, "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                 f"127.0.0.1:{port}", "--rdzv-id", run_id, "--no-python", *worker]
 
     def torchrun_argv(self, nnodes, port, run_id, worker):
@@ -509,7 +509,7 @@ class Bench:
         avail = mem_available_mib()
         rel = lambda p: p.replace(REPO + "/", "")  # noqa: E731
         e_cmd = lambda nn, ep, w: shlex.join(  # noqa: E731
-            [rel(a.elrun), "--nnodes", nn, "--nproc-per-node", "1", "--rdzv-endpoint", ep,
+            [rel(a.elrun), "--nnodes", nn, "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", ep,
              "--rdzv-id", "JOB_i", "--no-python", *w])
         t_cmd = lambda nn, w: shlex.join(  # noqa: E731
             [PYTHON, rel(TORCHRUN_COMPAT), "--nnodes", nn, "--nproc_per_node", "1",

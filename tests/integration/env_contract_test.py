@@ -136,12 +136,20 @@ class DumpEnvTest(ElrunTestCase):
 
     def test_two_static_nodes_rank_layout(self):
         port = harness.free_port()
+        self.check_two_static_nodes(["--master_addr", "127.0.0.1", "--master_port", str(port)], port)
+
+    def test_two_static_nodes_through_rdzv_endpoint(self):
+        # torchrun's default backend is static: --rdzv-endpoint HOST:PORT is node 0's store, so
+        # the workers' MASTER_ADDR:MASTER_PORT, and no other port is opened.
+        port = harness.free_port()
+        self.check_two_static_nodes(["--rdzv_endpoint", "127.0.0.1:%d" % port], port)
+
+    def check_two_static_nodes(self, address_args, port):
         procs = []
         for node in (0, 1):
             procs.append(self.start(
-                ["--nnodes", "2", "--node_rank", str(node), "--nproc_per_node", "2",
-                 "--master_addr", "127.0.0.1", "--master_port", str(port),
-                 "--rdzv_id", "two-nodes", "--monitor_interval", "0.1", DUMP_ENV, self.tmp]))
+                ["--nnodes", "2", "--node_rank", str(node), "--nproc_per_node", "2"] + address_args +
+                ["--rdzv_id", "two-nodes", "--monitor_interval", "0.1", DUMP_ENV, self.tmp]))
         results = [self.finish(p) for p in procs]
         for result in results:
             self.assertExit(result, 0)

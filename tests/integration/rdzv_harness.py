@@ -140,7 +140,7 @@ class RdzvTestCase(ElrunTestCase):
         over the default join_timeout=30. env: extra variables (None removes one)."""
         settings = {"join_timeout": "30"}
         settings.update(conf or {})
-        argv = ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
+        argv = ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", "127.0.0.1:%d" % port, "--rdzv-id", run_id,
                 "--local-addr", "127.0.0.%d" % node,
                 "--rdzv-conf", ",".join("%s=%s" % kv for kv in settings.items())]

@@ -155,11 +155,23 @@ TEST_CASE("static backend needs a fixed node count") {
   CHECK(ErrorOf({"--nnodes=1:2", "--rdzv-backend=static", "t.py"}).rfind("--nnodes=1:2:", 0) == 0);
 }
 
-TEST_CASE("grpc is the default backend with an endpoint or an elastic size") {
+TEST_CASE("static is the default backend, as in torchrun; grpc for an elastic size") {
   CHECK(MustParse({"--nnodes=1:2", "t.py"}).rdzv_backend == "grpc");
-  CHECK(MustParse({"--rdzv-endpoint=h:1", "--nnodes=2", "t.py"}).rdzv_backend == "grpc");
   CHECK(MustParse({"--nnodes=2", "t.py"}).rdzv_backend == "static");
   CHECK(MustParse({"--rdzv-backend=c10d", "--nnodes=1:2", "t.py"}).rdzv_backend == "c10d");
+  CHECK(MustParse({"--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--nnodes=2", "t.py"}).rdzv_backend == "c10d");
+}
+
+TEST_CASE("a static --rdzv-endpoint HOST:PORT is node 0's store: MASTER_ADDR and MASTER_PORT") {
+  JobSpec spec = MustParse({"--rdzv-endpoint=node0.example:23456", "--nnodes=2", "--node-rank=1", "t.py"});
+  CHECK(spec.rdzv_backend == "static");
+  CHECK(spec.master_addr == "node0.example");
+  CHECK(spec.master_port == 23456);
+  spec = MustParse({"--rdzv-backend=static", "--rdzv-endpoint=[fd00::1]:29501", "--master-port=1", "t.py"});
+  CHECK(spec.master_addr == "fd00::1");
+  CHECK(spec.master_port == 29501);  // The endpoint wins, as in torchrun.
+  CHECK(ErrorOf({"--rdzv-endpoint=node0", "--nnodes=2", "t.py"}).rfind("--rdzv-endpoint=node0: the static rendezvous needs HOST:PORT", 0) == 0);
+  CHECK(ErrorOf({"--rdzv-endpoint=[::1", "t.py"}).find("missing ']'") != std::string::npos);
 }
 
 TEST_CASE("node rank given or not") {
