@@ -101,15 +101,17 @@ class ElasticAgent {
       next_heartbeat_ = now + rdzv_.heartbeat_interval;
     }
     if (phase_ == Phase::kJoining && now >= join_deadline_ && !exit_code_) {
-      PrintError(absl::StrCat("no rendezvous round formed at ", rdzv_.Endpoint(), " within join_timeout (",
-                              rdzv_.join_timeout.count() / 1000.0, " s); is the coordinator up and "
-                              "have --nnodes nodes joined with --rdzv-id ", spec_.rdzv_id, "?"));
+      Report(absl::StrCat("no rendezvous round formed at ", rdzv_.Endpoint(), " within join_timeout (",
+                          rdzv_.join_timeout.count() / 1000.0, " s); is the coordinator up and "
+                          "have --nnodes nodes joined with --rdzv-id ", spec_.rdzv_id, "?"));
       Finish(kExitJobFailed);
     }
     CheckSupervisor();
   }
 
   bool done() const { return exit_code_.has_value() && (!supervisor_ || supervisor_->done()); }
+  // The last error this agent printed about the rendezvous, for the launcher's error file.
+  const std::string& rendezvous_error() const { return rendezvous_error_; }
   int exit_code() const { return *exit_code_; }
   const Supervisor* failed() const { return failed_.get(); }
   const std::string& end_detail() const { return end_detail_; }
@@ -121,7 +123,7 @@ class ElasticAgent {
   void Join() {
     auto port = PickFreePort();
     if (!port.ok()) {
-      PrintError(std::string(port.status().message()));
+      Report(std::string(port.status().message()));
       Finish(kExitJobFailed);
       return;
     }
@@ -154,8 +156,8 @@ class ElasticAgent {
     absl::Status valid = rdzv::ValidateRoundStarted(
         round, {spec_.nproc_per_node, spec_.min_nodes, spec_.max_nodes, spec_.max_restarts, round_});
     if (!valid.ok()) {
-      PrintError(absl::StrCat("the rendezvous coordinator at ", rdzv_.Endpoint(),
-                              " sent an invalid round (", valid.message(), "); leaving the job"));
+      Report(absl::StrCat("the rendezvous coordinator at ", rdzv_.Endpoint(),
+                          " sent an invalid round (", valid.message(), "); leaving the job"));
       Finish(kExitJobFailed);
       return;
     }
@@ -204,11 +206,11 @@ class ElasticAgent {
 
   void OnStreamEnded(const absl::Status& status) {
     if (status.code() == absl::StatusCode::kUnavailable || status.code() == absl::StatusCode::kCancelled) {
-      PrintError(absl::StrCat("lost the rendezvous coordinator at ", rdzv_.Endpoint(), ": ",
-                              rdzv::EscapeForConsole(status.message())));
+      Report(absl::StrCat("lost the rendezvous coordinator at ", rdzv_.Endpoint(), ": ",
+                          rdzv::EscapeForConsole(status.message())));
     } else {
-      PrintError(absl::StrCat("the rendezvous at ", rdzv_.Endpoint(), " refused this node: ",
-                              rdzv::EscapeForConsole(status.message())));
+      Report(absl::StrCat("the rendezvous at ", rdzv_.Endpoint(), " refused this node: ",
+                          rdzv::EscapeForConsole(status.message())));
     }
     end_code_ = kExitJobFailed;
     if (supervisor_ && !supervisor_->done()) {
@@ -260,6 +262,12 @@ class ElasticAgent {
     if (!exit_code_) exit_code_ = code;
   }
 
+  // Prints one error line about the rendezvous and keeps it for the error file.
+  void Report(const std::string& error) {
+    rendezvous_error_ = error;
+    PrintError(error);
+  }
+
   const JobSpec& spec_;
   const RdzvSettings& rdzv_;
   JobRuntime& rt_;
@@ -276,6 +284,7 @@ class ElasticAgent {
   int attempts_ = 0;
   int end_code_ = kExitJobFailed;
   std::string end_detail_;
+  std::string rendezvous_error_;
   std::optional<int> exit_code_;
   bool stream_lost_ = false;
   steady_clock::time_point next_heartbeat_;
@@ -367,7 +376,11 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
   int code = agent.exit_code();
   if (code == kExitJobFailed) {
     if (agent.failed() != nullptr) {
-      PrintFailureReport(spec, *agent.failed(), spec.rdzv_id, agent.group_rank());
+      PrintFailureReport(spec, *agent.failed(), spec.rdzv_id, agent.group_rank(), env);
+    } else if (!agent.end_detail().empty()) {
+      WriteLauncherErrorFile(env, "ChildFailedError", agent.end_detail());
+    } else if (!agent.rendezvous_error().empty()) {
+      WriteLauncherErrorFile(env, "RendezvousError", agent.rendezvous_error());
     }
     if (!agent.end_detail().empty()) PrintError(absl::StrCat("the job failed: ", agent.end_detail()));
   }

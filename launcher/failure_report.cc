@@ -4,6 +4,9 @@
 
 #include <csignal>
 #include <ctime>
+#include <fstream>
+#include <optional>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -21,6 +24,14 @@ std::string FormatTime(std::chrono::system_clock::time_point time) {
   char buffer[64];
   std::strftime(buffer, sizeof(buffer), "%Y-%m-%dT%H:%M:%SZ", &utc);
   return buffer;
+}
+
+std::optional<std::string> ReadFileText(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
 }
 
 bool FileExists(const std::string& path) {
@@ -66,6 +77,37 @@ void AppendDetails(const WorkerFailure& f, const JobSummary& job, std::string* o
 
 }  // namespace
 
+size_t RootCauseIndex(const std::vector<WorkerFailure>& failures) {
+  for (size_t i = 0; i < failures.size(); ++i) {
+    if (!failures[i].stopped_by_elrun) return i;
+  }
+  return 0;
+}
+
+int TorchExitCode(const WorkerFailure& failure) {
+  return failure.status.signal != 0 ? -failure.status.signal : failure.status.code;
+}
+
+std::string ParentErrorJson(const std::vector<WorkerFailure>& failures, const std::string& report,
+                            std::chrono::system_clock::time_point now) {
+  const WorkerFailure& root = failures[RootCauseIndex(failures)];
+  int code = TorchExitCode(root);
+  if (root.error) {
+    auto contents = ReadFileText(root.error_file);
+    if (contents) {
+      auto json = RootCauseErrorJson(*contents, code);
+      if (json.ok()) return *json;
+    }
+  }
+  std::string what = !root.start_error.empty()
+                         ? absl::StrCat("local_rank ", root.local_rank, " could not start: ", root.start_error)
+                         : absl::StrCat("local_rank ", root.local_rank, " (rank ", root.rank, ") ",
+                                        root.status.signal != 0
+                                            ? absl::StrCat("was killed by ", SignalName(root.status.signal))
+                                            : absl::StrCat("exited with code ", root.status.code));
+  return ErrorRecordJson(absl::StrCat("ChildFailedError: ", what), report, now, code);
+}
+
 std::string FormatFailureReport(const JobSummary& job, const std::vector<WorkerFailure>& failures) {
   std::string out = std::string(60, '=') + "\n";
   absl::StrAppend(&out, job.entrypoint, " FAILED (run_id ", job.run_id, ", ", job.attempts,
@@ -75,13 +117,7 @@ std::string FormatFailureReport(const JobSummary& job, const std::vector<WorkerF
     absl::StrAppend(&out, "no worker failure was recorded\n", std::string(60, '=') + "\n");
     return out;
   }
-  size_t root = 0;
-  for (size_t i = 0; i < failures.size(); ++i) {
-    if (!failures[i].stopped_by_elrun) {
-      root = i;
-      break;
-    }
-  }
+  size_t root = RootCauseIndex(failures);
   absl::StrAppend(&out, std::string(60, '-'), "\nRoot Cause (first observed failure):\n");
   AppendDetails(failures[root], job, &out);
   bool others = false;

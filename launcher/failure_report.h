@@ -39,9 +39,20 @@ struct JobSummary {
   int max_restarts = 0;
 };
 
-// `failures` in the order they were observed; the first is the root cause unless an earlier
-// listed one was stopped by elrun and a later one was not.
+// The root cause among `failures` (in the order observed): the first one that elrun did not
+// stop itself, else the first. `failures` must not be empty.
+size_t RootCauseIndex(const std::vector<WorkerFailure>& failures);
+
+// The exit code torchrun reports for a failure: the code, or minus the signal number.
+int TorchExitCode(const WorkerFailure& failure);
+
 std::string FormatFailureReport(const JobSummary& job, const std::vector<WorkerFailure>& failures);
+
+// The JSON for elrun's own TORCHELASTIC_ERROR_FILE: the root-cause worker's error file with its
+// exit code (RootCauseErrorJson) when it wrote one, else a ChildFailedError record holding
+// `report` (ErrorRecordJson). `failures` must not be empty.
+std::string ParentErrorJson(const std::vector<WorkerFailure>& failures, const std::string& report,
+                            std::chrono::system_clock::time_point now);
 
 // Fills error, stdout_log and stderr_log of a failure from the files its worker left behind.
 void AttachWorkerFiles(const WorkerLaunch& launch, WorkerFailure* failure);

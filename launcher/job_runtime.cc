@@ -12,6 +12,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "launcher/error_file.h"
+#include "launcher/failure_report.h"
 #include "launcher/host_info.h"
 #include "launcher/output_pump.h"
 
@@ -141,8 +143,27 @@ std::string DescribeFirstFailure(const std::vector<WorkerFailure>& failures) {
   return "no failure recorded";
 }
 
-void PrintFailureReport(const JobSpec& spec, const Supervisor& supervisor,
-                        const std::string& run_id, int group_rank) {
+namespace {
+
+constexpr char kErrorFileEnv[] = "TORCHELASTIC_ERROR_FILE";
+
+void WriteParentErrorFile(const std::map<std::string, std::string>& env, const std::string& json) {
+  auto path = env.find(kErrorFileEnv);
+  if (path == env.end() || path->second.empty() || json.empty()) return;
+  absl::Status written = WriteErrorFile(path->second, json);
+  if (!written.ok()) spdlog::warn("{}", std::string(written.message()));
+}
+
+}  // namespace
+
+void WriteLauncherErrorFile(const std::map<std::string, std::string>& env, const std::string& type,
+                            const std::string& text) {
+  WriteParentErrorFile(env, ErrorRecordJson(absl::StrCat(type, ": ", text), "",
+                                            std::chrono::system_clock::now(), 0));
+}
+
+void PrintFailureReport(const JobSpec& spec, const Supervisor& supervisor, const std::string& run_id,
+                        int group_rank, const std::map<std::string, std::string>& env) {
   std::vector<WorkerFailure> failures = supervisor.failures();
   for (WorkerFailure& failure : failures) {
     for (const WorkerLaunch& launch : supervisor.launches()) {
@@ -153,6 +174,9 @@ void PrintFailureReport(const JobSpec& spec, const Supervisor& supervisor,
                      supervisor.attempt() + 1, spec.max_restarts};
   std::string report = FormatFailureReport(summary, failures);
   WriteAll(STDERR_FILENO, report.data(), report.size());
+  if (!failures.empty()) {
+    WriteParentErrorFile(env, ParentErrorJson(failures, report, std::chrono::system_clock::now()));
+  }
 }
 
 }  // namespace elrun

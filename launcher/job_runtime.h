@@ -67,9 +67,15 @@ class JobRuntime {
   std::unique_ptr<PosixProcessTable> table_;
 };
 
-// Prints the root-cause report of a supervisor whose attempt failed (to stderr).
-void PrintFailureReport(const JobSpec& spec, const Supervisor& supervisor,
-                        const std::string& run_id, int group_rank);
+// Prints the root-cause report of a supervisor whose attempt failed (to stderr) and, when
+// `env` (elrun's own) sets TORCHELASTIC_ERROR_FILE, writes the root cause there as torchrun does.
+void PrintFailureReport(const JobSpec& spec, const Supervisor& supervisor, const std::string& run_id,
+                        int group_rank, const std::map<std::string, std::string>& env);
+
+// For a job that failed without a worker of this node to blame (a failure on another node, a
+// lost rendezvous): writes a "<Type>: <text>" record to env's TORCHELASTIC_ERROR_FILE, if set.
+void WriteLauncherErrorFile(const std::map<std::string, std::string>& env, const std::string& type,
+                            const std::string& text);
 
 // "local_rank 1 (rank 3, pid 77) ended with exit code 1": the first failure not caused by elrun.
 std::string DescribeFirstFailure(const std::vector<WorkerFailure>& failures);

@@ -61,7 +61,7 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
     return kExitJobFailed;
   }
   if (supervisor.exit_code() == kExitJobFailed) {
-    PrintFailureReport(spec, supervisor, run_id, builder.node().group_rank);
+    PrintFailureReport(spec, supervisor, run_id, builder.node().group_rank, env);
   }
   return supervisor.exit_code();
 }

@@ -22,7 +22,8 @@ class CoordinatorLossTest(RdzvTestCase):
         daemon = self.start_daemon()
         conf = {"heartbeat_interval": "0.2", "heartbeat_timeout": str(HEARTBEAT_TIMEOUT_S)}
         agents = [self.start_agent(node, daemon.port, nnodes=2, nproc=2, conf=conf,
-                                   rule=rdzv_harness.hold_while_world(4))
+                                   rule=rdzv_harness.hold_while_world(4),
+                                   env={"TORCHELASTIC_ERROR_FILE": self.path("error.%d.json" % node)})
                   for node in (1, 2)]
         first = self.wait_workers(4, alive=agents, what="the job's 4 workers to start")
         fds = self.pidfds(first)
@@ -39,6 +40,10 @@ class CoordinatorLossTest(RdzvTestCase):
             self.assertIn("lost the rendezvous coordinator at 127.0.0.1:%d" % daemon.port,
                           agent.stderr, "expected %s to name the coordinator\n%s"
                           % (agent.name, agent.result()))
+            # An outer launcher or scheduler learns the cause from the launcher's error file.
+            message = self.read_json("error.%d.json" % agent.node)["message"]["message"]
+            self.assertTrue(message.startswith("RendezvousError: lost the rendezvous coordinator"),
+                            message)
         self.assertDead(fds, "the workers and their grandchildren")
         self.assertNoMoreWorkers()
         daemon.proc.send_signal(signal.SIGCONT)

@@ -140,6 +140,32 @@ class RestartTest(ElrunTestCase):
                       "expected the message that torch's @record wrote to the error file\n%s"
                       % result)
 
+    def test_launcher_error_file_holds_the_worker_root_cause(self):
+        # Schedulers and outer launchers set TORCHELASTIC_ERROR_FILE for the launcher itself;
+        # torchrun's @record copies the root-cause worker's error file there, errorCode set to
+        # its exit code. The same holds under the reference torchrun.
+        result = self.elrun(self.base_args(0, nproc=1) + [worker("record_worker.py")],
+                            env=self.env(TORCHELASTIC_ERROR_FILE=self.path("launcher_error.json")),
+                            timeout=60)
+        self.assertExit(result, 1)
+        message = self.read_json("launcher_error.json")["message"]
+        self.assertEqual(message["message"], "ValueError: boom")
+        self.assertEqual(message["errorCode"], 1)
+        self.assertIn('raise ValueError("boom")', message["extraInfo"]["py_callstack"])
+        self.assertTrue(message["extraInfo"]["timestamp"].isdigit())
+
+    @harness.elrun_only("torchrun writes no launcher error file when the worker wrote none")
+    def test_launcher_error_file_without_a_worker_error_file(self):
+        result = self.elrun(self.base_args(0, nproc=1) + self.sh_file("kill -KILL $$"),
+                            env=self.env(TORCHELASTIC_ERROR_FILE=self.path("launcher_error.json")))
+        self.assertExit(result, 1)
+        message = self.read_json("launcher_error.json")["message"]
+        self.assertEqual(message["message"],
+                         "ChildFailedError: local_rank 0 (rank 0) was killed by SIGKILL")
+        self.assertEqual(message["errorCode"], -9)
+        self.assertIn("Root Cause", message["extraInfo"]["py_callstack"],
+                      "expected the failure report as the details")
+
     def test_torch_job_restarts_after_rank_failure(self):
         # Rank 1 exits in the middle of a live gloo group; the restarted attempt must be able to
         # build a new group (new store, port usable again) and finish.

@@ -108,3 +108,43 @@ TEST_CASE("a worker that could not start") {
 
 }  // namespace
 }  // namespace elrun
+
+namespace elrun {
+namespace {
+
+TEST_CASE("the launcher's error file: the worker's, with its exit code, as torch's dump_error_file") {
+  std::string worker = R"({"message": {"message": "ValueError: boom", "extraInfo": )"
+                       R"({"py_callstack": "Traceback ...", "timestamp": "1700000000"}}})";
+  auto json = RootCauseErrorJson(worker, -11);
+  REQUIRE(json.ok());
+  auto parsed = ParseErrorFile(*json);
+  REQUIRE(parsed.ok());
+  CHECK(parsed->message == "ValueError: boom");
+  CHECK(parsed->traceback == "Traceback ...");
+  CHECK(json->find("\"errorCode\":-11") != std::string::npos);
+  // The string form is kept as it is; so is a zero code.
+  CHECK(*RootCauseErrorJson(R"({"message": "plain"})", 3) == R"({"message":"plain"})");
+  CHECK(RootCauseErrorJson(worker, 0)->find("errorCode") == std::string::npos);
+  CHECK(RootCauseErrorJson("not json", 1).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("the launcher's error file without a worker's: a record in torch's format") {
+  auto time = std::chrono::system_clock::time_point(std::chrono::seconds(1700000000));
+  std::string json = ErrorRecordJson("ChildFailedError: local_rank 0 (rank 0) exited with code 3",
+                                     "report \"quoted\"\nline 2", time, 3);
+  auto parsed = ParseErrorFile(json);
+  REQUIRE(parsed.ok());
+  CHECK(parsed->message == "ChildFailedError: local_rank 0 (rank 0) exited with code 3");
+  CHECK(parsed->traceback == "report \"quoted\"\nline 2");
+  CHECK(parsed->timestamp == 1700000000);
+  CHECK(json.find("\"errorCode\":3") != std::string::npos);
+
+  WorkerFailure killed;
+  killed.status.signal = SIGKILL;
+  CHECK(ParseErrorFile(ParentErrorJson({killed}, "r", time))->message ==
+        "ChildFailedError: local_rank 0 (rank 0) was killed by SIGKILL");
+  CHECK(TorchExitCode(killed) == -9);
+}
+
+}  // namespace
+}  // namespace elrun
