@@ -58,7 +58,7 @@ absl::StatusOr<std::vector<WorkerLaunch>> AttemptBuilder::BuildFor(int attempt, 
     StreamRoutes routes = RouteStreams(spec_, layout_, attempt, local_rank);
     launch.out = routes.out;
     launch.err = routes.err;
-    launch.console_prefix = ConsolePrefix(spec_.role, local_rank);
+    launch.console_prefix = ConsolePrefix(spec_, launch.rank, local_rank);
     launches.push_back(std::move(launch));
   }
   return launches;

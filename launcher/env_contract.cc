@@ -1,5 +1,8 @@
 #include "launcher/env_contract.h"
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
+
 #include <cstring>
 
 namespace elrun {
@@ -49,6 +52,16 @@ std::vector<std::string> BuildWorkerEnv(const JobSpec& spec, const NodeAssignmen
   env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
   env.emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   if (DefaultsOmpThreads(spec, parent_env)) set("OMP_NUM_THREADS", "1");
+  if (spec.virtual_local_rank) {
+    // torchrun's virtual local rank: each worker sees only its own device, as device 0.
+    set("LOCAL_RANK", "0");
+    std::string device = num(local_rank);
+    if (auto visible = parent_env.find("CUDA_VISIBLE_DEVICES"); visible != parent_env.end()) {
+      std::vector<std::string> ids = absl::StrSplit(visible->second, ',');
+      if (local_rank < static_cast<int>(ids.size())) device = std::string(absl::StripAsciiWhitespace(ids[local_rank]));
+    }
+    set("CUDA_VISIBLE_DEVICES", device);
+  }
 
   std::vector<std::string> entries;
   entries.reserve(env.size());

@@ -58,6 +58,17 @@ struct JobSpec {
   StdSetting redirects;
   StdSetting tee;
   std::optional<std::set<int>> local_ranks_filter;  // Console only; unset shows every rank.
+  // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: replaces "[<role><local_rank>]:" before each console
+  // line, with ${role_name}, ${rank} and ${local_rank} substituted (Python's safe_substitute).
+  std::optional<std::string> log_line_prefix_template;
+  // --duplicate-stdout/stderr-filters: tee'd lines holding any of these strings are also
+  // written to <attempt dir>/filtered_stdout.log / filtered_stderr.log.
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
+
+  // Devices.
+  // --virtual-local-rank: LOCAL_RANK=0 in every worker, CUDA_VISIBLE_DEVICES its one device.
+  bool virtual_local_rank = false;
 
   // The entrypoint.
   bool module = false;

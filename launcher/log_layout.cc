@@ -1,5 +1,8 @@
 #include "launcher/log_layout.h"
 
+#include <cctype>
+#include <vector>
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -71,10 +74,16 @@ std::string LogLayout::ErrorFilePath(int attempt, int local_rank) const {
 absl::Status LogLayout::PrepareRankDir(int attempt, int local_rank) const {
   absl::Status status = MakeDirs(RankDir(attempt, local_rank));
   if (!status.ok()) return status;
-  std::string error_file = ErrorFilePath(attempt, local_rank);
-  if (::unlink(error_file.c_str()) != 0 && errno != ENOENT) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot remove stale ", error_file, ": ", std::strerror(errno)));
+  std::vector<std::string> stale = {ErrorFilePath(attempt, local_rank)};
+  if (local_rank == 0) {  // Once per attempt: the attempt's filtered logs start empty.
+    stale.push_back(FilteredPath(attempt, true));
+    stale.push_back(FilteredPath(attempt, false));
+  }
+  for (const std::string& file : stale) {
+    if (::unlink(file.c_str()) != 0 && errno != ENOENT) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot remove stale ", file, ": ", std::strerror(errno)));
+    }
   }
   return absl::OkStatus();
 }
@@ -91,14 +100,63 @@ void LogLayout::RemoveEmptyDirs() const {
   ::rmdir(RunDir().c_str());
 }
 
-StreamRoutes RouteStreams(const JobSpec& spec, const LogLayout& layout, int attempt,
-                          int local_rank) {
-  return {Route(spec, local_rank, true, layout.StdoutPath(attempt, local_rank)),
-          Route(spec, local_rank, false, layout.StderrPath(attempt, local_rank))};
+std::string LogLayout::FilteredPath(int attempt, bool stdout_stream) const {
+  return AttemptDir(attempt) + (stdout_stream ? "/filtered_stdout.log" : "/filtered_stderr.log");
 }
 
-std::string ConsolePrefix(const std::string& role, int local_rank) {
-  return absl::StrCat("[", role, local_rank, "]:");
+StreamRoutes RouteStreams(const JobSpec& spec, const LogLayout& layout, int attempt,
+                          int local_rank) {
+  StreamRoutes routes{Route(spec, local_rank, true, layout.StdoutPath(attempt, local_rank)),
+                      Route(spec, local_rank, false, layout.StderrPath(attempt, local_rank))};
+  if (routes.out.target == StreamTarget::kTee && !spec.duplicate_stdout_filters.empty()) {
+    routes.out.filtered_path = layout.FilteredPath(attempt, true);
+    routes.out.filters = spec.duplicate_stdout_filters;
+  }
+  if (routes.err.target == StreamTarget::kTee && !spec.duplicate_stderr_filters.empty()) {
+    routes.err.filtered_path = layout.FilteredPath(attempt, false);
+    routes.err.filters = spec.duplicate_stderr_filters;
+  }
+  return routes;
+}
+
+std::string SafeSubstitute(const std::string& text, const std::map<std::string, std::string>& values) {
+  auto ident_start = [](char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)); };
+  auto ident_char = [](char c) { return c == '_' || std::isalnum(static_cast<unsigned char>(c)); };
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    if (text[i] != '$' || i + 1 >= text.size()) {
+      out += text[i++];
+      continue;
+    }
+    if (text[i + 1] == '$') {
+      out += '$';
+      i += 2;
+      continue;
+    }
+    bool braced = text[i + 1] == '{';
+    size_t start = i + (braced ? 2 : 1);
+    size_t end = start;
+    if (end < text.size() && ident_start(text[end])) {
+      ++end;
+      while (end < text.size() && ident_char(text[end])) ++end;
+    }
+    bool closed = !braced || (end < text.size() && text[end] == '}');
+    auto value = values.find(text.substr(start, end - start));
+    if (end > start && closed && value != values.end()) {
+      out += value->second;
+      i = end + (braced ? 1 : 0);
+    } else {
+      out += text[i++];
+    }
+  }
+  return out;
+}
+
+std::string ConsolePrefix(const JobSpec& spec, int rank, int local_rank) {
+  if (!spec.log_line_prefix_template) return absl::StrCat("[", spec.role, local_rank, "]:");
+  return SafeSubstitute(*spec.log_line_prefix_template, {{"role_name", spec.role},
+                                                          {"rank", std::to_string(rank)},
+                                                          {"local_rank", std::to_string(local_rank)}});
 }
 
 }  // namespace elrun

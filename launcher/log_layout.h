@@ -4,6 +4,7 @@
 #ifndef ELRUN_LAUNCHER_LOG_LAYOUT_H_
 #define ELRUN_LAUNCHER_LOG_LAYOUT_H_
 
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
@@ -23,6 +24,8 @@ class LogLayout {
   std::string StdoutPath(int attempt, int local_rank) const;
   std::string StderrPath(int attempt, int local_rank) const;
   std::string ErrorFilePath(int attempt, int local_rank) const;
+  // <attempt dir>/filtered_stdout.log and filtered_stderr.log (--duplicate-*-filters).
+  std::string FilteredPath(int attempt, bool stdout_stream) const;
 
   // mkdir -p of RankDir, and removes a stale error.json left by an earlier run in the same
   // directory, so that a report never shows another run's error.
@@ -46,8 +49,14 @@ struct StreamRoutes {
 // whose streams then go to the files instead of being lost.
 StreamRoutes RouteStreams(const JobSpec& spec, const LogLayout& layout, int attempt, int local_rank);
 
-// "[default0]:" - the role and local rank, as torchrun prefixes tee'd lines.
-std::string ConsolePrefix(const std::string& role, int local_rank);
+// What precedes each tee'd console line: "[default0]:" (the role and local rank) as torchrun
+// does, or TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE with ${role_name}, ${rank} and ${local_rank}
+// substituted.
+std::string ConsolePrefix(const JobSpec& spec, int rank, int local_rank);
+
+// Python's string.Template(text).safe_substitute(values): $name and ${name} become their value,
+// "$$" a "$"; anything else stays as it is.
+std::string SafeSubstitute(const std::string& text, const std::map<std::string, std::string>& values);
 
 }  // namespace elrun
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 
 namespace elrun {
 namespace {
@@ -66,7 +67,40 @@ constexpr OptionDef kOptions[] = {
      "Signals forwarded to the workers before elrun exits."},
     {"shutdown-timeout", "", false, "SECONDS", "30",
      "Seconds between SIGTERM and SIGKILL when stopping workers."},
+    {"duplicate-stdout-filters", "", false, "A,B", "",
+     "Also write tee'd stdout lines holding any of these strings to <attempt>/filtered_stdout.log "
+     "(',,' is a comma)."},
+    {"duplicate-stderr-filters", "", false, "A,B", "",
+     "The same for stderr, to <attempt>/filtered_stderr.log."},
+    {"virtual-local-rank", "", true, "", "0",
+     "LOCAL_RANK=0 in every worker, CUDA_VISIBLE_DEVICES its own device."},
+    {"event-log-handler", "", false, "NAME", "null",
+     "torchrun's event handler; only null (its default): elrun loads no Python plugins."},
+    {"logs-specs", "", false, "NAME", "",
+     "torchrun's LogsSpecs plugin; none: elrun's logs follow torchrun's default layout."},
+    {"numa-binding", "", false, "MODE", "",
+     "torchrun's NUMA binding (node, socket, exclusive, core-complex): not supported by elrun yet."},
 };
+
+// torchrun's comma_separated_list: "a,b" -> {a, b}; ",," is a literal comma; "" -> {}.
+std::vector<std::string> ParseFilterList(const std::string& text) {
+  std::vector<std::string> items;
+  if (text.empty()) return items;
+  std::string current;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == ',' && i + 1 < text.size() && text[i + 1] == ',') {
+      current += ',';
+      ++i;
+    } else if (text[i] == ',') {
+      items.push_back(current);
+      current.clear();
+    } else {
+      current += text[i];
+    }
+  }
+  items.push_back(current);
+  return items;
+}
 
 // kUsage already shows the usage line; CLI11's own would only say "elrun [OPTIONS]".
 class UsageInDescriptionFormatter : public CLI::Formatter {
@@ -155,7 +189,33 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest,
                           ParseSignalList(r["signals-to-handle"]));
   ELRUN_ASSIGN_OR_INVALID(spec->shutdown_timeout, "shutdown-timeout",
                           ParseSeconds(r["shutdown-timeout"]));
+  spec->duplicate_stdout_filters = ParseFilterList(r["duplicate-stdout-filters"]);
+  spec->duplicate_stderr_filters = ParseFilterList(r["duplicate-stderr-filters"]);
+  spec->virtual_local_rank = r.Flag("virtual-local-rank");
 #undef ELRUN_ASSIGN_OR_INVALID
+
+  // torchrun's Python plugins: their defaults are what elrun does; others cannot be loaded.
+  std::string handler = r["event-log-handler"];
+  if (handler != "null" && handler != "dynamic_rendezvous") {
+    return Invalid(r, "event-log-handler", absl::InvalidArgumentError(
+                                               "elrun loads no Python event handlers; only null "
+                                               "(torchrun's default) is accepted"));
+  }
+  if (!r["logs-specs"].empty()) {
+    return Invalid(r, "logs-specs", absl::InvalidArgumentError(
+                                        "elrun loads no Python LogsSpecs plugins; its logs follow "
+                                        "torchrun's default layout (--log-dir, --redirects, --tee)"));
+  }
+  if (!r["numa-binding"].empty()) {
+    std::string mode = r["numa-binding"];
+    if (mode != "node" && mode != "socket" && mode != "exclusive" && mode != "core-complex") {
+      return Invalid(r, "numa-binding",
+                     absl::InvalidArgumentError("expected node, socket, exclusive or core-complex"));
+    }
+    return Invalid(r, "numa-binding", absl::UnimplementedError(
+                                          "elrun does not bind workers to NUMA nodes yet; run "
+                                          "without it, or wrap the script in numactl"));
+  }
 
   // Combinations.
   if (spec->module && spec->no_python) {
@@ -280,6 +340,17 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string
   ParsedCommandLine parsed;
   absl::Status status = BuildSpec(resolved, rest, devices, &parsed.spec);
   if (!status.ok()) return status;
+  parsed.spec.log_line_prefix_template = env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+  if (parsed.spec.virtual_local_rank) {
+    if (std::optional<std::string> visible = env("CUDA_VISIBLE_DEVICES")) {
+      int count = static_cast<int>(std::vector<std::string>(absl::StrSplit(*visible, ',')).size());
+      if (parsed.spec.nproc_per_node > count) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--virtual-local-rank: local rank ", count, " has no device in CUDA_VISIBLE_DEVICES=",
+            *visible, " (", count, " entries for --nproc-per-node ", parsed.spec.nproc_per_node, ")"));
+      }
+    }
+  }
   return parsed;
 }
 

@@ -5,13 +5,16 @@
 #define ELRUN_LAUNCHER_OUTPUT_PUMP_H_
 
 #include <string>
+#include <vector>
 
 namespace elrun {
 
 class OutputPump {
  public:
-  // Takes ownership of read_fd (made non-blocking) and file_fd; console_fd is borrowed.
-  OutputPump(int read_fd, int file_fd, int console_fd, std::string prefix);
+  // Takes ownership of read_fd (made non-blocking), file_fd and filtered_fd (-1: none);
+  // console_fd is borrowed. Console lines holding any of `filters` also go to filtered_fd.
+  OutputPump(int read_fd, int file_fd, int console_fd, std::string prefix, int filtered_fd = -1,
+             std::vector<std::string> filters = {});
   ~OutputPump();
   OutputPump(const OutputPump&) = delete;
   OutputPump& operator=(const OutputPump&) = delete;
@@ -30,6 +33,8 @@ class OutputPump {
   const int file_fd_;
   const int console_fd_;
   const std::string prefix_;
+  const int filtered_fd_;
+  const std::vector<std::string> filters_;
   std::string partial_;  // Console bytes after the last newline.
 };
 

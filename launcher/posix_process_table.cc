@@ -48,6 +48,7 @@ struct StreamFds {
   Fd child;     // Becomes the worker's fd 1 or 2; empty for kInherit.
   Fd pump_in;   // kTee: the pipe's read end.
   Fd pump_log;  // kTee: the log file.
+  Fd filtered;  // kTee with filters: the attempt's filtered log, opened for appending.
 };
 
 absl::StatusOr<Fd> OpenLog(const std::string& path) {
@@ -72,6 +73,14 @@ absl::StatusOr<StreamFds> OpenStream(const StreamRoute& route) {
   fds.pump_in.reset(pipe_fds[0]);
   fds.child.reset(pipe_fds[1]);
   fds.pump_log = std::move(*log);
+  if (!route.filters.empty()) {
+    int fd = ::open(route.filtered_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("open ", route.filtered_path, ": ", std::strerror(errno)));
+    }
+    fds.filtered.reset(fd);
+  }
   return fds;
 }
 
@@ -218,8 +227,11 @@ absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
   for (StreamFds* stream : {&*out, &*err}) {
     if (stream->pump_in.get() < 0) continue;
     int console = stream == &*out ? STDOUT_FILENO : STDERR_FILENO;
-    worker.pumps.push_back(std::make_unique<OutputPump>(
-        stream->pump_in.release(), stream->pump_log.release(), console, launch.console_prefix));
+    const StreamRoute& route = stream == &*out ? launch.out : launch.err;
+    worker.pumps.push_back(std::make_unique<OutputPump>(stream->pump_in.release(),
+                                                        stream->pump_log.release(), console,
+                                                        launch.console_prefix,
+                                                        stream->filtered.release(), route.filters));
   }
   for (auto& pump : worker.pumps) {
     OutputPump* raw = pump.get();

@@ -17,6 +17,10 @@ enum class StreamTarget {
 struct StreamRoute {
   StreamTarget target = StreamTarget::kInherit;
   std::string path;  // The log file for kFile and kTee.
+  // kTee only: console lines holding any of `filters` are also appended to `filtered_path`
+  // (shared by the attempt's workers).
+  std::string filtered_path;
+  std::vector<std::string> filters;
 };
 
 struct WorkerLaunch {

@@ -113,8 +113,33 @@ TEST_CASE("stream routes") {
 }
 
 TEST_CASE("console prefix is role and local rank") {
-  CHECK(ConsolePrefix("default", 0) == "[default0]:");
-  CHECK(ConsolePrefix("trainer", 12) == "[trainer12]:");
+  JobSpec spec;
+  CHECK(ConsolePrefix(spec, 5, 0) == "[default0]:");
+  spec.role = "trainer";
+  CHECK(ConsolePrefix(spec, 17, 12) == "[trainer12]:");
+}
+
+TEST_CASE("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, substituted as Python's safe_substitute") {
+  JobSpec spec;
+  spec.role = "trainer";
+  spec.log_line_prefix_template = "[${role_name}|${rank}|$local_rank]:";
+  CHECK(ConsolePrefix(spec, 17, 1) == "[trainer|17|1]:");
+  std::map<std::string, std::string> values = {{"rank", "3"}};
+  CHECK(SafeSubstitute("$rank $$rank ${rank}x $other ${other} ${rank $ ${", values) ==
+        "3 $rank 3x $other ${other} ${rank $ ${");
+  CHECK(SafeSubstitute("$ranks", values) == "$ranks");  // Another identifier.
+}
+
+TEST_CASE("tee'd streams with --duplicate-*-filters also go to the attempt's filtered log") {
+  LogLayout layout("/logs", "run");
+  JobSpec spec;
+  spec.tee.all = StdStreams::kOut;
+  spec.duplicate_stdout_filters = {"loss", "acc"};
+  spec.duplicate_stderr_filters = {"warn"};
+  StreamRoutes routes = RouteStreams(spec, layout, 2, 1);
+  CHECK(routes.out.filtered_path == "/logs/run/attempt_2/filtered_stdout.log");
+  CHECK(routes.out.filters == std::vector<std::string>{"loss", "acc"});
+  CHECK(routes.err.filters.empty());  // stderr is not tee'd: nothing to filter, as in torch.
 }
 
 }  // namespace
