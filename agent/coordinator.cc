@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/group_ranks.h"
+#include "agent/session_auth.h"
 #include "agent/wire_checks.h"
 
 namespace elrun::rdzv {
@@ -86,9 +87,42 @@ absl::Status ValidateJoin(const v1::Join& join) {
   return absl::OkStatus();
 }
 
+Coordinator::Coordinator(Options options)
+    : first_join_timeout_(options.first_join_timeout),
+      key_(options.token.empty() ? std::string() : TokenKey(options.token)),
+      nonce_(options.nonce ? std::move(options.nonce) : RandomNonce) {}
+
 void Coordinator::OnConnect(SessionId id, SessionSink* sink, TimePoint now) {
   std::lock_guard<std::mutex> lock(mu_);
-  sessions_[id] = Session{sink, "", now, false};
+  Session& session = sessions_[id] = Session{sink, "", now, false, nonce_(), false};
+  v1::CoordinatorMessage challenge;
+  challenge.mutable_challenge()->set_nonce(session.nonce);
+  Send(id, challenge);
+}
+
+absl::Status Coordinator::VerifyProof(const Session& session, const v1::Join& join) const {
+  if (!key_.empty()) {
+    if (join.proof().empty()) {
+      return absl::UnauthenticatedError(
+          "this coordinator requires a token (--rdzv-conf token=... or ELRUN_RDZV_TOKEN)");
+    }
+    std::string expected = AgentProof(key_, session.nonce, join.client_nonce(), join.run_id(), join.node_id());
+    if (join.client_nonce().size() != kNonceBytes || !ProofEquals(join.proof(), expected)) {
+      return absl::UnauthenticatedError("wrong rendezvous token");
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::Welcome(SessionId id, Session& session, const v1::Join& join) {
+  session.authenticated = true;
+  v1::CoordinatorMessage welcome;
+  if (!key_.empty()) {
+    welcome.mutable_welcome()->set_proof(CoordinatorProof(key_, session.nonce, join.client_nonce()));
+  } else {
+    welcome.mutable_welcome();
+  }
+  Send(id, welcome);
 }
 
 absl::Status Coordinator::OnMessage(SessionId id, const v1::AgentMessage& message, TimePoint now) {
@@ -110,6 +144,12 @@ absl::Status Coordinator::OnMessage(SessionId id, const v1::AgentMessage& messag
 
 absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::Join& join,
                                      TimePoint now) {
+  // The proof before anything else (an agent of another version is told that instead), so
+  // that a peer without the token learns nothing from the checks below.
+  if (!session.authenticated && join.protocol_version() == kProtocolVersion) {
+    absl::Status proven = VerifyProof(session, join);
+    if (!proven.ok()) return proven;
+  }
   absl::Status valid = ValidateJoin(join);
   if (!valid.ok()) return valid;
   if (!session.run_id.empty() && session.run_id != join.run_id()) {
@@ -141,6 +181,8 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
   if (existing != job->nodes.end() && existing->second.state != NodeState::kStopping) {
     return absl::FailedPreconditionError("already joined; Join again only after RoundEnded");
   }
+  // Accepted: the Welcome goes before anything else this Join causes.
+  if (!session.authenticated) Welcome(id, session, join);
   session.run_id = join.run_id();
   Node& node = job->nodes[id];
   if (existing == job->nodes.end()) {

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -27,7 +28,8 @@ namespace elrun::rdzv {
 using TimePoint = std::chrono::steady_clock::time_point;
 using SessionId = uint64_t;
 
-inline constexpr uint32_t kProtocolVersion = 2;  // 2: JobSettings.close_timeout_ms.
+// 2: JobSettings.close_timeout_ms. 3: Challenge/Welcome, the token proven, never sent.
+inline constexpr uint32_t kProtocolVersion = 3;
 
 // Where the coordinator's messages to one agent go. Implementations must not block and must
 // not call back into the Coordinator.
@@ -53,13 +55,21 @@ struct JobView {
 
 class Coordinator {
  public:
-  // A session that sends no Join within `first_join_timeout` of opening is closed.
-  explicit Coordinator(std::chrono::milliseconds first_join_timeout = std::chrono::seconds(10))
-      : first_join_timeout_(first_join_timeout) {}
+  // A session that sends no Join within `first_join_timeout` of opening is closed. With a
+  // `token`, a session's first Join must prove it (session_auth.h); `nonce` makes each
+  // session's Challenge (RandomNonce; tests pass their own).
+  struct Options {
+    std::chrono::milliseconds first_join_timeout{10000};
+    std::string token;
+    std::function<std::string()> nonce;
+  };
+  Coordinator() : Coordinator(Options{}) {}
+  explicit Coordinator(Options options);
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
-  // A new agent stream. `sink` must stay valid until OnDisconnect(id) has returned.
+  // A new agent stream: sends it the session's Challenge. `sink` must stay valid until
+  // OnDisconnect(id) has returned.
   void OnConnect(SessionId id, SessionSink* sink, TimePoint now);
 
   // One message from a session. A bad message (malformed, for another run id, out of order)
@@ -123,7 +133,14 @@ class Coordinator {
     std::string run_id;  // Empty until its first Join.
     TimePoint opened;
     bool closing = false;  // Closed by the coordinator; OnDisconnect follows.
+    std::string nonce;     // Of its Challenge.
+    bool authenticated = false;  // Its first Join proved the token (or none is needed).
   };
+
+  // The proof of a session's first Join; Unauthenticated when it is missing or wrong.
+  absl::Status VerifyProof(const Session& session, const v1::Join& join) const;
+  // Marks the session authenticated and sends its Welcome, the coordinator's own proof.
+  void Welcome(SessionId id, Session& session, const v1::Join& join);
 
   absl::Status HandleJoin(SessionId id, Session& session, const v1::Join& join, TimePoint now);
   absl::Status HandleWorkersEnded(Job& job, Node& node, const v1::WorkersEnded& ended);
@@ -143,6 +160,8 @@ class Coordinator {
   Job* FindJob(const std::string& run_id);
 
   const std::chrono::milliseconds first_join_timeout_;
+  const std::string key_;  // TokenKey(token), empty without a token.
+  const std::function<std::string()> nonce_;
   mutable std::mutex mu_;
   std::condition_variable job_gone_;  // Notified when a job is erased.
   std::map<SessionId, Session> sessions_;  // Guarded by mu_.

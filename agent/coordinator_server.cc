@@ -53,13 +53,6 @@ absl::Status Parse(const grpc::ByteBuffer& buffer, v1::AgentMessage* message) {
                    kProtocolVersion));
 }
 
-bool ConstantTimeEquals(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 // Wakes the timer thread whenever the coordinator's next deadline may have moved.
 class Ticker {
  public:
@@ -113,12 +106,8 @@ class Ticker {
 class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                        public SessionSink {
  public:
-  SessionReactor(Coordinator* coordinator, Ticker* ticker, SessionId id, grpc::Status refused)
+  SessionReactor(Coordinator* coordinator, Ticker* ticker, SessionId id)
       : coordinator_(coordinator), ticker_(ticker), id_(id) {
-    if (!refused.ok()) {
-      Finish(refused);
-      return;
-    }
     connected_ = true;
     coordinator_->OnConnect(id_, this, std::chrono::steady_clock::now());
     StartRead(&incoming_);
@@ -203,31 +192,17 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
 
 class Service final : public v1::Rendezvous::WithRawCallbackMethod_Session<v1::Rendezvous::Service> {
  public:
-  Service(Coordinator* coordinator, Ticker* ticker, std::string token)
-      : coordinator_(coordinator), ticker_(ticker), token_(std::move(token)) {}
+  Service(Coordinator* coordinator, Ticker* ticker) : coordinator_(coordinator), ticker_(ticker) {}
 
+  // The token is proven inside the session (Challenge, Join, Welcome), never sent.
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
-      grpc::CallbackServerContext* context) override {
-    grpc::Status refused = grpc::Status::OK;
-    if (!token_.empty()) {
-      auto found = context->client_metadata().find(kTokenMetadata);
-      std::string given = found == context->client_metadata().end()
-                              ? std::string()
-                              : std::string(found->second.data(), found->second.size());
-      if (!ConstantTimeEquals(given, token_)) {
-        refused = grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                               given.empty() ? "this coordinator requires a token (--rdzv-conf "
-                                               "token=... or ELRUN_RDZV_TOKEN)"
-                                             : "wrong rendezvous token");
-      }
-    }
-    return new SessionReactor(coordinator_, ticker_, next_id_++, refused);
+      grpc::CallbackServerContext*) override {
+    return new SessionReactor(coordinator_, ticker_, next_id_++);
   }
 
  private:
   Coordinator* const coordinator_;
   Ticker* const ticker_;
-  const std::string token_;
   std::atomic<SessionId> next_id_{1};
 };
 
@@ -243,7 +218,7 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
 
 class CoordinatorServer::Impl {
  public:
-  explicit Impl(std::chrono::milliseconds first_join_timeout) : coordinator(first_join_timeout) {}
+  explicit Impl(Coordinator::Options options) : coordinator(std::move(options)) {}
   ~Impl() {
     if (!socket_dir.empty()) {
       ::unlink(socket_path.c_str());
@@ -305,7 +280,7 @@ absl::StatusOr<std::string> MakeSocketDir() {
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const ServerOptions& options) {
   RaiseOpenFileLimit();
-  auto impl = std::make_unique<Impl>(options.first_join_timeout);
+  auto impl = std::make_unique<Impl>(Coordinator::Options{options.first_join_timeout, options.token, nullptr});
   auto dir = MakeSocketDir();
   if (!dir.ok()) return dir.status();
   impl->socket_dir = *dir;
@@ -327,7 +302,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     credentials = grpc::SslServerCredentials(ssl);
   }
   impl->ticker = std::make_unique<Ticker>(&impl->coordinator);
-  impl->service = std::make_unique<Service>(&impl->coordinator, impl->ticker.get(), options.token);
+  impl->service = std::make_unique<Service>(&impl->coordinator, impl->ticker.get());
   grpc::ServerBuilder builder;
   int bound = 0;
   builder.AddListeningPort("unix:" + impl->socket_path, credentials, &bound);

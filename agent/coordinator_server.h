@@ -27,7 +27,7 @@ struct TlsFiles {
 
 struct ServerOptions {
   std::string listen = "0.0.0.0:0";  // host:port; port 0 picks a free port.
-  std::string token;                 // Required in "x-elrun-token" when non-empty.
+  std::string token;                 // Agents must prove it (session_auth.h) when non-empty.
   TlsFiles tls;
   int max_message_bytes = 64 * 1024;
   GateLimits gate;
@@ -38,9 +38,6 @@ struct ServerOptions {
   std::chrono::milliseconds handshake_timeout{5000};
   std::chrono::milliseconds idle_connection_timeout{10000};
 };
-
-// The metadata key that carries the job token.
-inline constexpr char kTokenMetadata[] = "x-elrun-token";
 
 // The shortest keepalive ping interval an agent uses, and the server accepts (half of it).
 inline constexpr std::chrono::milliseconds kMinKeepalivePing{1000};

@@ -78,7 +78,6 @@ absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Open(
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   stream->channel = grpc::CreateCustomChannel(options.endpoint, credentials, args);
   stream->stub = v1::Rendezvous::NewStub(stream->channel);
-  if (!options.token.empty()) stream->context.AddMetadata(kTokenMetadata, options.token);
   stream->endpoint = options.endpoint;
   stream->connect_timeout = options.connect_timeout;
 

@@ -25,8 +25,7 @@ namespace elrun::rdzv {
 
 struct ClientOptions {
   std::string endpoint;  // host:port of the coordinator.
-  std::string token;
-  TlsFiles tls;
+  TlsFiles tls;  // The token is proven by the agent over the stream (session_auth.h).
   // How long to wait for the coordinator to become reachable (it may start after this node).
   std::chrono::milliseconds connect_timeout{600000};
   // A coordinator that answers no keepalive ping for this long is lost (heartbeat_timeout).

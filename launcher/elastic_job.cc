@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/coordinator_server.h"
 #include "agent/rendezvous_client.h"
+#include "agent/session_auth.h"
 #include "agent/wire_checks.h"
 #include "launcher/attempt_builder.h"
 #include "launcher/host_info.h"
@@ -42,11 +43,13 @@ class ElasticAgent {
                rdzv::RendezvousClient& client, AttemptBuilder& builder, std::string master_addr)
       : spec_(spec), rdzv_(rdzv), rt_(rt), client_(client), builder_(builder),
         master_addr_(std::move(master_addr)),
-        node_id_(absl::StrCat(HostName(), ":", ::getpid(), ":", RandomRunId().substr(0, 6))) {}
+        node_id_(absl::StrCat(HostName(), ":", ::getpid(), ":", RandomRunId().substr(0, 6))),
+        key_(rdzv.token.empty() ? std::string() : rdzv::TokenKey(rdzv.token)) {}
 
+  // Waits for the coordinator's Challenge, which the first Join answers.
   void Start() {
-    next_heartbeat_ = steady_clock::now() + rdzv_.heartbeat_interval;
-    Join();
+    phase_ = Phase::kJoining;
+    join_deadline_ = steady_clock::now() + rdzv_.join_timeout + std::chrono::seconds(5);
   }
 
   void OnWorkerExit(int pid, ExitStatus status) {
@@ -66,6 +69,18 @@ class ElasticAgent {
   void OnClientEvent() {
     for (const v1::CoordinatorMessage& message : client_.Take()) {
       if (exit_code_) break;
+      if (message.has_challenge()) {
+        OnChallenge(message.challenge());
+        continue;
+      }
+      if (message.has_welcome()) {
+        OnWelcome(message.welcome());
+        continue;
+      }
+      if (!authenticated_) {  // Nothing counts from a coordinator that has not proven itself.
+        Distrust("sent a message before proving it knows the token");
+        break;
+      }
       if (message.has_round_started()) OnRoundStarted(message.round_started());
       if (message.has_round_ended()) OnRoundEnded(message.round_ended());
       if (message.has_job_ended()) OnJobEnded(message.job_ended());
@@ -83,7 +98,7 @@ class ElasticAgent {
 
   std::optional<steady_clock::time_point> Deadline() const {
     std::optional<steady_clock::time_point> next;
-    if (!exit_code_ && !stream_lost_) next = next_heartbeat_;
+    if (!exit_code_ && !stream_lost_ && challenged_) next = next_heartbeat_;
     if (supervisor_ && supervisor_->deadline() && (!next || *supervisor_->deadline() < *next)) {
       next = supervisor_->deadline();
     }
@@ -94,7 +109,7 @@ class ElasticAgent {
   void OnDeadline() {
     auto now = steady_clock::now();
     if (supervisor_) supervisor_->OnDeadline();
-    if (!stream_lost_ && now >= next_heartbeat_) {
+    if (!stream_lost_ && challenged_ && now >= next_heartbeat_) {
       v1::AgentMessage heartbeat;
       heartbeat.mutable_heartbeat();
       client_.Write(heartbeat);
@@ -119,6 +134,45 @@ class ElasticAgent {
 
  private:
   enum class Phase { kJoining, kRunning, kReported, kStoppingForRound, kStoppingForEnd };
+
+  void OnChallenge(const v1::Challenge& challenge) {
+    if (challenged_ || challenge.nonce().size() != rdzv::kNonceBytes) {
+      Distrust("sent a malformed or second Challenge");
+      return;
+    }
+    challenged_ = true;
+    server_nonce_ = challenge.nonce();
+    client_nonce_ = rdzv::RandomNonce();
+    next_heartbeat_ = steady_clock::now() + rdzv_.heartbeat_interval;
+    Join();
+  }
+
+  void OnWelcome(const v1::Welcome& welcome) {
+    if (!challenged_ || authenticated_) {
+      Distrust("sent an unexpected Welcome");
+      return;
+    }
+    if (!key_.empty() &&
+        !rdzv::ProofEquals(welcome.proof(), rdzv::CoordinatorProof(key_, server_nonce_, client_nonce_))) {
+      Distrust("could not prove it knows the token (is another process holding that port?)");
+      return;
+    }
+    authenticated_ = true;
+  }
+
+  // The coordinator broke the protocol or failed to prove the token: trust nothing from it.
+  void Distrust(const std::string& what) {
+    Report(absl::StrCat("the rendezvous coordinator at ", rdzv_.Endpoint(), " ", what,
+                        "; leaving the job"));
+    end_code_ = kExitJobFailed;
+    if (supervisor_ && !supervisor_->done()) {
+      phase_ = Phase::kStoppingForEnd;
+      supervisor_->Stop();
+      CheckSupervisor();
+    } else {
+      Finish(kExitJobFailed);
+    }
+  }
 
   void Join() {
     auto port = PickFreePort();
@@ -145,6 +199,12 @@ class ElasticAgent {
     settings->set_join_timeout_ms(rdzv_.join_timeout.count());
     settings->set_heartbeat_timeout_ms(rdzv_.heartbeat_timeout.count());
     settings->set_close_timeout_ms(rdzv_.close_timeout.count());
+    if (!authenticated_) {  // The session's first Join proves the token.
+      join->set_client_nonce(client_nonce_);
+      if (!key_.empty()) {
+        join->set_proof(rdzv::AgentProof(key_, server_nonce_, client_nonce_, spec_.rdzv_id, node_id_));
+      }
+    }
     phase_ = Phase::kJoining;
     join_deadline_ = steady_clock::now() + rdzv_.join_timeout + std::chrono::seconds(5);
     client_.Write(message);  // A broken stream shows up as the client's end.
@@ -275,6 +335,7 @@ class ElasticAgent {
   AttemptBuilder& builder_;
   const std::string master_addr_;
   const std::string node_id_;
+  const std::string key_;  // TokenKey of the token; empty without one.
   RealClock clock_;
 
   Phase phase_ = Phase::kJoining;
@@ -287,6 +348,10 @@ class ElasticAgent {
   std::string rendezvous_error_;
   std::optional<int> exit_code_;
   bool stream_lost_ = false;
+  bool challenged_ = false;     // The session's Challenge arrived (and the first Join left).
+  bool authenticated_ = false;  // The coordinator proved the token (Welcome).
+  std::string server_nonce_;
+  std::string client_nonce_;
   steady_clock::time_point next_heartbeat_;
   steady_clock::time_point join_deadline_;
 };
@@ -337,7 +402,6 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
 
   rdzv::ClientOptions client_options;
   client_options.endpoint = rdzv.Endpoint();
-  client_options.token = rdzv.token;
   client_options.tls = {rdzv.tls_cert, rdzv.tls_key, rdzv.tls_ca};
   client_options.connect_timeout = rdzv.join_timeout;
   client_options.silence_timeout = rdzv.heartbeat_timeout;

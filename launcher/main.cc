@@ -29,6 +29,21 @@ bool NeedsRendezvous(const elrun::JobSpec& spec) {
          (spec.max_nodes > 1 || !spec.rdzv_endpoint.empty());
 }
 
+// Overwrites the values of token= and token_file= in elrun's own --rdzv-conf arguments, so
+// that /proc/PID/cmdline no longer shows them to other users once parsed (the workers get
+// copies of their own arguments, untouched). A short window after exec remains: prefer
+// token_file= or ELRUN_RDZV_TOKEN.
+void ScrubTokens(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    bool value = i > 1 && (std::string(argv[i - 1]) == "--rdzv-conf" || std::string(argv[i - 1]) == "--rdzv_conf");
+    if (!value && arg.rfind("--rdzv-conf=", 0) != 0 && arg.rfind("--rdzv_conf=", 0) != 0) continue;
+    for (size_t at = arg.find("token="); at != std::string::npos; at = arg.find("token=", at + 1)) {
+      for (size_t k = at + 6; k < arg.size() && argv[i][k] != ','; ++k) argv[i][k] = '*';
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -40,6 +55,7 @@ int main(int argc, char** argv) {
     return it->second;
   };
   auto parsed = elrun::ParseCommandLine(args, lookup, elrun::DetectDevices(env));
+  ScrubTokens(argc, argv);
   if (!parsed.ok()) {
     elrun::PrintError(std::string(parsed.status().message()));
     return elrun::kExitUsage;

@@ -1,5 +1,8 @@
 #include "launcher/rdzv_settings.h"
 
+#include <fstream>
+#include <sstream>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "launcher/value_parsers.h"
@@ -9,7 +12,8 @@ namespace {
 
 constexpr const char* kKnownKeys =
     "join_timeout, last_call_timeout, close_timeout, heartbeat_interval, heartbeat_timeout, "
-    "keep_alive_interval, keep_alive_max_attempt, is_host, token, tls_cert, tls_key, tls_ca, "
+    "keep_alive_interval, keep_alive_max_attempt, is_host, token, token_file, tls_cert, tls_key, "
+    "tls_ca, "
     "timeout, read_timeout, store_type";
 
 absl::Status Bad(const std::string& key, const std::string& value, absl::string_view why) {
@@ -81,6 +85,14 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec,
       else settings.is_host = *b;
     } else if (key == "token") {
       settings.token = value;
+    } else if (key == "token_file") {
+      // Keeps the token out of the command line (/proc/PID/cmdline) and the environment.
+      std::ifstream in(value);
+      std::stringstream contents;
+      contents << in.rdbuf();
+      std::string token = std::string(absl::StripTrailingAsciiWhitespace(contents.str()));
+      if (!in || token.empty()) status = Bad(key, value, "cannot read a token from this file");
+      else settings.token = token;
     } else if (key == "tls_cert") {
       settings.tls_cert = value;
     } else if (key == "tls_key") {

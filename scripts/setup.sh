@@ -23,8 +23,8 @@ PACKAGES=(
   dataset-fashion-mnist python3-matplotlib
   # Integration tests: procps (ps) and iproute2 (ss) for process and port checks.
   procps iproute2 time
-  # TLS tests make a throw-away CA and certificates.
-  openssl
+  # TLS tests make a throw-away CA and certificates; libcrypto's HMAC for the rendezvous proofs.
+  openssl libssl-dev
 )
 
 missing=()

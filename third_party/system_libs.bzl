@@ -13,6 +13,7 @@ _LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 
 _PKG_CONFIG_LIBS = {
     "absl": ["absl_status", "absl_statusor", "absl_strings", "absl_str_format"],
+    "crypto": ["libcrypto"],
     "grpc": ["grpc++", "protobuf"],
     "protobuf": ["protobuf"],
     "spdlog": ["spdlog"],

@@ -6,6 +6,7 @@
 #include <poll.h>
 
 #include "agent/rendezvous_client.h"
+#include "agent/session_auth.h"
 
 namespace elrun::rdzv {
 
@@ -21,6 +22,46 @@ inline absl::Status WaitEnded(RendezvousClient& client) {
   for (int i = 0; i < 100 && !client.ended(); ++i) Next(client);
   REQUIRE(client.ended().has_value());
   return *client.ended();
+}
+
+// An agent's side of the session's start, as elrun does it: waits for the Challenge, sends
+// `join` with a fresh nonce and its proof of `token` (none when empty). Returns the messages
+// that arrived with the Challenge after it (none normally).
+inline std::deque<v1::CoordinatorMessage> SendFirstJoin(RendezvousClient& client, v1::AgentMessage join,
+                                                        const std::string& token, std::string* client_nonce = nullptr,
+                                                        std::string* server_nonce = nullptr) {
+  std::deque<v1::CoordinatorMessage> got = Next(client);
+  REQUIRE_FALSE(got.empty());
+  REQUIRE(got.front().has_challenge());
+  std::string nonce = got.front().challenge().nonce();
+  got.pop_front();
+  std::string mine = RandomNonce();
+  join.mutable_join()->set_client_nonce(mine);
+  if (!token.empty()) {
+    join.mutable_join()->set_proof(
+        AgentProof(TokenKey(token), nonce, mine, join.join().run_id(), join.join().node_id()));
+  }
+  REQUIRE(client.Write(join));
+  if (client_nonce != nullptr) *client_nonce = mine;
+  if (server_nonce != nullptr) *server_nonce = nonce;
+  return got;
+}
+
+// The messages after the Welcome that answers a first Join; checks the coordinator's proof of
+// `token` (empty: none expected).
+inline std::deque<v1::CoordinatorMessage> AfterWelcome(RendezvousClient& client, const std::string& token,
+                                                       const std::string& client_nonce,
+                                                       const std::string& server_nonce) {
+  std::deque<v1::CoordinatorMessage> got;
+  for (int i = 0; i < 10 && got.empty(); ++i) got = Next(client);
+  REQUIRE_FALSE(got.empty());
+  REQUIRE(got.front().has_welcome());
+  if (!token.empty()) {
+    CHECK(ProofEquals(got.front().welcome().proof(), CoordinatorProof(TokenKey(token), server_nonce, client_nonce)));
+  }
+  got.pop_front();
+  if (got.empty()) got = Next(client);
+  return got;
 }
 
 }  // namespace elrun::rdzv

@@ -51,13 +51,20 @@ std::unique_ptr<CoordinatorServer> StartServer(const std::string& token = "") {
   return *std::move(server);
 }
 
-std::unique_ptr<RendezvousClient> Connect(int port, const std::string& token = "") {
+std::unique_ptr<RendezvousClient> Connect(int port) {
   ClientOptions options;
   options.endpoint = "127.0.0.1:" + std::to_string(port);
-  options.token = token;
   auto client = RendezvousClient::Open(options);
   REQUIRE(client.ok());
   return *std::move(client);
+}
+
+// Joins through the whole handshake; returns the first messages after the Welcome.
+std::deque<v1::CoordinatorMessage> JoinAs(RendezvousClient& client, const std::string& node,
+                                          const std::string& token = "") {
+  std::string mine, theirs;
+  SendFirstJoin(client, Join(node), token, &mine, &theirs);
+  return AfterWelcome(client, token, mine, theirs);
 }
 
 TEST_CASE("two agents form a round over gRPC") {
@@ -65,10 +72,8 @@ TEST_CASE("two agents form a round over gRPC") {
   CHECK(server->port() > 0);
   auto a = Connect(server->port());
   auto b = Connect(server->port());
-  REQUIRE(a->Write(Join("a")));
-  CHECK(Next(*a).front().has_waiting());
-  REQUIRE(b->Write(Join("b")));
-  auto from_b = Next(*b);
+  CHECK(JoinAs(*a, "a").front().has_waiting());
+  auto from_b = JoinAs(*b, "b");
   REQUIRE_FALSE(from_b.empty());
   CHECK(from_b.back().round_started().group_world_size() == 2);
 }
@@ -77,10 +82,8 @@ TEST_CASE("a closed stream is a lost node, pushed to the survivor at once") {
   auto server = StartServer();
   auto a = Connect(server->port());
   auto b = Connect(server->port());
-  REQUIRE(a->Write(Join("a")));
-  Next(*a);
-  REQUIRE(b->Write(Join("b")));
-  Next(*b);
+  JoinAs(*a, "a");
+  JoinAs(*b, "b");
   auto started = Next(*a);
   REQUIRE(started.back().has_round_started());
   b.reset();  // The agent dies.
@@ -89,30 +92,45 @@ TEST_CASE("a closed stream is a lost node, pushed to the survivor at once") {
   CHECK(ended.back().round_ended().reason() == v1::RoundEnded::NODE_LOST);
 }
 
-TEST_CASE("the token is required and checked") {
+TEST_CASE("the token is proven, never sent, and checked both ways") {
   auto server = StartServer("s3cret");
   auto none = Connect(server->port());
+  SendFirstJoin(*none, Join("a"), "");
   absl::Status status = WaitEnded(*none);
   CHECK(status.code() == absl::StatusCode::kUnauthenticated);
   CHECK(std::string(status.message()).find("requires a token") != std::string::npos);
 
-  auto wrong = Connect(server->port(), "guess");
+  auto wrong = Connect(server->port());
+  SendFirstJoin(*wrong, Join("a"), "guess");
   CHECK(WaitEnded(*wrong).message() == "wrong rendezvous token");
 
-  auto right = Connect(server->port(), "s3cret");
-  REQUIRE(right->Write(Join("a")));
-  CHECK(Next(*right).front().has_waiting());
+  // A proof made for another session's nonce (a replay) is refused too.
+  auto first = Connect(server->port());
+  auto replay = Connect(server->port());
+  std::string first_nonce, first_server_nonce;
+  SendFirstJoin(*first, Join("b"), "s3cret", &first_nonce, &first_server_nonce);
+  std::deque<v1::CoordinatorMessage> challenge = Next(*replay);
+  REQUIRE(challenge.front().has_challenge());
+  v1::AgentMessage stolen = Join("b2");
+  stolen.mutable_join()->set_client_nonce(first_nonce);
+  stolen.mutable_join()->set_proof(AgentProof(TokenKey("s3cret"), first_server_nonce, first_nonce, "job", "b2"));
+  REQUIRE(replay->Write(stolen));
+  CHECK(WaitEnded(*replay).message() == "wrong rendezvous token");
+
+  auto right = Connect(server->port());
+  // The Welcome's proof is checked; b and a, and none of the others, form the round.
+  CHECK(JoinAs(*right, "a", "s3cret").back().has_round_started());
+  CHECK(server->coordinator().View("job")->active == 2);
 }
 
 TEST_CASE("a bad message ends that stream with its reason, and only that stream") {
   auto server = StartServer();
   auto good = Connect(server->port());
   auto bad = Connect(server->port());
-  REQUIRE(good->Write(Join("a")));
-  Next(*good);
+  JoinAs(*good, "a");
   v1::AgentMessage message = Join("b");
   message.mutable_join()->set_nproc(0);
-  REQUIRE(bad->Write(message));
+  SendFirstJoin(*bad, message, "");
   absl::Status status = WaitEnded(*bad);
   CHECK(status.code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(status.message()).find("nproc") != std::string::npos);
@@ -124,14 +142,16 @@ TEST_CASE("messages over the size limit are refused") {
   auto client = Connect(server->port());
   v1::AgentMessage message = Join("a");
   message.mutable_join()->set_node_id(std::string(100 * 1024, 'x'));
+  REQUIRE(Next(*client).front().has_challenge());
   client->Write(message);  // The client's own limit may refuse it before sending.
   absl::Status status = WaitEnded(*client);
   CHECK(status.code() == absl::StatusCode::kResourceExhausted);
   CHECK(server->coordinator().job_count() == 0);
 }
 
-// Sends `bytes` as one raw message on a Session stream and returns how the stream ended; a
-// reply (the bytes parsed) cancels the stream and counts in `replies`.
+// Sends `bytes` as one raw message on a Session stream and returns how the stream ended. A
+// second message from the coordinator (after its Challenge: the bytes parsed) cancels the
+// stream; `replies` counts them.
 grpc::Status SendRaw(int port, const std::string& bytes, int* replies = nullptr) {
   auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
   grpc::ClientContext context;
@@ -145,9 +165,10 @@ grpc::Status SendRaw(int port, const std::string& bytes, int* replies = nullptr)
   grpc::ByteBuffer buffer(&slice, 1);
   stream->Write(buffer);
   grpc::ByteBuffer reply;
+  int count = 0;
   while (stream->Read(&reply)) {
-    if (replies != nullptr) ++*replies;
-    context.TryCancel();
+    if (replies != nullptr) *replies = count + 1;
+    if (++count == 2) context.TryCancel();  // The Challenge, then an answer to the message.
   }
   return stream->Finish();
 }
@@ -163,7 +184,7 @@ TEST_CASE("unparsable or truncated messages end the stream with INVALID_ARGUMENT
   CHECK(server->coordinator().job_count() == 0);
   int replies = 0;  // The whole message parses: the agent joined and was answered.
   CHECK(SendRaw(server->port(), whole, &replies).error_code() == grpc::StatusCode::CANCELLED);
-  CHECK(replies == 1);
+  CHECK(replies == 2);  // The Challenge, then the Welcome: it was read as a Join.
 }
 
 // Entries of `dir` whose names start with `prefix`.

@@ -58,8 +58,9 @@ std::unique_ptr<RendezvousClient> Connect(int port, TlsFiles tls) {
 TEST_CASE("mutual TLS: an agent with a certificate from the CA joins") {
   auto server = StartTlsServer();
   auto client = Connect(server->port(), {Cert("client.pem"), Cert("client.key"), Cert("ca.pem")});
-  REQUIRE(client->Write(Join()));
-  CHECK(Next(*client).front().has_waiting());
+  std::string mine, theirs;
+  SendFirstJoin(*client, Join(), "", &mine, &theirs);
+  CHECK(AfterWelcome(*client, "", mine, theirs).front().has_waiting());
 }
 
 TEST_CASE("a plaintext agent cannot reach a TLS coordinator") {

@@ -38,6 +38,21 @@ class IsolationTest(RdzvTestCase):
         env.update(options.pop("env", {}))
         return self.start_agent(node, daemon.port, nproc=1, env=env, **options)
 
+    def test_a_coordinator_that_cannot_prove_the_token_is_not_trusted(self):
+        # What a squatter on the endpoint's port looks like to an agent: a coordinator without
+        # the token. The agent proves the token without sending it, sees no proof back, and
+        # leaves before anything from it can start a worker.
+        daemon = self.start_daemon()  # No token.
+        agent = self.start_outsider(daemon, 1, nnodes=1, env={"ELRUN_RDZV_TOKEN": TOKEN},
+                                    rule="touch \"$OUT_DIR/ran\"")
+        self.wait_exit([agent], timeout=10)
+        self.assertExit(agent.result(), 1)
+        self.assertEqual(agent.stderr, "elrun: the rendezvous coordinator at 127.0.0.1:%d could "
+                         "not prove it knows the token (is another process holding that port?); "
+                         "leaving the job\n" % daemon.port, agent.result())
+        self.assertNoMoreWorkers()
+        self.stop_daemon(daemon)
+
     def test_wrong_or_missing_token_refused_while_job_runs(self):
         daemon = self.start_daemon(token=TOKEN)
         agents = self.start_held_job(daemon, nnodes=2, env={"ELRUN_RDZV_TOKEN": TOKEN})

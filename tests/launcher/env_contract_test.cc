@@ -105,3 +105,30 @@ TEST_CASE("EnvToMap splits at the first '='") {
 
 }  // namespace
 }  // namespace elrun
+
+namespace elrun {
+namespace {
+
+TEST_CASE("the rendezvous token never reaches a worker") {
+  JobSpec spec;
+  auto env = AsMap(BuildWorkerEnv(spec, StaticAssignment(spec, "a", 1), {"r", 0}, 0, "e",
+                                  {{"ELRUN_RDZV_TOKEN", "s3cret"}, {"HOME", "/root"}}));
+  CHECK(env.count("ELRUN_RDZV_TOKEN") == 0);
+  CHECK(env["HOME"] == "/root");
+}
+
+TEST_CASE("--virtual-local-rank: LOCAL_RANK 0, the worker's own device visible") {
+  JobSpec spec;
+  spec.nproc_per_node = 2;
+  spec.virtual_local_rank = true;
+  auto env = AsMap(BuildWorkerEnv(spec, StaticAssignment(spec, "a", 1), {"r", 0}, 1, "e",
+                                  {{"CUDA_VISIBLE_DEVICES", "4, 6"}}));
+  CHECK(env["LOCAL_RANK"] == "0");
+  CHECK(env["RANK"] == "1");
+  CHECK(env["CUDA_VISIBLE_DEVICES"] == "6");
+  env = AsMap(BuildWorkerEnv(spec, StaticAssignment(spec, "a", 1), {"r", 0}, 1, "e", {}));
+  CHECK(env["CUDA_VISIBLE_DEVICES"] == "1");
+}
+
+}  // namespace
+}  // namespace elrun

@@ -2,6 +2,9 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace elrun {
 namespace {
 
@@ -80,6 +83,26 @@ TEST_CASE("bad settings are named") {
   CHECK(ErrorOf(Spec("h", {{"heartbeat_timeout", "1"}})).find("must exceed heartbeat_interval") !=
         std::string::npos);
   CHECK(ErrorOf(Spec("h", {{"tls_cert", "c.pem"}})) == "--rdzv-conf: tls_cert and tls_key go together");
+}
+
+}  // namespace
+}  // namespace elrun
+
+namespace elrun {
+namespace {
+
+TEST_CASE("token_file: the token from a file, kept off the command line") {
+  std::string path = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") +
+                     "/rdzv_token_test";
+  FILE* f = std::fopen(path.c_str(), "w");
+  REQUIRE(f != nullptr);
+  std::fputs("from-file\n", f);
+  std::fclose(f);
+  CHECK(ParseRdzvSettings(Spec("h", {{"token_file", path}}), {{"ELRUN_RDZV_TOKEN", "env"}})->token ==
+        "from-file");
+  CHECK(ErrorOf(Spec("h", {{"token_file", "/nonexistent/t"}})) ==
+        "--rdzv-conf token_file=/nonexistent/t: cannot read a token from this file");
+  std::remove(path.c_str());
 }
 
 }  // namespace
