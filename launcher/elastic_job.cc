@@ -160,10 +160,8 @@ class ElasticAgent {
     authenticated_ = true;
   }
 
-  // The coordinator broke the protocol or failed to prove the token: trust nothing from it.
-  void Distrust(const std::string& what) {
-    Report(absl::StrCat("the rendezvous coordinator at ", rdzv_.Endpoint(), " ", what,
-                        "; leaving the job"));
+  // Ends this node's part in the job as failed: its workers (if any) are stopped first.
+  void Abandon() {
     end_code_ = kExitJobFailed;
     if (supervisor_ && !supervisor_->done()) {
       phase_ = Phase::kStoppingForEnd;
@@ -172,6 +170,13 @@ class ElasticAgent {
     } else {
       Finish(kExitJobFailed);
     }
+  }
+
+  // The coordinator broke the protocol or failed to prove the token: trust nothing from it.
+  void Distrust(const std::string& what) {
+    Report(absl::StrCat("the rendezvous coordinator at ", rdzv_.Endpoint(), " ", what,
+                        "; leaving the job"));
+    Abandon();
   }
 
   void Join() {
@@ -272,14 +277,7 @@ class ElasticAgent {
       Report(absl::StrCat("the rendezvous at ", rdzv_.Endpoint(), " refused this node: ",
                           rdzv::EscapeForConsole(status.message())));
     }
-    end_code_ = kExitJobFailed;
-    if (supervisor_ && !supervisor_->done()) {
-      phase_ = Phase::kStoppingForEnd;
-      supervisor_->Stop();
-      CheckSupervisor();
-    } else {
-      Finish(kExitJobFailed);
-    }
+    Abandon();
   }
 
   // Reacts to the end of the current round's worker group.
