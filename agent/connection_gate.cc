@@ -165,9 +165,9 @@ class ConnectionGate::Relay {
           // close it, instead of leaving it there to wake us for ever.
           ::close(reserve_);
           int dropped = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+          Count([](GateCounts& c) { ++c.refused; });
           if (dropped >= 0) ::close(dropped);
           reserve_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-          Count([](GateCounts& c) { ++c.refused; });
           continue;
         }
         if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -179,9 +179,10 @@ class ConnectionGate::Relay {
 
   void Admit(int client, const std::string& peer) {
     int open = static_cast<int>(connections_.size() / 2);
+    // Counted before the close, so that a peer that sees its end also sees the count.
     if (open >= max_connections_ || per_peer_[peer] >= limits_.max_per_peer) {
-      ::close(client);
       Count([](GateCounts& c) { ++c.refused; });
+      ::close(client);
       return;
     }
     int backend = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -189,9 +190,9 @@ class ConnectionGate::Relay {
     address.sun_family = AF_UNIX;
     std::strncpy(address.sun_path, backend_.c_str(), sizeof(address.sun_path) - 1);
     if (backend < 0 || ::connect(backend, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+      Count([](GateCounts& c) { ++c.refused; });
       if (backend >= 0) ::close(backend);
       ::close(client);
-      Count([](GateCounts& c) { ++c.refused; });
       return;
     }
     auto connection = std::make_shared<Connection>();
@@ -287,8 +288,8 @@ class ConnectionGate::Relay {
       std::shared_ptr<Connection> c = silent_.front().second.lock();
       silent_.pop_front();
       if (c && !c->heard && c->client >= 0) {
-        Close(c);
         Count([](GateCounts& counts) { ++counts.silent_closed; });
+        Close(c);
       }
     }
   }

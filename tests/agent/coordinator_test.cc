@@ -183,7 +183,7 @@ TEST_CASE("join timeout ends the job when min is never reached") {
   REQUIRE(h.Join(0).ok());
   h.Advance(milliseconds(2999));
   CHECK_FALSE(h.Has(0, v1::CoordinatorMessage::kJobEnded));
-  h.Heartbeat(0);
+  REQUIRE(h.Heartbeat(0).ok());
   h.Advance(milliseconds(1));
   REQUIRE(h.Has(0, v1::CoordinatorMessage::kJobEnded));
   CHECK_FALSE(h.Sink(0).messages.back().job_ended().success());
