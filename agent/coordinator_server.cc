@@ -13,8 +13,6 @@
 #include <cstring>
 #include <condition_variable>
 #include <deque>
-#include <fstream>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -207,14 +205,6 @@ class Service final : public v1::Rendezvous::WithRawCallbackMethod_Session<v1::R
 };
 
 }  // namespace
-
-absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream contents;
-  contents << in.rdbuf();
-  return contents.str();
-}
 
 class CoordinatorServer::Impl {
  public:

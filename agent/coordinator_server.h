@@ -14,22 +14,15 @@
 #include "absl/status/statusor.h"
 #include "agent/connection_gate.h"
 #include "agent/coordinator.h"
+#include "agent/transport.h"
 
 namespace elrun::rdzv {
-
-struct TlsFiles {
-  std::string cert;  // PEM paths. Server: its certificate and key; client: its own (optional).
-  std::string key;
-  std::string ca;    // Server: clients must present a certificate signed by it (mutual TLS).
-                     // Client: the CA that signed the server's certificate.
-  bool enabled() const { return !cert.empty() || !ca.empty(); }
-};
 
 struct ServerOptions {
   std::string listen = "0.0.0.0:0";  // host:port; port 0 picks a free port.
   std::string token;                 // Agents must prove it (session_auth.h) when non-empty.
   TlsFiles tls;
-  int max_message_bytes = 64 * 1024;
+  int max_message_bytes = kMaxMessageBytes;
   GateLimits gate;
   // A session that has not sent its Join this long after it opened is closed.
   std::chrono::milliseconds first_join_timeout{10000};
@@ -38,9 +31,6 @@ struct ServerOptions {
   std::chrono::milliseconds handshake_timeout{5000};
   std::chrono::milliseconds idle_connection_timeout{10000};
 };
-
-// The shortest keepalive ping interval an agent uses, and the server accepts (half of it).
-inline constexpr std::chrono::milliseconds kMinKeepalivePing{1000};
 
 class CoordinatorServer {
  public:
@@ -61,8 +51,6 @@ class CoordinatorServer {
   std::unique_ptr<Impl> impl_;
 };
 
-// Reads a whole file (for TLS material); NotFound with the path when it cannot.
-absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
 }  // namespace elrun::rdzv
 

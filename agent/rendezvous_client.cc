@@ -62,8 +62,8 @@ absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Open(
 
   auto stream = std::make_unique<Stream>();
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 * 1024);
-  args.SetMaxSendMessageSize(64 * 1024);
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
   // A coordinator that stops answering (SIGSTOP, a dead host without a RST) is noticed by
   // its missing ping acks, not by TCP's retransmission timeout of many minutes.
   int keepalive_ms = static_cast<int>(KeepaliveInterval(options.silence_timeout).count());

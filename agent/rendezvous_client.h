@@ -18,7 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "agent/coordinator_server.h"
+#include "agent/transport.h"
 #include "proto/rendezvous.pb.h"
 
 namespace elrun::rdzv {
