@@ -147,7 +147,7 @@ class ConnectionGate::Relay {
           continue;
         }
         auto it = connections_.find(fd);
-        if (it != connections_.end()) Pump(it->second);
+        if (it != connections_.end()) Pump(std::shared_ptr<Connection>(it->second));
       }
       CloseSilent();
     }
@@ -214,7 +214,7 @@ class ConnectionGate::Relay {
 
   // Moves what can be moved in both directions; closes the connection when both are done or
   // either side failed.
-  void Pump(const std::shared_ptr<Connection>& c) {
+  void Pump(std::shared_ptr<Connection> c) {
     bool ok = Transfer(c->client, c->up, c->backend, &c->heard) &&
               Transfer(c->backend, c->down, c->client, nullptr);
     if (!ok || (c->up.shut && c->down.shut)) {
@@ -269,7 +269,8 @@ class ConnectionGate::Relay {
     return true;
   }
 
-  void Close(const std::shared_ptr<Connection>& c) {
+  // By value: closing erases the map's own references to the connection.
+  void Close(std::shared_ptr<Connection> c) {
     if (c->client < 0) return;
     for (int fd : {c->client, c->backend}) {
       ::epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
