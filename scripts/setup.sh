@@ -25,6 +25,8 @@ PACKAGES=(
   procps iproute2 time
   # TLS tests make a throw-away CA and certificates; libcrypto's HMAC for the rendezvous proofs.
   openssl libssl-dev
+  # The rendezvous fuzzer (tests/fuzz): clang with libFuzzer and the sanitizer runtimes.
+  clang libclang-rt-14-dev
 )
 
 missing=()
