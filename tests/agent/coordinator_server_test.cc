@@ -109,6 +109,7 @@ TEST_CASE("the token is proven, never sent, and checked both ways") {
   auto replay = Connect(server->port());
   std::string first_nonce, first_server_nonce;
   SendFirstJoin(*first, Join("b"), "s3cret", &first_nonce, &first_server_nonce);
+  CHECK(AfterWelcome(*first, "s3cret", first_nonce, first_server_nonce).front().has_waiting());
   std::deque<v1::CoordinatorMessage> challenge = Next(*replay);
   REQUIRE(challenge.front().has_challenge());
   v1::AgentMessage stolen = Join("b2");
