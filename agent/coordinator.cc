@@ -74,6 +74,13 @@ absl::Status ValidateJoin(const v1::Join& join) {
   }
   // It becomes every worker's MASTER_ADDR: a host name or an address literal, nothing else.
   if (absl::Status s = CheckHostOrAddress("master_addr", join.master_addr()); !s.ok()) return s;
+  if (!join.run_key().empty() && join.run_key().size() != kRunKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("run_key has ", join.run_key().size(), " bytes, not ",
+                                                   kRunKeyBytes));
+  }
+  if (join.run_key().empty() && !join.run_signature().empty()) {
+    return absl::InvalidArgumentError("run_signature without run_key");
+  }
   const v1::JobSettings& s = join.settings();
   for (absl::Status st : {CheckRange("min_nodes", s.min_nodes(), 1, kMaxNodes),
                           CheckRange("max_nodes", s.max_nodes(), s.min_nodes(), kMaxNodes),
@@ -110,6 +117,12 @@ absl::Status Coordinator::VerifyProof(const Session& session, const v1::Join& jo
     if (join.client_nonce().size() != kNonceBytes || !ProofEquals(join.proof(), expected)) {
       return absl::UnauthenticatedError("wrong rendezvous token");
     }
+  }
+  if (!join.run_key().empty() &&
+      (join.client_nonce().size() != kNonceBytes ||
+       !VerifyJoinSignature(join.run_key(), join.run_signature(), session.nonce, join.client_nonce(),
+                            join.run_id(), join.node_id()))) {
+    return absl::UnauthenticatedError("the Join's run key signature does not verify");
   }
   return absl::OkStatus();
 }
@@ -152,6 +165,8 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
   }
   absl::Status valid = ValidateJoin(join);
   if (!valid.ok()) return valid;
+  // The run key is proven once per session, by its first Join.
+  const std::string& run_key = session.authenticated ? session.run_key : join.run_key();
   if (!session.run_id.empty() && session.run_id != join.run_id()) {
     return absl::PermissionDeniedError(absl::StrCat(
         "this session belongs to run ", session.run_id, ", not ", join.run_id()));
@@ -162,7 +177,14 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
     fresh.run_id = join.run_id();
     fresh.settings = join.settings();
     fresh.gathering_since = now;
+    fresh.run_key = run_key;
     job = &jobs_.emplace(join.run_id(), std::move(fresh)).first->second;
+  } else if (job->run_key != run_key) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "run ", join.run_id(), " is bound to ",
+        job->run_key.empty() ? "no run credential" : "another run credential",
+        " by its first node; this node has ", run_key.empty() ? "none" : "a different one",
+        " (every node of a run needs the same run_token, or token when there is no run_token)"));
   } else if (std::string diff = SettingsDiff(job->settings, join.settings()); !diff.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("run ", join.run_id(), ": this node has ", diff,
                                                       "; every node must use the same settings"));
@@ -182,7 +204,10 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
     return absl::FailedPreconditionError("already joined; Join again only after RoundEnded");
   }
   // Accepted: the Welcome goes before anything else this Join causes.
-  if (!session.authenticated) Welcome(id, session, join);
+  if (!session.authenticated) {
+    session.run_key = run_key;
+    Welcome(id, session, join);
+  }
   session.run_id = join.run_id();
   Node& node = job->nodes[id];
   if (existing == job->nodes.end()) {

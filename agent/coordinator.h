@@ -3,7 +3,8 @@
 // and the exit barrier. Membership rules: a round after the first starts only once every
 // survivor of the last one has rejoined or been declared lost; spares fill vacancies only;
 // a scale-up ends a round at most once per last_call_timeout; an ended job is forgotten after
-// close_timeout whatever its sessions do. The gRPC adapter (coordinator_service.h) feeds it one message at a time
+// close_timeout whatever its sessions do. Each run is bound to its first node's run key (session_auth.h):
+// a node with another key, or none, is refused. The gRPC adapter (coordinator_service.h) feeds it one message at a time
 // and delivers what it sends through each session's SessionSink; tests call it directly.
 // Thread-safe: every public method takes the coordinator's mutex.
 #ifndef ELRUN_AGENT_COORDINATOR_H_
@@ -29,7 +30,8 @@ using TimePoint = std::chrono::steady_clock::time_point;
 using SessionId = uint64_t;
 
 // 2: JobSettings.close_timeout_ms. 3: Challenge/Welcome, the token proven, never sent.
-inline constexpr uint32_t kProtocolVersion = 3;
+// 4: each run bound to its first node's run key (Join.run_key, Join.run_signature).
+inline constexpr uint32_t kProtocolVersion = 4;
 
 // Where the coordinator's messages to one agent go. Implementations must not block and must
 // not call back into the Coordinator.
@@ -126,6 +128,7 @@ class Coordinator {
     std::optional<TimePoint> ended_at;     // Set when the job is done.
     uint64_t next_join_order = 0;
     std::map<SessionId, Node> nodes;  // By session.
+    std::string run_key;  // Fixed by the run's first node; empty: an open run.
   };
 
   struct Session {
@@ -135,9 +138,11 @@ class Coordinator {
     bool closing = false;  // Closed by the coordinator; OnDisconnect follows.
     std::string nonce;     // Of its Challenge.
     bool authenticated = false;  // Its first Join proved the token (or none is needed).
+    std::string run_key;  // The run key its first Join signed with; empty: none.
   };
 
-  // The proof of a session's first Join; Unauthenticated when it is missing or wrong.
+  // The proofs of a session's first Join (token, run key signature); Unauthenticated when one
+  // is missing or wrong.
   absl::Status VerifyProof(const Session& session, const v1::Join& join) const;
   // Marks the session authenticated and sends its Welcome, the coordinator's own proof.
   void Welcome(SessionId id, Session& session, const v1::Join& join);

@@ -24,6 +24,12 @@ switch (reason) {
 }
 }
 
+std::optional<rdzv::RunKey> RunKeyOf(const RdzvSettings& rdzv, const std::string& run_id) {
+  const std::string& secret = rdzv.run_token.empty() ? rdzv.token : rdzv.run_token;
+  if (secret.empty()) return std::nullopt;
+  return rdzv::DeriveRunKey(secret, run_id);
+}
+
 }  // namespace
 
 ElasticAgent::ElasticAgent(const JobSpec& spec, const RdzvSettings& rdzv, ProcessTable& table,
@@ -182,6 +188,11 @@ void ElasticAgent::Join() {
     join->set_client_nonce(client_nonce_);
     if (!key_.empty()) {
       join->set_proof(rdzv::AgentProof(key_, server_nonce_, client_nonce_, spec_.rdzv_id, node_id_));
+    }
+    // The run's own credential: its run_token, else its token (session_auth.h).
+    if (std::optional<rdzv::RunKey> run_key = RunKeyOf(rdzv_, spec_.rdzv_id)) {
+      join->set_run_key(run_key->public_key);
+      join->set_run_signature(rdzv::SignJoin(*run_key, server_nonce_, client_nonce_, spec_.rdzv_id, node_id_));
     }
   }
   phase_ = Phase::kJoining;

@@ -49,7 +49,8 @@ std::vector<std::string> BuildWorkerEnv(const JobSpec& spec, const NodeAssignmen
   set("TORCHELASTIC_RUN_ID", attempt.run_id);
   set("TORCHELASTIC_USE_AGENT_STORE", "False");
   set("TORCHELASTIC_ERROR_FILE", error_file);
-  env.erase("ELRUN_RDZV_TOKEN");  // The rendezvous token is elrun's, never a worker's.
+  env.erase("ELRUN_RDZV_TOKEN");  // The rendezvous tokens are elrun's, never a worker's.
+  env.erase("ELRUN_RUN_TOKEN");
   env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
   env.emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   if (DefaultsOmpThreads(spec, parent_env)) set("OMP_NUM_THREADS", "1");

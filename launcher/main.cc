@@ -29,10 +29,10 @@ bool NeedsRendezvous(const elrun::JobSpec& spec) {
          (spec.max_nodes > 1 || !spec.rdzv_endpoint.empty());
 }
 
-// Overwrites the values of token= and token_file= in elrun's own --rdzv-conf arguments, so
+// Overwrites the values of token= and run_token= in elrun's own --rdzv-conf arguments, so
 // that /proc/PID/cmdline no longer shows them to other users once parsed (the workers get
 // copies of their own arguments, untouched). A short window after exec remains: prefer
-// token_file= or ELRUN_RDZV_TOKEN.
+// token_file= / run_token_file= or ELRUN_RDZV_TOKEN / ELRUN_RUN_TOKEN.
 void ScrubTokens(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];

@@ -12,12 +12,23 @@ namespace {
 
 constexpr const char* kKnownKeys =
     "join_timeout, last_call_timeout, close_timeout, heartbeat_interval, heartbeat_timeout, "
-    "keep_alive_interval, keep_alive_max_attempt, is_host, token, token_file, tls_cert, tls_key, "
-    "tls_ca, "
+    "keep_alive_interval, keep_alive_max_attempt, is_host, token, token_file, run_token, "
+    "run_token_file, tls_cert, tls_key, tls_ca, "
     "timeout, read_timeout, store_type";
 
 absl::Status Bad(const std::string& key, const std::string& value, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("--rdzv-conf ", key, "=", value, ": ", why));
+}
+
+// A secret from a file (first line's worth, trailing whitespace dropped); keeps it out of the
+// command line (/proc/PID/cmdline) and the environment.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream contents;
+  contents << in.rdbuf();
+  std::string secret = std::string(absl::StripTrailingAsciiWhitespace(contents.str()));
+  if (!in || secret.empty()) return absl::InvalidArgumentError("cannot read a token from this file");
+  return secret;
 }
 
 absl::StatusOr<bool> ParseBool(const std::string& value) {
@@ -85,14 +96,12 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec,
       else settings.is_host = *b;
     } else if (key == "token") {
       settings.token = value;
-    } else if (key == "token_file") {
-      // Keeps the token out of the command line (/proc/PID/cmdline) and the environment.
-      std::ifstream in(value);
-      std::stringstream contents;
-      contents << in.rdbuf();
-      std::string token = std::string(absl::StripTrailingAsciiWhitespace(contents.str()));
-      if (!in || token.empty()) status = Bad(key, value, "cannot read a token from this file");
-      else settings.token = token;
+    } else if (key == "token_file" || key == "run_token_file") {
+      auto secret = ReadSecretFile(value);
+      if (!secret.ok()) status = Bad(key, value, secret.status().message());
+      else (key == "token_file" ? settings.token : settings.run_token) = *secret;
+    } else if (key == "run_token") {
+      settings.run_token = value;
     } else if (key == "tls_cert") {
       settings.tls_cert = value;
     } else if (key == "tls_key") {
@@ -117,6 +126,10 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec,
   if (settings.token.empty()) {
     auto token = env.find("ELRUN_RDZV_TOKEN");
     if (token != env.end()) settings.token = token->second;
+  }
+  if (settings.run_token.empty()) {
+    auto token = env.find("ELRUN_RUN_TOKEN");
+    if (token != env.end()) settings.run_token = token->second;
   }
   if (settings.tls_cert.empty() != settings.tls_key.empty()) {
     return absl::InvalidArgumentError("--rdzv-conf: tls_cert and tls_key go together");

@@ -1,5 +1,5 @@
 // The rendezvous settings of a multi-node job, from --rdzv-endpoint, --rdzv-conf and the
-// environment (ELRUN_RDZV_TOKEN). Pure; thread-safe.
+// environment (ELRUN_RDZV_TOKEN, ELRUN_RUN_TOKEN). Pure; thread-safe.
 #ifndef ELRUN_LAUNCHER_RDZV_SETTINGS_H_
 #define ELRUN_LAUNCHER_RDZV_SETTINGS_H_
 
@@ -22,7 +22,9 @@ struct RdzvSettings {
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds heartbeat_timeout{5000};
   std::optional<bool> is_host;  // Unset: guess from the endpoint being a local address.
-  std::string token;            // Never logged.
+  std::string token;            // Admission to the coordinator. Never logged.
+  // The run's own credential on a coordinator that serves many runs; empty: the token is.
+  std::string run_token;  // Never logged.
   std::string tls_cert, tls_key, tls_ca;
 
   std::string Endpoint() const;  // "host:port", IPv6 in brackets.

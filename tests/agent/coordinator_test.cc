@@ -1,5 +1,7 @@
 #include "agent/coordinator.h"
 
+#include "agent/session_auth.h"
+
 #include <doctest/doctest.h>
 
 #include <deque>
@@ -79,6 +81,21 @@ struct Harness {
     *m.mutable_join() = MakeJoin(n, nproc, hint);
     return Send(n, m);
   }
+  // A session's first Join signed with the run key of `secret` (as elrun does with its
+  // run_token); `sign_as` signs with another key than the one it presents.
+  absl::Status JoinWithRunSecret(int n, const std::string& secret, const std::string& sign_as = "") {
+    RecordingSink& sink = agents.count(n) ? Sink(n) : Connect(n);
+    std::string server_nonce = sink.messages.front().challenge().nonce();
+    v1::AgentMessage m;
+    *m.mutable_join() = MakeJoin(n);
+    std::string client_nonce = RandomNonce();
+    RunKey key = DeriveRunKey(secret, run_id);
+    RunKey signer = DeriveRunKey(sign_as.empty() ? secret : sign_as, run_id);
+    m.mutable_join()->set_client_nonce(client_nonce);
+    m.mutable_join()->set_run_key(key.public_key);
+    m.mutable_join()->set_run_signature(SignJoin(signer, server_nonce, client_nonce, run_id, m.join().node_id()));
+    return Send(n, m);
+  }
   absl::Status Ended(int n, uint64_t round, bool success) {
     v1::AgentMessage m;
     m.mutable_workers_ended()->set_round(round);
@@ -107,6 +124,7 @@ struct Harness {
     }
     return false;
   }
+  bool View0Done() { return !coordinator.View(run_id) || coordinator.View(run_id)->done; }
   void Clear() {
     for (auto& [n, agent] : agents) agent.sink->messages.clear();
   }
@@ -424,7 +442,51 @@ TEST_CASE("malformed joins are refused without a trace") {
   refuse([](v1::Join& j) { j.mutable_settings()->set_min_nodes(3); });
   refuse([](v1::Join& j) { j.mutable_settings()->set_heartbeat_timeout_ms(0); });
   refuse([](v1::Join& j) { j.mutable_settings()->set_close_timeout_ms(0); });
+  refuse([](v1::Join& j) { j.set_run_key(std::string(31, 'k')); });
+  refuse([](v1::Join& j) { j.set_run_signature(std::string(64, 's')); });
   CHECK(h.coordinator.job_count() == 0);
+}
+
+TEST_CASE("the run's first node fixes its credential; others of the run must prove the same") {
+  Harness h;
+  h.settings = Settings(2, 3);
+  REQUIRE(h.JoinWithRunSecret(0, "run-secret").ok());
+  // Another credential, or none, is refused naming the run; nothing of the job changes.
+  absl::Status other = h.JoinWithRunSecret(1, "daemon-token-only");
+  CHECK(other.code() == absl::StatusCode::kPermissionDenied);
+  CHECK(std::string(other.message()).find("run job is bound to another run credential") != std::string::npos);
+  absl::Status none = h.Join(2);
+  CHECK(none.code() == absl::StatusCode::kPermissionDenied);
+  CHECK(std::string(none.message()).find("this node has none") != std::string::npos);
+  CHECK(h.coordinator.View("job")->pending == 1);
+  // Presenting the run's public key without its private key does not verify.
+  absl::Status forged = h.JoinWithRunSecret(3, "run-secret", "forger");
+  CHECK(forged.code() == absl::StatusCode::kUnauthenticated);
+  // The same credential is welcome; its later Joins on the session need no signature.
+  REQUIRE(h.JoinWithRunSecret(4, "run-secret").ok());
+  h.Advance(milliseconds(1000));
+  CHECK(h.Started(4).group_world_size() == 2);
+  REQUIRE(h.Ended(0, 1, false).ok());  // max_restarts 0: the job ends, as any failure would.
+  CHECK(h.View0Done());
+}
+
+TEST_CASE("an open run (first node without credential) refuses a node that brings one") {
+  Harness h;
+  REQUIRE(h.Join(0).ok());
+  CHECK(h.JoinWithRunSecret(1, "s").code() == absl::StatusCode::kPermissionDenied);
+  REQUIRE(h.Join(2).ok());
+  CHECK(h.coordinator.View("job")->running);
+}
+
+TEST_CASE("a rejoining node keeps the key its session proved") {
+  Harness h;
+  h.settings.set_max_restarts(1);
+  REQUIRE(h.JoinWithRunSecret(0, "k").ok());
+  REQUIRE(h.JoinWithRunSecret(1, "k").ok());
+  REQUIRE(h.Ended(1, 1, false).ok());
+  REQUIRE(h.Join(0).ok());  // Unsigned: the session proved the key already.
+  REQUIRE(h.Join(1).ok());
+  CHECK(h.Started(0).round() == 2);
 }
 
 TEST_CASE("a job with nobody left is forgotten") {

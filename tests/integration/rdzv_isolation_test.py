@@ -1,5 +1,6 @@
 """What may not enter a running job: a node with a wrong or missing rendezvous token is refused
-with one clear line and exit 1, and a node with another --rdzv-id joins another job (where it
+with one clear line and exit 1, so is a node with the daemon's token but not the run's own
+credential (run_token), and a node with another --rdzv-id joins another job (where it
 fails on its own after its join_timeout); the job itself goes on unchanged and succeeds. One
 daemon serves two jobs at once, each with its own world."""
 import time
@@ -72,6 +73,42 @@ class IsolationTest(RdzvTestCase):
                              "node: %s\n" % (daemon.port, reason),
                              "expected exactly one line naming the refusal\n%s" % agent.result())
             self.assertLess(agent.result().elapsed, 5.0, "expected a prompt refusal")
+        self.assertEqual([a.rc for a in agents], [None, None],
+                         "expected the job to run on\n%s" % self.summary())
+        self.finish_held_job(agents)
+        self.stop_daemon(daemon)
+
+    def test_the_daemon_token_alone_does_not_enter_a_run(self):
+        # One daemon token for all, and a run_token per run: the run's first node binds the
+        # run to its credential. A node holding only the daemon's token, or another run's
+        # token, is refused with one line; before, it was wait-listed in the job and could
+        # have ended its rounds or failed it.
+        daemon = self.start_daemon(token=TOKEN)
+        # Node 1 and 2 hold the same secrets, node 2's on its command line.
+        agents = [self.start_agent(1, daemon.port, nnodes=2, nproc=2, rule=rdzv_harness.GATED,
+                                   env={"ELRUN_RDZV_TOKEN": TOKEN, "ELRUN_RUN_TOKEN": "run-1"}),
+                  self.start_agent(2, daemon.port, nnodes=2, nproc=2, rule=rdzv_harness.GATED,
+                                   conf={"token": TOKEN, "run_token": "run-1"})]
+        self.wait_workers(4, alive=agents, what="the job's 4 workers to start")
+        shown = harness.cmdline(agents[1].proc.pid)
+        self.assertNotIn(TOKEN, shown, "expected token= blanked in /proc/PID/cmdline")
+        self.assertNotIn("run-1", shown, "expected run_token= blanked in /proc/PID/cmdline")
+        self.assertIn("run_token=*****", shown)
+        refused = [
+            (self.start_outsider(daemon, 3, nnodes=2, env={"ELRUN_RDZV_TOKEN": TOKEN}),
+             "another run credential by its first node; this node has a different one"),
+            (self.start_outsider(daemon, 4, nnodes=2, env={"ELRUN_RDZV_TOKEN": TOKEN},
+                                 conf={"run_token": "run-2"}),
+             "another run credential by its first node; this node has a different one"),
+        ]
+        self.wait_exit([agent for agent, _ in refused], timeout=10)
+        for agent, reason in refused:
+            self.assertExit(agent.result(), 1)
+            self.assertEqual(agent.stderr, "elrun: the rendezvous at 127.0.0.1:%d refused this "
+                             "node: run job is bound to %s (every node of a run needs the same "
+                             "run_token, or token when there is no run_token)\n"
+                             % (daemon.port, reason),
+                             "expected exactly one line naming the refusal\n%s" % agent.result())
         self.assertEqual([a.rc for a in agents], [None, None],
                          "expected the job to run on\n%s" % self.summary())
         self.finish_held_job(agents)

@@ -122,6 +122,23 @@ TEST_CASE("nothing before the Challenge; the first Join proves the token without
   CHECK_FALSE(f.agent.done());
 }
 
+TEST_CASE("the first Join signs with the run key of run_token, else of the token") {
+  Fixture f;
+  v1::Join join = f.Handshake();
+  CHECK(join.run_key() == rdzv::DeriveRunKey("s3cret", "job").public_key);
+  CHECK(rdzv::VerifyJoinSignature(join.run_key(), join.run_signature(), f.server_nonce, join.client_nonce(),
+                                  "job", "nodeA"));
+  Fixture g;
+  g.rdzv.run_token = "run-only";
+  join = g.Handshake();
+  CHECK(join.run_key() == rdzv::DeriveRunKey("run-only", "job").public_key);
+  CHECK(join.run_key() != rdzv::DeriveRunKey("run-only", "other-job").public_key);
+  CHECK(rdzv::VerifyJoinSignature(join.run_key(), join.run_signature(), g.server_nonce, join.client_nonce(),
+                                  "job", "nodeA"));
+  CHECK_FALSE(rdzv::VerifyJoinSignature(join.run_key(), join.run_signature(), g.server_nonce,
+                                        join.client_nonce(), "job", "nodeB"));
+}
+
 TEST_CASE("heartbeats every heartbeat_interval once joined") {
   Fixture f;
   f.Handshake();

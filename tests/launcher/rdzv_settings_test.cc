@@ -105,5 +105,23 @@ TEST_CASE("token_file: the token from a file, kept off the command line") {
   std::remove(path.c_str());
 }
 
+TEST_CASE("run_token: from --rdzv-conf, run_token_file or ELRUN_RUN_TOKEN; apart from the token") {
+  CHECK(ParseRdzvSettings(Spec("h"), {})->run_token.empty());
+  CHECK(ParseRdzvSettings(Spec("h"), {{"ELRUN_RUN_TOKEN", "env"}})->run_token == "env");
+  auto both = ParseRdzvSettings(Spec("h", {{"run_token", "conf"}, {"token", "t"}}), {{"ELRUN_RUN_TOKEN", "env"}});
+  CHECK(both->run_token == "conf");
+  CHECK(both->token == "t");
+  std::string path = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") +
+                     "/rdzv_run_token_test";
+  FILE* f = std::fopen(path.c_str(), "w");
+  REQUIRE(f != nullptr);
+  std::fputs("run-from-file\n", f);
+  std::fclose(f);
+  CHECK(ParseRdzvSettings(Spec("h", {{"run_token_file", path}}), {})->run_token == "run-from-file");
+  CHECK(ErrorOf(Spec("h", {{"run_token_file", "/nonexistent/t"}})) ==
+        "--rdzv-conf run_token_file=/nonexistent/t: cannot read a token from this file");
+  std::remove(path.c_str());
+}
+
 }  // namespace
 }  // namespace elrun
