@@ -56,6 +56,10 @@ absl::StatusOr<std::vector<WorkerLaunch>> AttemptBuilder::BuildFor(int attempt, 
     launch.env = BuildWorkerEnv(spec_, node_, attempt_env, local_rank, launch.error_file,
                                 parent_env_);
     StreamRoutes routes = RouteStreams(spec_, layout_, attempt, local_rank);
+    if (local_rank < static_cast<int>(bindings_.size())) {
+      launch.cpus = bindings_[local_rank].cpus;
+      launch.memory_node = bindings_[local_rank].memory_node;
+    }
     launch.out = routes.out;
     launch.err = routes.err;
     launch.console_prefix = ConsolePrefix(spec_, launch.rank, local_rank);

@@ -13,6 +13,7 @@
 #include "launcher/env_contract.h"
 #include "launcher/job_spec.h"
 #include "launcher/log_layout.h"
+#include "launcher/numa_binding.h"
 #include "launcher/worker_launch.h"
 
 namespace elrun {
@@ -34,6 +35,9 @@ class AttemptBuilder {
   absl::StatusOr<std::vector<WorkerLaunch>> BuildFor(int attempt, int restart_count,
                                                      const NodeAssignment& node);
 
+  // Binds local rank i to `by_local_rank[i]` in every later attempt (--numa-binding).
+  void BindWorkers(std::vector<CpuBinding> by_local_rank) { bindings_ = std::move(by_local_rank); }
+
   // Where this node's workers find the store in the current attempt.
   const NodeAssignment& node() const { return node_; }
 
@@ -50,6 +54,7 @@ class AttemptBuilder {
   const std::map<std::string, std::string>& parent_env_;
   const PortPicker pick_port_;
   NodeAssignment node_;
+  std::vector<CpuBinding> bindings_;
 };
 
 }  // namespace elrun

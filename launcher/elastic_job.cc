@@ -102,6 +102,7 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
   }
 
   AttemptBuilder builder(spec, argv_template, spec.rdzv_id, rt.layout(), env, PickFreePort);
+  builder.BindWorkers(rt.bindings());
   ClientSession session(**client);
   RealClock clock;
   ElasticAgent agent(spec, rdzv, rt.table(), clock, session, builder, master_addr,

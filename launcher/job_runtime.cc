@@ -1,11 +1,14 @@
 #include "launcher/job_runtime.h"
 
+#include <sched.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <set>
 
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
@@ -65,11 +68,44 @@ void SetUpLogging(const std::map<std::string, std::string>& env) {
   spdlog::set_default_logger(logger);
 }
 
+namespace {
+
+// --numa-binding on this machine: its topology under /, the CPUs elrun may use.
+absl::StatusOr<std::vector<CpuBinding>> PlanWorkerBinding(const JobSpec& spec,
+                                                          const std::map<std::string, std::string>& env) {
+  std::set<int> allowed;
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (::sched_getaffinity(0, sizeof(mask), &mask) == 0) {
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &mask)) allowed.insert(cpu);
+    }
+  }
+  auto visible = env.find("CUDA_VISIBLE_DEVICES");
+  auto plan = PlanNumaBinding(*ParseNumaMode(spec.numa_binding), spec.nproc_per_node,
+                              visible == env.end() ? std::nullopt : std::optional<std::string>(visible->second),
+                              "/", allowed);
+  if (!plan.ok()) return plan.status();
+  if (!plan->note.empty()) spdlog::warn("{}", plan->note);
+  for (size_t i = 0; i < plan->workers.size(); ++i) {
+    spdlog::info("--numa-binding {}: local rank {} on CPUs {}, memory preferred on NUMA node {}",
+                 spec.numa_binding, i, FormatCpuList(plan->workers[i].cpus), plan->workers[i].memory_node);
+  }
+  return plan->workers;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(
     const JobSpec& spec, const std::map<std::string, std::string>& env, std::string run_id,
     ExitHandler on_exit) {
   std::unique_ptr<JobRuntime> runtime(new JobRuntime());
   runtime->run_id_ = std::move(run_id);
+  if (!spec.numa_binding.empty()) {
+    auto bindings = PlanWorkerBinding(spec, env);
+    if (!bindings.ok()) return bindings.status();
+    runtime->bindings_ = *std::move(bindings);
+  }
   runtime->temp_logs_ = spec.log_dir.empty();
   runtime->log_dir_ = spec.log_dir;
   if (runtime->temp_logs_) {

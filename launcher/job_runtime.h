@@ -16,6 +16,7 @@
 #include "launcher/guardian.h"
 #include "launcher/job_spec.h"
 #include "launcher/log_layout.h"
+#include "launcher/numa_binding.h"
 #include "launcher/posix_process_table.h"
 #include "launcher/supervisor.h"
 
@@ -32,7 +33,8 @@ class JobRuntime {
   using ExitHandler = std::function<void(int pid, ExitStatus status)>;
   using TimePoint = std::chrono::steady_clock::time_point;
 
-  // Makes the log directory (a temp dir unless --log-dir), starts the guardian, takes over the
+  // Plans --numa-binding (an error when it cannot be honoured, one warning when it does not
+  // apply here), makes the log directory (a temp dir unless --log-dir), starts the guardian, takes over the
   // handled signals and builds the loop and the process table, whose worker exits go to
   // `on_exit`. On error nothing is left running.
   static absl::StatusOr<std::unique_ptr<JobRuntime>> Create(
@@ -45,6 +47,8 @@ class JobRuntime {
   PosixProcessTable& table() { return *table_; }
   const LogLayout& layout() const { return *layout_; }
   const std::string& run_id() const { return run_id_; }
+  // --numa-binding's CPUs and memory node by local rank; empty without binding.
+  const std::vector<CpuBinding>& bindings() const { return bindings_; }
 
   // Calls `on_signal` for each handled signal that arrives.
   absl::Status HandleSignals(std::function<void(int signo)> on_signal);
@@ -58,6 +62,7 @@ class JobRuntime {
   JobRuntime() = default;
 
   std::string run_id_;
+  std::vector<CpuBinding> bindings_;
   std::string log_dir_;
   bool temp_logs_ = false;
   std::unique_ptr<LogLayout> layout_;

@@ -69,6 +69,7 @@ struct JobSpec {
   // Devices.
   // --virtual-local-rank: LOCAL_RANK=0 in every worker, CUDA_VISIBLE_DEVICES its one device.
   bool virtual_local_rank = false;
+  std::string numa_binding;  // --numa-binding mode (numa_binding.h); empty: none.
 
   // The entrypoint.
   bool module = false;

@@ -26,6 +26,7 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
 
   RealClock clock;
   AttemptBuilder builder(spec, argv_template, run_id, rt.layout(), env, PickFreePort);
+  builder.BindWorkers(rt.bindings());
   Supervisor supervisor(
       SupervisorOptions{spec.max_restarts, spec.shutdown_timeout}, &rt.table(), &clock,
       [&](int attempt, int restart_count) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "launcher/numa_binding.h"
 
 namespace elrun {
 namespace {
@@ -79,7 +80,7 @@ constexpr OptionDef kOptions[] = {
     {"logs-specs", "", false, "NAME", "",
      "torchrun's LogsSpecs plugin; none: elrun's logs follow torchrun's default layout."},
     {"numa-binding", "", false, "MODE", "",
-     "torchrun's NUMA binding (node, socket, exclusive, core-complex): not supported by elrun yet."},
+     "Bind each worker's CPUs and memory near its GPU: node, socket, exclusive or core-complex."},
 };
 
 // torchrun's comma_separated_list: "a,b" -> {a, b}; ",," is a literal comma; "" -> {}.
@@ -208,13 +209,11 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest,
   }
   if (!r["numa-binding"].empty()) {
     std::string mode = r["numa-binding"];
-    if (mode != "node" && mode != "socket" && mode != "exclusive" && mode != "core-complex") {
+    if (!ParseNumaMode(mode)) {
       return Invalid(r, "numa-binding",
                      absl::InvalidArgumentError("expected node, socket, exclusive or core-complex"));
     }
-    return Invalid(r, "numa-binding", absl::UnimplementedError(
-                                          "elrun does not bind workers to NUMA nodes yet; run "
-                                          "without it, or wrap the script in numactl"));
+    spec->numa_binding = mode;
   }
 
   // Combinations.

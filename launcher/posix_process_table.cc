@@ -1,6 +1,7 @@
 #include "launcher/posix_process_table.h"
 
 #include <fcntl.h>
+#include <linux/mempolicy.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -11,8 +12,11 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "launcher/numa_binding.h"
 
 namespace elrun {
 namespace {
@@ -103,7 +107,14 @@ struct ChildArgs {
   int guardian_fd;
   const int* reset_signals;  // Handled by elrun and forwarded: default disposition in workers.
   size_t reset_signal_count;
+  // --numa-binding, prepared by the launcher: CPU affinity (null: inherit) and the preferred
+  // memory node's mask (null: inherit).
+  const cpu_set_t* cpus;
+  size_t cpus_size;
+  const unsigned long* node_mask;  // NOLINT(runtime/int): the kernel's type.
+  unsigned long node_mask_bits;    // NOLINT(runtime/int)
   int exec_errno;
+  int bind_errno;
 };
 
 // "+<pid>\n" for the guardian, built without allocating (we are in the cloned child).
@@ -137,6 +148,16 @@ int ExecWorker(void* raw) {
   if (::getppid() != args->launcher) ::_exit(127);
   // Registered before exec, so no grandchild can exist unguarded.
   RegisterSelf(args->guardian_fd);
+  // Set before exec, so that every thread the worker ever starts inherits them.
+  if (args->cpus != nullptr && ::sched_setaffinity(0, args->cpus_size, args->cpus) != 0) {
+    args->bind_errno = errno;
+    ::_exit(127);
+  }
+  if (args->node_mask != nullptr &&
+      ::syscall(SYS_set_mempolicy, MPOL_PREFERRED, args->node_mask, args->node_mask_bits + 1) != 0) {
+    args->bind_errno = errno;
+    ::_exit(127);
+  }
   if (args->out_fd >= 0) ::dup2(args->out_fd, STDOUT_FILENO);
   if (args->err_fd >= 0) ::dup2(args->err_fd, STDERR_FILENO);
   ::execve(args->argv[0], args->argv, args->envp);
@@ -194,7 +215,27 @@ absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
   std::vector<char*> envp = CStrings(launch.env);
 
   ChildArgs args{::getpid(), argv.data(), envp.data(), out->child.get(), err->child.get(),
-                 guardian_->fd(), forwarded_signals_.data(), forwarded_signals_.size(), 0};
+                 guardian_->fd(), forwarded_signals_.data(), forwarded_signals_.size(),
+                 nullptr, 0, nullptr, 0, 0, 0};
+  // The binding's masks, built here: the child may not allocate.
+  std::unique_ptr<cpu_set_t, void (*)(cpu_set_t*)> cpus(nullptr, [](cpu_set_t* set) { CPU_FREE(set); });
+  std::vector<unsigned long> node_mask;  // NOLINT(runtime/int)
+  if (!launch.cpus.empty()) {
+    int count = launch.cpus.back() + 1;
+    cpus.reset(CPU_ALLOC(count));
+    if (!cpus) return absl::ResourceExhaustedError("CPU_ALLOC failed");
+    args.cpus_size = CPU_ALLOC_SIZE(count);
+    CPU_ZERO_S(args.cpus_size, cpus.get());
+    for (int cpu : launch.cpus) CPU_SET_S(cpu, args.cpus_size, cpus.get());
+    args.cpus = cpus.get();
+  }
+  if (launch.memory_node >= 0) {
+    constexpr int kBits = 8 * sizeof(unsigned long);  // NOLINT(runtime/int)
+    node_mask.assign(launch.memory_node / kBits + 1, 0);
+    node_mask[launch.memory_node / kBits] |= 1UL << (launch.memory_node % kBits);
+    args.node_mask = node_mask.data();
+    args.node_mask_bits = node_mask.size() * kBits;
+  }
   pid_t pid = CloneAndExec(&args);
   if (pid < 0) return absl::ResourceExhaustedError(absl::StrCat("clone: ", std::strerror(errno)));
   // The child has exec'd or exited by now. Its own setpgid ran first; this one is a no-op
@@ -202,11 +243,16 @@ absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
   ::setpgid(pid, pid);
   out->child.reset();
   err->child.reset();
-  if (args.exec_errno != 0) {
+  if (args.exec_errno != 0 || args.bind_errno != 0) {
     siginfo_t info{};
     ::waitid(P_PID, pid, &info, WEXITED | WNOWAIT);
     guardian_->Unregister(pid);
     ::waitpid(pid, nullptr, 0);
+    if (args.bind_errno != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--numa-binding: cannot bind local rank ", launch.local_rank, " to CPUs ", FormatCpuList(launch.cpus),
+          " and NUMA node ", launch.memory_node, ": ", std::strerror(args.bind_errno)));
+    }
     return absl::FailedPreconditionError(
         absl::StrCat("cannot execute ", launch.argv[0], ": ", std::strerror(args.exec_errno)));
   }

@@ -32,6 +32,10 @@ struct WorkerLaunch {
   StreamRoute err;
   std::string console_prefix;  // "[default0]:" for kTee lines.
   std::string error_file;      // TORCHELASTIC_ERROR_FILE of this worker.
+  // --numa-binding: the CPUs the worker may run on and its preferred memory node; empty and
+  // -1: inherited from elrun.
+  std::vector<int> cpus;
+  int memory_node = -1;
 };
 
 }  // namespace elrun

@@ -45,6 +45,22 @@ class TorchrunOptionsTest(ElrunTestCase):
             self.assertIn("PET_" + dest.upper(), result.out,
                           "expected PET_%s for torchrun's --%s" % (dest.upper(), dest))
 
+    @harness.elrun_only("elrun's line about --numa-binding on a machine without GPUs")
+    def test_numa_binding_without_gpus_runs_unbound_with_one_line(self):
+        # This machine has no NVIDIA GPU: every mode is accepted, the workers run with elrun's
+        # own affinity, and one line says so (the planning itself is numa_binding_test's, the
+        # binding of a real process posix_process_table_test's).
+        for mode in ["node", "socket", "exclusive", "core-complex"]:
+            result = self.elrun(["--numa-binding", mode, "--nproc-per-node", "2"] +
+                                sh("grep Cpus_allowed_list /proc/self/status"),
+                                env=self.env(OMP_NUM_THREADS="1"))
+            self.assertExit(result, 0)
+            self.assertEqual(lines(result.err), ["[elrun] warning: --numa-binding: no NVIDIA GPU "
+                                                 "on this machine; workers are not bound"], result)
+            with open("/proc/self/status") as f:
+                own = [l for l in f.read().splitlines() if l.startswith("Cpus_allowed_list")]
+            self.assertEqual(lines(result.out), own * 2, result)
+
     @harness.elrun_only("elrun's refusals of torchrun's Python plugins")
     def test_plugin_options_accept_their_defaults_and_refuse_the_rest(self):
         result = self.elrun(["--event-log-handler", "null", "--logs_specs", ""] + sh("exit 0"))
@@ -52,7 +68,6 @@ class TorchrunOptionsTest(ElrunTestCase):
         for args, says in [
                 (["--event-log-handler", "console"], "elrun loads no Python event handlers"),
                 (["--logs-specs", "mine"], "elrun loads no Python LogsSpecs plugins"),
-                (["--numa-binding", "node"], "elrun does not bind workers to NUMA nodes yet"),
                 (["--numa-binding", "bogus"], "expected node, socket, exclusive or core-complex")]:
             result = self.elrun(args + sh("touch ran"))
             self.assertExit(result, 2)

@@ -52,6 +52,25 @@ TEST_CASE("one launch per local rank, with its argv, env, logs and prefix") {
   CHECK(second.console_prefix == "[r1]:");
 }
 
+TEST_CASE("--numa-binding: each local rank carries its CPUs and memory node, in every attempt") {
+  Fixture f;
+  f.spec.nproc_per_node = 2;
+  auto builder = f.Builder();
+  auto unbound = builder.Build(0, 0);
+  REQUIRE(unbound.ok());
+  CHECK((*unbound)[0].cpus.empty());
+  CHECK((*unbound)[0].memory_node == -1);
+  builder.BindWorkers({CpuBinding{{0, 1}, 0}, CpuBinding{{8, 9}, 2}});
+  for (int attempt : {1, 2}) {
+    auto launches = builder.Build(attempt, attempt);
+    REQUIRE(launches.ok());
+    CHECK((*launches)[0].cpus == std::vector<int>{0, 1});
+    CHECK((*launches)[0].memory_node == 0);
+    CHECK((*launches)[1].cpus == std::vector<int>{8, 9});
+    CHECK((*launches)[1].memory_node == 2);
+  }
+}
+
 TEST_CASE("single-node jobs get a fresh free port per attempt") {
   Fixture f;
   auto builder = f.Builder();

@@ -57,6 +57,15 @@ TEST_CASE("defaults match torchrun") {
   CHECK(spec.training_script_args.empty());
 }
 
+TEST_CASE("--numa-binding takes torchrun's four modes, under both spellings and PET_NUMA_BINDING") {
+  CHECK(MustParse({"x.py"}).numa_binding.empty());
+  CHECK(MustParse({"--numa-binding", "node", "x.py"}).numa_binding == "node");
+  CHECK(MustParse({"--numa_binding=core-complex", "x.py"}).numa_binding == "core-complex");
+  CHECK(MustParse({"x.py"}, FakeEnv{{{"PET_NUMA_BINDING", "exclusive"}}}).numa_binding == "exclusive");
+  CHECK(ErrorOf({"--numa-binding", "numa", "x.py"}).find("expected node, socket, exclusive or core-complex") !=
+        std::string::npos);
+}
+
 TEST_CASE("both spellings and = form") {
   for (const char* name : {"--nproc-per-node", "--nproc_per_node"}) {
     CHECK(MustParse({name, "3", "t.py"}).nproc_per_node == 3);

@@ -3,10 +3,12 @@
 
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -92,6 +94,69 @@ TEST_CASE("workers killed by the table's end are unregistered before they are re
   REQUIRE(registry.states.size() == 1);
   CHECK(registry.states[0] == std::make_pair(pid, 'Z'));
   CHECK(ProcessState(pid) == '?');
+}
+
+// Runs `launch` to its end; returns what it wrote to stdout.
+std::string RunToEnd(WorkerLaunch launch, const std::string& name) {
+  auto loop = EventLoop::Create();
+  REQUIRE(loop.ok());
+  RecordingRegistry registry;
+  std::optional<Exit> exited;
+  PosixProcessTable table(loop->get(), &registry, {SIGTERM},
+                          [&](int pid, ExitStatus status) { exited = Exit{pid, status}; });
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  launch.out.target = StreamTarget::kFile;
+  launch.out.path = std::string(tmp ? tmp : "/tmp") + "/" + name;
+  auto pid = table.Spawn(launch);
+  REQUIRE(pid.ok());
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!exited && std::chrono::steady_clock::now() < deadline) {
+    REQUIRE((*loop)->RunOnce(deadline).ok());
+  }
+  REQUIRE(exited.has_value());
+  CHECK(exited->status.code == 0);
+  CHECK(exited->status.signal == 0);
+  std::ifstream in(launch.out.path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST_CASE("--numa-binding: a worker starts on its CPUs with its preferred memory node") {
+  cpu_set_t mine;
+  REQUIRE(::sched_getaffinity(0, sizeof(mine), &mine) == 0);
+  int last = -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &mine)) last = cpu;
+  }
+  REQUIRE(last >= 0);
+  WorkerLaunch launch;
+  launch.argv = {"/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status; cat /proc/self/numa_maps"};
+  launch.env = {"PATH=/usr/bin:/bin"};
+  launch.cpus = {last};
+  launch.memory_node = 0;
+  std::string out = RunToEnd(launch, "bound.out");
+  CHECK(out.find("Cpus_allowed_list:\t" + std::to_string(last) + "\n") != std::string::npos);
+  CHECK(out.find(" prefer:0 ") != std::string::npos);  // Every mapping's policy.
+  CHECK(out.find(" default ") == std::string::npos);
+
+  launch.cpus = {};
+  launch.memory_node = -1;
+  out = RunToEnd(launch, "unbound.out");
+  CHECK(out.find(" prefer:0 ") == std::string::npos);  // Nothing asked, nothing bound.
+}
+
+TEST_CASE("--numa-binding: a binding the kernel refuses fails the spawn, naming it") {
+  auto loop = EventLoop::Create();
+  REQUIRE(loop.ok());
+  RecordingRegistry registry;
+  PosixProcessTable table(loop->get(), &registry, {SIGTERM}, [](int, ExitStatus) {});
+  WorkerLaunch launch;
+  launch.local_rank = 3;
+  launch.argv = {"/bin/true"};
+  launch.cpus = {4000, 4001};  // No such CPUs.
+  auto pid = table.Spawn(launch);
+  REQUIRE_FALSE(pid.ok());
+  CHECK(std::string(pid.status().message()) ==
+        "--numa-binding: cannot bind local rank 3 to CPUs 4000-4001 and NUMA node -1: Invalid argument");
 }
 
 }  // namespace
