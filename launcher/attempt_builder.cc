@@ -44,6 +44,12 @@ absl::StatusOr<std::vector<WorkerLaunch>> AttemptBuilder::BuildFor(int attempt, 
                                                                    const NodeAssignment& node) {
   node_ = node;
   AttemptEnv attempt_env{run_id_, restart_count};
+  std::map<std::string, std::string> merged;
+  if (!extra_env_.empty()) {
+    merged = parent_env_;
+    for (const auto& [name, value] : extra_env_) merged[name] = value;
+  }
+  const std::map<std::string, std::string>& parent_env = extra_env_.empty() ? parent_env_ : merged;
   std::vector<WorkerLaunch> launches;
   for (int local_rank = 0; local_rank < spec_.nproc_per_node; ++local_rank) {
     absl::Status prepared = layout_.PrepareRankDir(attempt, local_rank);
@@ -54,7 +60,7 @@ absl::StatusOr<std::vector<WorkerLaunch>> AttemptBuilder::BuildFor(int attempt, 
     launch.error_file = layout_.ErrorFilePath(attempt, local_rank);
     launch.argv = SubstituteLocalRank(argv_template_, local_rank);
     launch.env = BuildWorkerEnv(spec_, node_, attempt_env, local_rank, launch.error_file,
-                                parent_env_);
+                                parent_env);
     StreamRoutes routes = RouteStreams(spec_, layout_, attempt, local_rank);
     if (local_rank < static_cast<int>(bindings_.size())) {
       launch.cpus = bindings_[local_rank].cpus;

@@ -38,6 +38,9 @@ class AttemptBuilder {
   // Binds local rank i to `by_local_rank[i]` in every later attempt (--numa-binding).
   void BindWorkers(std::vector<CpuBinding> by_local_rank) { bindings_ = std::move(by_local_rank); }
 
+  // Sets `name`=`value` in every worker's environment of later attempts, over elrun's own.
+  void SetWorkerEnv(const std::string& name, const std::string& value) { extra_env_[name] = value; }
+
   // Where this node's workers find the store in the current attempt.
   const NodeAssignment& node() const { return node_; }
 
@@ -55,6 +58,7 @@ class AttemptBuilder {
   const PortPicker pick_port_;
   NodeAssignment node_;
   std::vector<CpuBinding> bindings_;
+  std::map<std::string, std::string> extra_env_;
 };
 
 }  // namespace elrun

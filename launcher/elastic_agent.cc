@@ -48,6 +48,10 @@ void ElasticAgent::Start() {
   join_deadline_ = clock_.SteadyNow() + rdzv_.join_timeout + std::chrono::seconds(5);
 }
 
+void ElasticAgent::OnWorkerSignalled(int pid, const std::string& why) {
+  if (supervisor_) supervisor_->NoteSignalled(pid, why);
+}
+
 void ElasticAgent::OnWorkerExit(int pid, ExitStatus status) {
   if (supervisor_) supervisor_->OnWorkerExit(pid, status);
   CheckSupervisor();

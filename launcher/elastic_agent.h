@@ -53,6 +53,8 @@ class ElasticAgent {
   // The session ended (the coordinator refused this node, died, or went silent).
   void OnSessionEnded(const absl::Status& status);
   void OnWorkerExit(int pid, ExitStatus status);
+  // elrun signalled worker `pid` for `why` (the FileTimer watchdog): its failure carries it.
+  void OnWorkerSignalled(int pid, const std::string& why);
   void OnSignal(int signo);
 
   // When OnDeadline is due next: a heartbeat, a worker's shutdown timeout, the join timeout.

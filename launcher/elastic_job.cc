@@ -102,13 +102,14 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
   }
 
   AttemptBuilder builder(spec, argv_template, spec.rdzv_id, rt.layout(), env, PickFreePort);
-  builder.BindWorkers(rt.bindings());
+  rt.PrepareBuilder(builder);
   ClientSession session(**client);
   RealClock clock;
   ElasticAgent agent(spec, rdzv, rt.table(), clock, session, builder, master_addr,
                      absl::StrCat(HostName(), ":", ::getpid(), ":", RandomRunId().substr(0, 6)),
                      PickFreePort);
   agent_ptr = &agent;
+  rt.OnWatchdogSignal([&agent](int pid, const std::string& why) { agent.OnWorkerSignalled(pid, why); });
 
   absl::Status status = rt.HandleSignals([&](int signo) { agent.OnSignal(signo); });
   rdzv::RendezvousClient& stream = **client;

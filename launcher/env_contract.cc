@@ -1,9 +1,13 @@
 #include "launcher/env_contract.h"
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/str_split.h"
-
 #include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "launcher/value_parsers.h"
 
 namespace elrun {
 
@@ -49,6 +53,10 @@ std::vector<std::string> BuildWorkerEnv(const JobSpec& spec, const NodeAssignmen
   set("TORCHELASTIC_RUN_ID", attempt.run_id);
   set("TORCHELASTIC_USE_AGENT_STORE", "False");
   set("TORCHELASTIC_ERROR_FILE", error_file);
+  // torchrun exports --signals-to-handle to its workers, whose torch handlers read it.
+  std::vector<std::string> signals;
+  for (int signo : spec.signals_to_handle) signals.push_back(SignalName(signo));
+  set("TORCHELASTIC_SIGNALS_TO_HANDLE", absl::StrJoin(signals, ","));
   env.erase("ELRUN_RDZV_TOKEN");  // The rendezvous tokens are elrun's, never a worker's.
   env.erase("ELRUN_RUN_TOKEN");
   env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");

@@ -43,7 +43,9 @@ std::string Ending(const WorkerFailure& f) {
   if (!f.start_error.empty()) return absl::StrCat("could not start: ", f.start_error);
   if (f.status.signal == 0) return absl::StrCat("exitcode  : ", f.status.code);
   std::string text = absl::StrCat("exitcode  : ", -f.status.signal, " (", SignalName(f.status.signal), ")");
-  if (f.stopped_by_elrun) {
+  if (!f.cause.empty()) {
+    absl::StrAppend(&text, ", by elrun's ", f.cause);
+  } else if (f.stopped_by_elrun) {
     absl::StrAppend(&text, ", sent by elrun to stop the group");
   } else if (f.status.signal == SIGKILL) {
     absl::StrAppend(&text, ", not sent by elrun: the kernel's OOM killer or another process");
@@ -104,7 +106,8 @@ std::string ParentErrorJson(const std::vector<WorkerFailure>& failures, const st
                          : absl::StrCat("local_rank ", root.local_rank, " (rank ", root.rank, ") ",
                                         root.status.signal != 0
                                             ? absl::StrCat("was killed by ", SignalName(root.status.signal))
-                                            : absl::StrCat("exited with code ", root.status.code));
+                                            : absl::StrCat("exited with code ", root.status.code),
+                                        root.cause.empty() ? "" : absl::StrCat(" (", root.cause, ")"));
   return ErrorRecordJson(absl::StrCat("ChildFailedError: ", what), report, now, code);
 }
 

@@ -24,6 +24,7 @@ struct WorkerFailure {
   std::chrono::system_clock::time_point time;
   bool stopped_by_elrun = false;  // Ended after elrun signalled it to stop.
   std::string start_error;        // Set when the worker could not be started.
+  std::string cause;              // Why elrun signalled it outside a stop (the FileTimer watchdog).
   std::string error_file;
   std::optional<WorkerError> error;  // From error_file, when the worker wrote one.
   std::string stdout_log;            // Paths of log files that exist; empty otherwise.

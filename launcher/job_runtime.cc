@@ -130,10 +130,38 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(
   runtime->loop_ = *std::move(loop);
   runtime->table_ = std::make_unique<PosixProcessTable>(
       runtime->loop_.get(), runtime->guardian_.get(), spec.signals_to_handle, std::move(on_exit));
+  auto enabled = env.find("TORCHELASTIC_ENABLE_FILE_TIMER");
+  if (enabled != env.end() && enabled->second == "1") {
+    auto path = env.find("TORCHELASTIC_TIMER_FILE");
+    auto tmp = env.find("TMPDIR");
+    std::string fifo = path != env.end() && !path->second.empty()
+                           ? path->second
+                           : absl::StrCat(tmp == env.end() || tmp->second.empty() ? "/tmp" : tmp->second,
+                                          "/watchdog_timer_", RandomRunId());
+    JobRuntime* self = runtime.get();
+    auto server = FileTimerServer::Start(
+        fifo, runtime->loop_.get(),
+        [self](int pid) -> std::optional<int> {
+          pid_t group = ::getpgid(pid);
+          if (group > 0 && self->table_->HasWorker(group)) return group;
+          return std::nullopt;
+        },
+        [self](int group, const std::string& why) {
+          if (self->on_watchdog_signal_) self->on_watchdog_signal_(group, why);
+        });
+    if (!server.ok()) return server.status();
+    runtime->file_timer_ = *std::move(server);
+  }
   return runtime;
 }
 
+void JobRuntime::PrepareBuilder(AttemptBuilder& builder) const {
+  builder.BindWorkers(bindings_);
+  if (file_timer_) builder.SetWorkerEnv("TORCHELASTIC_TIMER_FILE", file_timer_->path());
+}
+
 JobRuntime::~JobRuntime() {
+  file_timer_.reset();
   table_.reset();
   if (signal_fd_ >= 0) {
     loop_->Remove(signal_fd_);
@@ -174,7 +202,7 @@ std::string DescribeFirstFailure(const std::vector<WorkerFailure>& failures) {
     if (f.stopped_by_elrun) continue;
     if (!f.start_error.empty()) return absl::StrCat("local_rank ", f.local_rank, ": ", f.start_error);
     return absl::StrCat("local_rank ", f.local_rank, " (rank ", f.rank, ", pid ", f.pid,
-                        ") ended with ", f.status.Describe());
+                        ") ended with ", f.status.Describe(), f.cause.empty() ? "" : absl::StrCat(" (", f.cause, ")"));
   }
   return "no failure recorded";
 }

@@ -12,7 +12,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "launcher/attempt_builder.h"
 #include "launcher/event_loop.h"
+#include "launcher/file_timer.h"
 #include "launcher/guardian.h"
 #include "launcher/job_spec.h"
 #include "launcher/log_layout.h"
@@ -34,7 +36,9 @@ class JobRuntime {
   using TimePoint = std::chrono::steady_clock::time_point;
 
   // Plans --numa-binding (an error when it cannot be honoured, one warning when it does not
-  // apply here), makes the log directory (a temp dir unless --log-dir), starts the guardian, takes over the
+  // apply here), starts the FileTimer watchdog when elrun's environment has
+  // TORCHELASTIC_ENABLE_FILE_TIMER=1 (its FIFO: TORCHELASTIC_TIMER_FILE, else a new
+  // $TMPDIR/watchdog_timer_<id>, as torchrun does), makes the log directory (a temp dir unless --log-dir), starts the guardian, takes over the
   // handled signals and builds the loop and the process table, whose worker exits go to
   // `on_exit`. On error nothing is left running.
   static absl::StatusOr<std::unique_ptr<JobRuntime>> Create(
@@ -47,8 +51,15 @@ class JobRuntime {
   PosixProcessTable& table() { return *table_; }
   const LogLayout& layout() const { return *layout_; }
   const std::string& run_id() const { return run_id_; }
-  // --numa-binding's CPUs and memory node by local rank; empty without binding.
-  const std::vector<CpuBinding>& bindings() const { return bindings_; }
+  // Gives `builder` what this runtime adds to every worker: --numa-binding's CPUs and memory
+  // node, and TORCHELASTIC_TIMER_FILE when the FileTimer watchdog runs.
+  void PrepareBuilder(AttemptBuilder& builder) const;
+
+  // Called when the FileTimer watchdog (TORCHELASTIC_ENABLE_FILE_TIMER=1) signals a process of
+  // a worker's group: the worker's pid and one line saying why.
+  void OnWatchdogSignal(std::function<void(int pid, const std::string& why)> handler) {
+    on_watchdog_signal_ = std::move(handler);
+  }
 
   // Calls `on_signal` for each handled signal that arrives.
   absl::Status HandleSignals(std::function<void(int signo)> on_signal);
@@ -70,6 +81,8 @@ class JobRuntime {
   int signal_fd_ = -1;
   std::unique_ptr<EventLoop> loop_;
   std::unique_ptr<PosixProcessTable> table_;
+  std::unique_ptr<FileTimerServer> file_timer_;
+  std::function<void(int pid, const std::string& why)> on_watchdog_signal_;
 };
 
 // Prints the root-cause report of a supervisor whose attempt failed (to stderr) and, when

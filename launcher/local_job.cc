@@ -26,7 +26,7 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
 
   RealClock clock;
   AttemptBuilder builder(spec, argv_template, run_id, rt.layout(), env, PickFreePort);
-  builder.BindWorkers(rt.bindings());
+  rt.PrepareBuilder(builder);
   Supervisor supervisor(
       SupervisorOptions{spec.max_restarts, spec.shutdown_timeout}, &rt.table(), &clock,
       [&](int attempt, int restart_count) {
@@ -45,6 +45,7 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
                      spec.max_restarts);
       });
   supervisor_ptr = &supervisor;
+  rt.OnWatchdogSignal([&supervisor](int pid, const std::string& why) { supervisor.NoteSignalled(pid, why); });
 
   absl::Status status = rt.HandleSignals([&](int signo) { supervisor.OnSignal(signo); });
   if (status.ok()) {

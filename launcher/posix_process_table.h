@@ -35,6 +35,8 @@ class PosixProcessTable : public ProcessTable {
 
   absl::StatusOr<int> Spawn(const WorkerLaunch& launch) override;
   void SignalGroup(int pid, int signo) override;
+  // True while `pid` is a worker of this table that has not been reaped (its group's id).
+  bool HasWorker(int pid) const { return workers_.count(pid) > 0; }
 
  private:
   struct Worker {

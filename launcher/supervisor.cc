@@ -63,7 +63,16 @@ void Supervisor::RecordFailure(int local_rank, int pid, ExitStatus status,
   failure.time = clock_->WallNow();
   failure.stopped_by_elrun = state_ == State::kStopping;
   failure.start_error = std::move(start_error);
+  auto cause = causes_.find(pid);
+  if (cause != causes_.end()) {
+    failure.cause = std::move(cause->second);
+    causes_.erase(cause);
+  }
   failures_.push_back(std::move(failure));
+}
+
+void Supervisor::NoteSignalled(int pid, std::string why) {
+  if (live_.count(pid) > 0) causes_[pid] = std::move(why);
 }
 
 void Supervisor::OnWorkerExit(int pid, ExitStatus status) {

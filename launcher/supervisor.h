@@ -53,6 +53,9 @@ class Supervisor {
   void OnSignal(int signo);
   // Call when SteadyNow() >= deadline(): workers still alive after SIGTERM get SIGKILL.
   void OnDeadline();
+  // elrun signalled worker `pid` (or a process of its group) for `why`, outside a stop: the
+  // worker's end, if it fails, carries `why` as its cause.
+  void NoteSignalled(int pid, std::string why);
   // Stops the workers (SIGTERM, SIGKILL at the deadline) for a reason outside this node, such
   // as a new rendezvous round: no failure is counted and no restart follows; done() then has
   // exit_code() == kExitStopped. No effect when already stopping or done.
@@ -95,6 +98,7 @@ class Supervisor {
   int succeeded_ = 0;
   std::vector<WorkerLaunch> launches_;
   std::map<int, int> live_;  // pid -> local rank, workers whose end is not reported yet.
+  std::map<int, std::string> causes_;  // pid -> why elrun signalled it (NoteSignalled).
   std::vector<WorkerFailure> failures_;
   std::optional<std::chrono::steady_clock::time_point> deadline_;
 };

@@ -38,7 +38,7 @@ class TorchWorkersTest(ElrunTestCase):
             "MASTER_ADDR": "127.0.0.1", "TORCHELASTIC_RESTART_COUNT": "0",
             "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "False",
             "NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-            "OMP_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1", "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
         }
         records = self.run_torch_job(
             ["--standalone", "--nproc_per_node", "4", "--monitor_interval", "0.1",

@@ -4,6 +4,7 @@ their defaults and refuse anything else in one line; TORCHELASTIC_LOG_LINE_PREFI
 --duplicate-stdout-filters and --virtual-local-rank behave as in torchrun."""
 import json
 import os
+import re
 import subprocess
 
 import harness
@@ -20,6 +21,46 @@ print(json.dumps([[a.option_strings, a.dest, isinstance(a, (argparse._StoreTrueA
                    argparse._StoreConstAction)) or a.nargs == 0]
                   for a in get_args_parser()._actions if a.option_strings]))
 '''
+
+
+# Every variable torchrun 2.11's launcher and agent read or export, and what elrun does with it.
+# The test fails when the installed torch reads one that is not here, or the README does not
+# name it.
+TORCH_VARIABLES = {
+    "TORCHELASTIC_ERROR_FILE": "per worker; in elrun's own environment, where the root cause goes",
+    "TORCHELASTIC_RESTART_COUNT": "per worker",
+    "TORCHELASTIC_MAX_RESTARTS": "per worker",
+    "TORCHELASTIC_RUN_ID": "per worker",
+    "TORCHELASTIC_USE_AGENT_STORE": "per worker: False",
+    "TORCHELASTIC_SIGNALS_TO_HANDLE": "per worker: --signals-to-handle",
+    "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "the tee prefix",
+    "TORCHELASTIC_ENABLE_FILE_TIMER": "the FileTimer watchdog (watchdog_test)",
+    "TORCHELASTIC_TIMER_FILE": "the watchdog's FIFO, passed to the workers",
+    "TORCHELASTIC_HEALTH_CHECK_PORT": "ignored: torch's own health check server starts nothing",
+    "TORCH_ELASTIC_WORKER_IDENTICAL": "no effect: ranks come from the coordinator in one round",
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "no effect: elrun never shares its store with workers",
+    "TORCHELASTIC_ETCD_BINARY_PATH": "torch's etcd test server only",
+}
+TORCH_VARIABLE = r"\b(TORCHELASTIC_[A-Z_]+|TORCH_ELASTIC_[A-Z_]+|TORCH_DISABLE_SHARE_RDZV_TCP_STORE)\b"
+
+
+def torch_variables():
+    """The variables named in torch.distributed's launcher, agent and rendezvous sources."""
+    out = subprocess.run([harness.PYTHON, "-c", "import torch.distributed, os; "
+                          "print(os.path.dirname(torch.distributed.__file__))"],
+                         check=True, capture_output=True, text=True, timeout=120).stdout
+    root = out.strip().splitlines()[-1]
+    names = set()
+    for top in ["run.py", "elastic", "launcher"]:
+        for dirpath, _, files in os.walk(os.path.join(root, top)):
+            for name in files:
+                if name.endswith(".py"):
+                    with open(os.path.join(dirpath, name)) as f:
+                        names.update(re.findall(TORCH_VARIABLE, f.read()))
+        if top == "run.py":
+            with open(os.path.join(root, top)) as f:
+                names.update(re.findall(TORCH_VARIABLE, f.read()))
+    return names
 
 
 def torchrun_options():
@@ -44,6 +85,17 @@ class TorchrunOptionsTest(ElrunTestCase):
                               % option)
             self.assertIn("PET_" + dest.upper(), result.out,
                           "expected PET_%s for torchrun's --%s" % (dest.upper(), dest))
+
+    def test_every_variable_torchrun_reads_is_handled_and_documented(self):
+        found = torch_variables()
+        self.assertIn("TORCHELASTIC_ENABLE_FILE_TIMER", found, "expected to read torch's sources")
+        self.assertEqual(sorted(found - set(TORCH_VARIABLES)), [],
+                         "torch reads variables this test (and elrun) does not know")
+        readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
+        with open(readme) as f:
+            text = f.read()
+        self.assertEqual([v for v in TORCH_VARIABLES if "`%s`" % v not in text], [],
+                         "expected the README to say what elrun does with each")
 
     @harness.elrun_only("elrun's line about --numa-binding on a machine without GPUs")
     def test_numa_binding_without_gpus_runs_unbound_with_one_line(self):

@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <csignal>
+
 namespace elrun {
 namespace {
 
@@ -22,6 +24,7 @@ JobSpec TwoNodesOfThree() {
   spec.node_rank = 1;
   spec.max_restarts = 4;
   spec.role = "trainer";
+  spec.signals_to_handle = {SIGTERM, SIGUSR1};
   return spec;
 }
 
@@ -46,12 +49,13 @@ TEST_CASE("every variable of the contract, static backend, node 1 of 2") {
   CHECK(env["TORCHELASTIC_RUN_ID"] == "job42");
   CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "False");
   CHECK(env["TORCHELASTIC_ERROR_FILE"] == "/logs/e.json");
+  CHECK(env["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGUSR1");
   CHECK(env["NCCL_ASYNC_ERROR_HANDLING"] == "1");
   CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
   CHECK(env["OMP_NUM_THREADS"] == "1");
   CHECK(env["PATH"] == "/bin");
   CHECK(env["HOME"] == "/root");
-  CHECK(env.size() == 21);
+  CHECK(env.size() == 22);
 }
 
 TEST_CASE("contract variables override inherited ones") {

@@ -96,6 +96,21 @@ TEST_CASE("no restarts left: exit 1 with the first failure as root cause") {
   CHECK(failures[1].status == ExitStatus::Signaled(SIGTERM));
 }
 
+TEST_CASE("a worker elrun signalled (the FileTimer watchdog) fails with that cause") {
+  Harness h(2, 0);
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(2);
+  h.supervisor.NoteSignalled(pids[0], "FileTimer watchdog: timer step of pid 7 expired; sent SIGKILL");
+  h.supervisor.NoteSignalled(12345, "not a worker: ignored");
+  h.End(pids[0], ExitStatus::Signaled(SIGKILL));
+  h.End(pids[1], ExitStatus::Signaled(SIGTERM));
+  const auto& failures = h.supervisor.failures();
+  REQUIRE(failures.size() == 2);
+  CHECK(failures[0].cause == "FileTimer watchdog: timer step of pid 7 expired; sent SIGKILL");
+  CHECK_FALSE(failures[0].stopped_by_elrun);
+  CHECK(failures[1].cause.empty());
+}
+
 TEST_CASE("a worker that exits 0 while being stopped is not a failure") {
   Harness h(2, 0);
   h.supervisor.Start();
