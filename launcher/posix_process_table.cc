@@ -8,6 +8,9 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 
 #include <cerrno>
 #include <csignal>
@@ -165,6 +168,12 @@ int ExecWorker(void* raw) {
   ::_exit(127);
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+void UnpoisonStack(void* stack, size_t size) { __asan_unpoison_memory_region(stack, size); }
+#else
+void UnpoisonStack(void*, size_t) {}
+#endif
+
 // Starts a child like posix_spawn does: clone(CLONE_VM | CLONE_VFORK) suspends the launcher
 // until the child has exec'd (or failed to), without copying the launcher's page tables.
 // Returns the pid, or -1 with errno set.
@@ -176,6 +185,9 @@ pid_t CloneAndExec(ChildArgs* args) {
   pid_t pid = ::clone(ExecWorker, static_cast<char*>(stack) + kStackSize,
                       CLONE_VM | CLONE_VFORK | SIGCHLD, args);
   int saved = errno;
+  // The child's frames end in execve or _exit, never by returning, so their ASan poison stays
+  // in the shadow (shared through CLONE_VM) and would fault the next child mapped here.
+  UnpoisonStack(stack, kStackSize);
   ::munmap(stack, kStackSize);
   errno = saved;
   return pid;
