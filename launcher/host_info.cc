@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <ifaddrs.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -104,16 +105,16 @@ std::string AddressText(const sockaddr* addr) {
 
 }  // namespace
 
-bool IsLocalHost(const std::string& host) {
-  if (host == "localhost" || host == HostName()) return true;
-  sockaddr_storage addr;
-  socklen_t len;
-  if (!ParseAddress(host, &addr, &len)) return false;
-  if (addr.ss_family == AF_INET &&
-      (ntohl(reinterpret_cast<sockaddr_in*>(&addr)->sin_addr.s_addr) >> 24) == 127) {
+namespace {
+
+// A loopback address or one of this machine's interfaces.
+bool IsLocalAddress(const sockaddr* addr) {
+  if (addr->sa_family == AF_INET &&
+      (ntohl(reinterpret_cast<const sockaddr_in*>(addr)->sin_addr.s_addr) >> 24) == 127) {
     return true;
   }
-  std::string canonical = AddressText(reinterpret_cast<sockaddr*>(&addr));
+  std::string canonical = AddressText(addr);
+  if (canonical.empty()) return false;
   if (canonical == "::1") return true;
   ifaddrs* interfaces = nullptr;
   if (::getifaddrs(&interfaces) != 0) return false;
@@ -122,6 +123,26 @@ bool IsLocalHost(const std::string& host) {
     if (it->ifa_addr != nullptr && AddressText(it->ifa_addr) == canonical) local = true;
   }
   ::freeifaddrs(interfaces);
+  return local;
+}
+
+}  // namespace
+
+bool IsLocalHost(const std::string& host) {
+  if (host == "localhost" || host == HostName()) return true;
+  sockaddr_storage addr;
+  socklen_t len;
+  if (ParseAddress(host, &addr, &len)) return IsLocalAddress(reinterpret_cast<sockaddr*>(&addr));
+  // A name (a Slurm node name, an /etc/hosts alias): local when every address it resolves to
+  // is, as torchrun matches the endpoint against this machine.
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
+  bool local = found != nullptr;
+  for (addrinfo* it = found; it != nullptr && local; it = it->ai_next) local = IsLocalAddress(it->ai_addr);
+  ::freeaddrinfo(found);
   return local;
 }
 

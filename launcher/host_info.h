@@ -23,8 +23,9 @@ std::string RandomRunId();
 
 std::string HostName();
 
-// True when `host` names this machine: localhost, a loopback address, this host's name, or the
-// literal address of one of its interfaces. Never resolves names through DNS.
+// True when `host` names this machine: localhost, this host's name, a loopback address or the
+// address of one of its interfaces, or another name (an /etc/hosts alias, a Slurm node name)
+// that resolves only to such addresses. The client resolves the same name to connect anyway.
 bool IsLocalHost(const std::string& host);
 
 // This machine's address on the route to host:port (a UDP connect, which sends nothing), as a
