@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
   }
   const elrun::JobSpec& spec = parsed->spec;
   elrun::SetUpLogging(env);
+  if (!parsed->slurm_note.empty()) spdlog::info("{}", parsed->slurm_note);
 
   std::optional<elrun::RdzvSettings> rdzv;
   if (NeedsRendezvous(spec)) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "launcher/numa_binding.h"
+#include "launcher/slurm_env.h"
 
 namespace elrun {
 namespace {
@@ -336,7 +337,25 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string
     }
   }
 
+  // Under Slurm, what the command line and PET_ left unset comes from SLURM_* (not with
+  // --standalone, which is a job of this node alone).
   ParsedCommandLine parsed;
+  if (!resolved.Flag("standalone")) {
+    auto slurm = SlurmValues([&env](const std::string& name) { return env(name); });
+    if (!slurm.ok()) return absl::InvalidArgumentError(absl::StrCat("Slurm: ", slurm.status().message()));
+    std::vector<std::string> taken;
+    for (const SlurmValue& v : *slurm) {
+      if (resolved.explicitly_set.count(v.option)) continue;
+      resolved.values[v.option] = v.value;
+      resolved.sources[v.option] = v.source;
+      resolved.explicitly_set.insert(v.option);
+      taken.push_back(absl::StrCat("--", v.option, " ", v.value, " (", v.source, ")"));
+    }
+    if (!taken.empty()) {
+      parsed.slurm_note = absl::StrCat("from Slurm job ", env("SLURM_JOB_ID").value_or("?"), ": ",
+                                       absl::StrJoin(taken, ", "));
+    }
+  }
   absl::Status status = BuildSpec(resolved, rest, devices, &parsed.spec);
   if (!status.ok()) return status;
   parsed.spec.log_line_prefix_template = env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");

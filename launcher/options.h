@@ -23,6 +23,8 @@ struct ParsedCommandLine {
   // Set when --help was asked for: print it and exit 0; `spec` is then meaningless.
   std::optional<std::string> help;
   JobSpec spec;
+  // Under Slurm: one line saying which options came from SLURM_* variables; empty otherwise.
+  std::string slurm_note;
 };
 
 // Parses args (without argv[0]). On bad input returns InvalidArgument whose message is one line

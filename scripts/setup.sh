@@ -27,6 +27,8 @@ PACKAGES=(
   openssl libssl-dev
   # The rendezvous fuzzer (tests/fuzz): clang with libFuzzer and the sanitizer runtimes.
   clang libclang-rt-14-dev
+  # A real Slurm for tests/integration/slurm_test.py: controller, node daemons, srun, munge.
+  slurmctld slurmd slurm-client munge
 )
 
 missing=()

@@ -5,6 +5,8 @@
 #include <csignal>
 #include <map>
 
+#include "launcher/slurm_env.h"
+
 namespace elrun {
 namespace {
 
@@ -64,6 +66,36 @@ TEST_CASE("--numa-binding takes torchrun's four modes, under both spellings and 
   CHECK(MustParse({"x.py"}, FakeEnv{{{"PET_NUMA_BINDING", "exclusive"}}}).numa_binding == "exclusive");
   CHECK(ErrorOf({"--numa-binding", "numa", "x.py"}).find("expected node, socket, exclusive or core-complex") !=
         std::string::npos);
+}
+
+TEST_CASE("under srun the topology comes from Slurm; flags and PET_ win") {
+  FakeEnv slurm{{{"SLURM_JOB_ID", "77"},
+                 {"SLURM_STEP_ID", "0"},
+                 {"SLURM_NNODES", "2"},
+                 {"SLURM_NODEID", "1"},
+                 {"SLURM_JOB_NODELIST", "n[1-2]"}}};
+  auto parsed = Parse({"x.py"}, slurm);
+  REQUIRE(parsed.ok());
+  CHECK(parsed->spec.min_nodes == 2);
+  CHECK(parsed->spec.max_nodes == 2);
+  CHECK(parsed->spec.node_rank == 1);
+  CHECK(parsed->spec.rdzv_backend == "c10d");
+  CHECK(parsed->spec.rdzv_endpoint == "n1:" + std::to_string(SlurmRendezvousPort(77, 0)));
+  CHECK(parsed->spec.rdzv_id == "slurm-77.0");
+  CHECK(parsed->slurm_note.rfind("from Slurm job 77: --nnodes 2 (SLURM_NNODES), --node-rank 1 (SLURM_NODEID), ", 0) == 0);
+
+  slurm.vars["PET_RDZV_ID"] = "mine";
+  JobSpec spec = MustParse({"--rdzv-endpoint", "head:5000", "--nnodes", "2", "x.py"}, slurm);
+  CHECK(spec.rdzv_endpoint == "head:5000");
+  CHECK(spec.rdzv_id == "mine");
+  CHECK(spec.node_rank == 1);  // Not given: still Slurm's.
+  CHECK(MustParse({"--standalone", "x.py"}, slurm).max_nodes == 1);  // Standalone ignores Slurm.
+
+  slurm.vars["SLURM_JOB_NODELIST"] = "n[1-2";
+  auto bad = Parse({"x.py"}, slurm);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message()) ==
+        "Slurm: SLURM_JOB_NODELIST: bad hostlist 'n[1-2': unbalanced or nested brackets");
 }
 
 TEST_CASE("both spellings and = form") {
