@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "agent/group_ranks.h"
 #include "agent/session_auth.h"
@@ -140,6 +141,14 @@ void Coordinator::Welcome(SessionId id, Session& session, const v1::Join& join) 
 
 absl::Status Coordinator::OnMessage(SessionId id, const v1::AgentMessage& message, TimePoint now) {
   std::lock_guard<std::mutex> lock(mu_);
+  absl::Status status = HandleMessage(id, message, now);
+  if (!status.ok()) {
+    ++counters_.refused[absl::AsciiStrToLower(absl::StatusCodeToString(status.code()))];
+  }
+  return status;
+}
+
+absl::Status Coordinator::HandleMessage(SessionId id, const v1::AgentMessage& message, TimePoint now) {
   auto session = sessions_.find(id);
   if (session == sessions_.end()) return absl::NotFoundError("unknown session");
   if (message.has_join()) return HandleJoin(id, session->second, message.join(), now);
@@ -272,8 +281,10 @@ absl::Status Coordinator::HandleWorkersEnded(Job& job, Node& node, const v1::Wor
   }
   std::string detail = absl::StrCat("node ", node.node_id, " (group rank ", node.group_rank, "): ",
                                     ended.failure());
+  job.last_failure = detail;
   if (job.restart_count < job.settings.max_restarts()) {
     ++job.restart_count;
+    ++counters_.restarts;
     EndRound(job, v1::RoundEnded::WORKER_FAILED, detail, now);
   } else {
     EndJob(job, false, absl::StrCat(detail, "; no restarts left (max_restarts ",
@@ -336,6 +347,7 @@ void Coordinator::CompleteRound(Job& job, TimePoint now) {
   }
 
   ++job.round;
+  ++counters_.rounds_started;
   job.phase = Phase::kRunning;
   job.last_call_deadline.reset();
   job.scale_up_at.reset();
@@ -393,6 +405,8 @@ void Coordinator::EndRound(Job& job, v1::RoundEnded::Reason reason, const std::s
 }
 
 void Coordinator::EndJob(Job& job, bool success, const std::string& detail, TimePoint now) {
+  ++(success ? counters_.jobs_succeeded : counters_.jobs_failed);
+  if (!success) job.last_failure = detail;
   job.phase = Phase::kDone;
   job.last_call_deadline.reset();
   job.scale_up_at.reset();
@@ -438,8 +452,9 @@ void Coordinator::RemoveNode(const std::string& run_id, SessionId id, const std:
       if (all && Count(*job, NodeState::kActive) > 0) EndJob(*job, true, "all workers succeeded", now);
       return;
     }
-    EndRound(*job, v1::RoundEnded::NODE_LOST,
-             absl::StrCat("node ", node.node_id, " (group rank ", node.group_rank, ") lost: ", why), now);
+    ++counters_.node_losses;
+    job->last_failure = absl::StrCat("node ", node.node_id, " (group rank ", node.group_rank, ") lost: ", why);
+    EndRound(*job, v1::RoundEnded::NODE_LOST, job->last_failure, now);
     return;
   }
   MaybeCompleteRound(*job, now);
@@ -471,7 +486,7 @@ void Coordinator::TickJob(const std::string& run_id, TimePoint now) {
       Evict(run_id, ids,
             absl::DeadlineExceededError(absl::StrCat("run ", run_id, " ended ", job->settings.close_timeout_ms(),
                                                      " ms ago (close_timeout); closing")),
-            "the job ended", now);
+            "the job ended", "job_ended", now);
     }
     return;
   }
@@ -483,7 +498,7 @@ void Coordinator::TickJob(const std::string& run_id, TimePoint now) {
   Evict(run_id, hung,
         absl::UnavailableError(absl::StrCat("no heartbeat for ", job->settings.heartbeat_timeout_ms(),
                                             " ms: removed from run ", run_id)),
-        "no heartbeat", now);
+        "no heartbeat", "no_heartbeat", now);
   job = FindJob(run_id);
   if (job == nullptr) return;
   if (job->phase == Phase::kRunning) {
@@ -506,7 +521,7 @@ void Coordinator::TickJob(const std::string& run_id, TimePoint now) {
     Evict(run_id, stuck,
           absl::DeadlineExceededError(absl::StrCat("did not rejoin run ", run_id, " within join_timeout ",
                                                    job->settings.join_timeout_ms(), " ms")),
-          "did not rejoin", now);
+          "did not rejoin", "did_not_rejoin", now);
     job = FindJob(run_id);
     if (job == nullptr || job->phase != Phase::kGathering) return;
   }
@@ -521,7 +536,9 @@ void Coordinator::TickJob(const std::string& run_id, TimePoint now) {
 }
 
 void Coordinator::Evict(const std::string& run_id, const std::vector<SessionId>& ids,
-                        const absl::Status& status, const std::string& why, TimePoint now) {
+                        const absl::Status& status, const std::string& why, const char* reason,
+                        TimePoint now) {
+  if (!ids.empty()) counters_.evictions[reason] += ids.size();
   for (SessionId id : ids) {
     auto session = sessions_.find(id);
     if (session != sessions_.end()) {
@@ -574,6 +591,38 @@ std::optional<JobView> Coordinator::View(const std::string& run_id) const {
   view.wait_listed = Count(job, NodeState::kWaitListed);
   view.stopping = Count(job, NodeState::kStopping);
   return view;
+}
+
+CoordinatorSnapshot Coordinator::Snapshot() const {
+  static const char* const kPhases[] = {"gathering", "running", "done"};
+  static const char* const kStates[] = {"pending", "wait_listed", "active", "stopping", "done"};
+  std::lock_guard<std::mutex> lock(mu_);
+  CoordinatorSnapshot snapshot;
+  snapshot.counters = counters_;
+  snapshot.sessions = sessions_.size();
+  for (const auto& [run_id, job] : jobs_) {
+    JobStatus status;
+    status.run_id = run_id;
+    status.phase = kPhases[static_cast<int>(job.phase)];
+    status.round = job.round;
+    status.restart_count = job.restart_count;
+    status.settings = job.settings;
+    status.last_failure = job.last_failure;
+    std::vector<const Node*> nodes;
+    for (const auto& [id, node] : job.nodes) nodes.push_back(&node);
+    std::stable_sort(nodes.begin(), nodes.end(), [](const Node* a, const Node* b) {
+      bool a_placed = a->group_rank >= 0;
+      bool b_placed = b->group_rank >= 0;
+      if (a_placed != b_placed) return a_placed;
+      return a_placed ? a->group_rank < b->group_rank : a->join_order < b->join_order;
+    });
+    for (const Node* node : nodes) {
+      status.nodes.push_back({node->node_id, kStates[static_cast<int>(node->state)], node->group_rank,
+                              node->nproc, node->master_addr});
+    }
+    snapshot.jobs.push_back(std::move(status));
+  }
+  return snapshot;
 }
 
 bool Coordinator::WaitUntilJobGone(const std::string& run_id,

@@ -55,6 +55,42 @@ struct JobView {
   int stopping = 0;
 };
 
+// What the coordinator has done since it started, for metrics.
+struct CoordinatorCounters {
+  uint64_t rounds_started = 0;
+  uint64_t restarts = 0;     // Worker failures that ended a round with a restart spent.
+  uint64_t node_losses = 0;  // Rounds ended because a node died, hung or left.
+  uint64_t jobs_succeeded = 0;
+  uint64_t jobs_failed = 0;
+  std::map<std::string, uint64_t> evictions;  // By reason: no_heartbeat, did_not_rejoin, job_ended.
+  std::map<std::string, uint64_t> refused;    // Messages refused, by status: invalid_argument, ...
+};
+
+// One node of a job as the status page shows it. Strings come from agents: escape them.
+struct NodeStatus {
+  std::string node_id;
+  std::string state;  // pending, wait_listed, active, stopping, done.
+  int group_rank = -1;
+  int nproc = 0;
+  std::string master_addr;
+};
+
+struct JobStatus {
+  std::string run_id;
+  std::string phase;  // gathering, running, done.
+  uint64_t round = 0;
+  int restart_count = 0;
+  v1::JobSettings settings;
+  std::string last_failure;  // The last worker failure or node loss; empty when none.
+  std::vector<NodeStatus> nodes;  // By group rank, then the others in join order.
+};
+
+struct CoordinatorSnapshot {
+  CoordinatorCounters counters;
+  size_t sessions = 0;
+  std::vector<JobStatus> jobs;  // By run id.
+};
+
 class Coordinator {
  public:
   // A session that sends no Join within `first_join_timeout` of opening is closed. With a
@@ -89,6 +125,8 @@ class Coordinator {
   std::optional<TimePoint> NextDeadline() const;
 
   std::optional<JobView> View(const std::string& run_id) const;
+  // Every job and node with the counters, taken under the lock at one instant.
+  CoordinatorSnapshot Snapshot() const;
   size_t job_count() const;
 
   // Blocks until no node of `run_id` is connected any more (the job is forgotten) or `deadline`
@@ -129,6 +167,7 @@ class Coordinator {
     uint64_t next_join_order = 0;
     std::map<SessionId, Node> nodes;  // By session.
     std::string run_key;  // Fixed by the run's first node; empty: an open run.
+    std::string last_failure;
   };
 
   struct Session {
@@ -147,6 +186,7 @@ class Coordinator {
   // Marks the session authenticated and sends its Welcome, the coordinator's own proof.
   void Welcome(SessionId id, Session& session, const v1::Join& join);
 
+  absl::Status HandleMessage(SessionId id, const v1::AgentMessage& message, TimePoint now);
   absl::Status HandleJoin(SessionId id, Session& session, const v1::Join& join, TimePoint now);
   absl::Status HandleWorkersEnded(Job& job, Node& node, const v1::WorkersEnded& ended);
   void MaybeCompleteRound(Job& job, TimePoint now);
@@ -156,7 +196,7 @@ class Coordinator {
   // Closes the sessions of a job's remaining nodes with `status` and forgets them, and the job
   // when nobody is left.
   void Evict(const std::string& run_id, const std::vector<SessionId>& ids, const absl::Status& status,
-             const std::string& why, TimePoint now);
+             const std::string& why, const char* reason, TimePoint now);
   void TickJob(const std::string& run_id, TimePoint now);
   // Removes a node that died or hung; reacts as the job's phase requires. May erase the job.
   void RemoveNode(const std::string& run_id, SessionId id, const std::string& why, TimePoint now);
@@ -171,6 +211,7 @@ class Coordinator {
   std::condition_variable job_gone_;  // Notified when a job is erased.
   std::map<SessionId, Session> sessions_;  // Guarded by mu_.
   std::map<std::string, Job> jobs_;        // Guarded by mu_.
+  CoordinatorCounters counters_;           // Guarded by mu_.
 };
 
 // Checks a Join's fields (sizes, ranges, protocol version) before it reaches any state.

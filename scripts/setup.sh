@@ -29,6 +29,8 @@ PACKAGES=(
   clang libclang-rt-14-dev
   # A real Slurm for tests/integration/slurm_test.py: controller, node daemons, srun, munge.
   slurmctld slurmd slurm-client munge
+  # A real browser for elrun-rdzv's status page (tests/integration/rdzv_status_test.py).
+  chromium
 )
 
 missing=()

@@ -489,6 +489,47 @@ TEST_CASE("a rejoining node keeps the key its session proved") {
   CHECK(h.Started(0).round() == 2);
 }
 
+TEST_CASE("the snapshot and counters: jobs, nodes by rank, restarts, losses, refusals, evictions") {
+  Harness h;
+  h.settings.set_max_restarts(1);
+  REQUIRE(h.Join(0, 2).ok());
+  REQUIRE(h.Join(1, 3).ok());
+  v1::AgentMessage bad;
+  *bad.mutable_join() = h.MakeJoin(5);
+  bad.mutable_join()->set_nproc(0);
+  h.Connect(5);
+  CHECK(h.Send(5, bad).code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(h.Ended(1, 1, false).ok());  // A restart.
+  REQUIRE(h.Join(0, 2).ok());
+  REQUIRE(h.Join(1, 3).ok());
+  CoordinatorSnapshot snapshot = h.coordinator.Snapshot();
+  CHECK(snapshot.counters.rounds_started == 2);
+  CHECK(snapshot.counters.restarts == 1);
+  CHECK(snapshot.counters.refused.at("invalid_argument") == 1);
+  CHECK(snapshot.sessions == 3);
+  REQUIRE(snapshot.jobs.size() == 1);
+  const JobStatus& job = snapshot.jobs[0];
+  CHECK(job.run_id == "job");
+  CHECK(job.phase == "running");
+  CHECK(job.round == 2);
+  CHECK(job.restart_count == 1);
+  CHECK(job.last_failure == "node node1 (group rank 1): local_rank 0 exit code 1");
+  REQUIRE(job.nodes.size() == 2);
+  CHECK(job.nodes[0].node_id == "node0");
+  CHECK(job.nodes[0].group_rank == 0);
+  CHECK(job.nodes[0].state == "active");
+  CHECK(job.nodes[1].nproc == 3);
+  CHECK(job.nodes[1].master_addr == "127.0.0.2");
+  // A hung node: evicted, and its loss ends the round.
+  h.Advance(milliseconds(4000));
+  REQUIRE(h.Heartbeat(0).ok());
+  h.Advance(milliseconds(1001));
+  snapshot = h.coordinator.Snapshot();
+  CHECK(snapshot.counters.evictions.at("no_heartbeat") == 1);
+  CHECK(snapshot.counters.node_losses == 1);
+  CHECK(snapshot.jobs[0].last_failure == "node node1 (group rank 1) lost: no heartbeat");
+}
+
 TEST_CASE("a job with nobody left is forgotten") {
   Harness h;
   REQUIRE(h.Join(0).ok());
