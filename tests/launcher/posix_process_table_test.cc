@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,29 +53,40 @@ struct Exit {
   ExitStatus status;
 };
 
-TEST_CASE("a worker's group is unregistered while its leader is still a zombie, then reaped") {
-  auto loop = EventLoop::Create();
-  REQUIRE(loop.ok());
+// A real table on its own loop, recording exits and unregistrations.
+struct Running {
+  std::unique_ptr<EventLoop> loop = [] {
+    auto created = EventLoop::Create();
+    REQUIRE(created.ok());
+    return *std::move(created);
+  }();
   RecordingRegistry registry;
   std::optional<Exit> exited;
-  PosixProcessTable table(loop->get(), &registry, {SIGTERM},
-                          [&](int pid, ExitStatus status) { exited = Exit{pid, status}; });
+  PosixProcessTable table{loop.get(), &registry, {SIGTERM},
+                          [this](int pid, ExitStatus status) { exited = Exit{pid, status}; }};
+
+  // Runs the loop until the worker's exit was reported (20 s at most).
+  void WaitExit() {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!exited && std::chrono::steady_clock::now() < deadline) REQUIRE(loop->RunOnce(deadline).ok());
+    REQUIRE(exited.has_value());
+  }
+};
+
+TEST_CASE("a worker's group is unregistered while its leader is still a zombie, then reaped") {
+  Running r;
   WorkerLaunch launch;
   launch.argv = {"/bin/sh", "-c", "exit 3"};
   launch.env = {"PATH=/usr/bin:/bin"};
-  auto pid = table.Spawn(launch);
+  auto pid = r.table.Spawn(launch);
   REQUIRE(pid.ok());
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!exited && std::chrono::steady_clock::now() < deadline) {
-    REQUIRE((*loop)->RunOnce(deadline).ok());
-  }
-  REQUIRE(exited.has_value());
-  CHECK(exited->pid == *pid);
-  CHECK(registry.Registered() == "+" + std::to_string(*pid) + "\n");
-  REQUIRE(registry.states.size() == 1);
-  CHECK(registry.states[0].first == *pid);
-  CHECK(registry.states[0].second == 'Z');  // Not yet reaped: the id is still ours.
-  CHECK(ProcessState(*pid) == '?');        // Reaped afterwards.
+  r.WaitExit();
+  CHECK(r.exited->pid == *pid);
+  CHECK(r.registry.Registered() == "+" + std::to_string(*pid) + "\n");
+  REQUIRE(r.registry.states.size() == 1);
+  CHECK(r.registry.states[0].first == *pid);
+  CHECK(r.registry.states[0].second == 'Z');  // Not yet reaped: the id is still ours.
+  CHECK(ProcessState(*pid) == '?');          // Reaped afterwards.
 }
 
 TEST_CASE("workers killed by the table's end are unregistered before they are reaped") {
@@ -98,24 +110,14 @@ TEST_CASE("workers killed by the table's end are unregistered before they are re
 
 // Runs `launch` to its end; returns what it wrote to stdout.
 std::string RunToEnd(WorkerLaunch launch, const std::string& name) {
-  auto loop = EventLoop::Create();
-  REQUIRE(loop.ok());
-  RecordingRegistry registry;
-  std::optional<Exit> exited;
-  PosixProcessTable table(loop->get(), &registry, {SIGTERM},
-                          [&](int pid, ExitStatus status) { exited = Exit{pid, status}; });
+  Running r;
   const char* tmp = std::getenv("TEST_TMPDIR");
   launch.out.target = StreamTarget::kFile;
   launch.out.path = std::string(tmp ? tmp : "/tmp") + "/" + name;
-  auto pid = table.Spawn(launch);
-  REQUIRE(pid.ok());
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!exited && std::chrono::steady_clock::now() < deadline) {
-    REQUIRE((*loop)->RunOnce(deadline).ok());
-  }
-  REQUIRE(exited.has_value());
-  CHECK(exited->status.code == 0);
-  CHECK(exited->status.signal == 0);
+  REQUIRE(r.table.Spawn(launch).ok());
+  r.WaitExit();
+  CHECK(r.exited->status.code == 0);
+  CHECK(r.exited->status.signal == 0);
   std::ifstream in(launch.out.path);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
