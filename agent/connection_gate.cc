@@ -74,7 +74,9 @@ class ConnectionGate::Relay {
  public:
   Relay(std::vector<int> listeners, int port, std::string backend, int max_connections, GateLimits limits)
       : listeners_(std::move(listeners)), port_(port), backend_(std::move(backend)),
-        max_connections_(max_connections), limits_(limits) {}
+        max_connections_(max_connections),
+        max_per_peer_(limits.max_per_peer > 0 ? limits.max_per_peer : std::max(64, max_connections / 8)),
+        limits_(limits) {}
 
   absl::Status Init() {
     epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
@@ -106,6 +108,7 @@ class ConnectionGate::Relay {
 
   int port() const { return port_; }
   int max_connections() const { return max_connections_; }
+  int max_per_peer() const { return max_per_peer_; }
   GateCounts counts() const {
     std::lock_guard<std::mutex> lock(mu_);
     return counts_;
@@ -170,7 +173,7 @@ class ConnectionGate::Relay {
   void Admit(int client, const std::string& peer) {
     int open = static_cast<int>(connections_.size() / 2);
     // Counted before the close, so that a peer that sees its end also sees the count.
-    if (open >= max_connections_ || per_peer_[peer] >= limits_.max_per_peer) {
+    if (open >= max_connections_ || per_peer_[peer] >= max_per_peer_) {
       Count([](GateCounts& c) { ++c.refused; });
       ::close(client);
       return;
@@ -295,6 +298,7 @@ class ConnectionGate::Relay {
   const int port_;
   const std::string backend_;
   const int max_connections_;
+  const int max_per_peer_;
   const GateLimits limits_;
   int epoll_ = -1;
   int wake_ = -1;
@@ -333,6 +337,7 @@ ConnectionGate::ConnectionGate(std::unique_ptr<Relay> relay) : relay_(std::move(
 ConnectionGate::~ConnectionGate() = default;
 int ConnectionGate::port() const { return relay_->port(); }
 int ConnectionGate::max_connections() const { return relay_->max_connections(); }
+int ConnectionGate::max_per_peer() const { return relay_->max_per_peer(); }
 GateCounts ConnectionGate::counts() const { return relay_->counts(); }
 
 int RaiseOpenFileLimit() {

@@ -21,7 +21,10 @@ struct GateLimits {
   // Open connections in all; 0: what the descriptor limit allows (3 descriptors a connection,
   // 256 kept for the rest of the process), at most 4096.
   int max_connections = 0;
-  int max_per_peer = 64;  // Open connections from one address.
+  // Open connections from one address; 0: max_connections / 8, at least 64. On one machine
+  // every agent comes from 127.0.0.1, and behind NAT a whole cluster comes from one address,
+  // so a fixed small number would shut out jobs larger than it.
+  int max_per_peer = 0;
   // A connection that sends nothing for this long after it was accepted is closed.
   std::chrono::milliseconds first_bytes_timeout{5000};
 };
@@ -48,6 +51,7 @@ class ConnectionGate {
 
   int port() const;
   int max_connections() const;
+  int max_per_peer() const;
   GateCounts counts() const;
 
   class Relay;

@@ -51,8 +51,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   app.add_option("--max-connections-per-peer", options.gate.max_per_peer,
-                 "open connections from one address")
-      ->check(CLI::Range(1, 1 << 20))
+                 "open connections from one address; 0: --max-connections / 8, at least 64")
+      ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   try {
     app.parse(argc, argv);

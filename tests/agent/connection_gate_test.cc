@@ -164,6 +164,17 @@ TEST_CASE("one address gets max_per_peer connections; others still get in") {
   ::close(other);
 }
 
+TEST_CASE("the per-address default scales with max_connections, at least 64") {
+  Fixture f;
+  GateLimits limits;
+  limits.max_connections = 4096;
+  CHECK(f.Start(limits)->max_per_peer() == 512);
+  limits.max_connections = 100;
+  CHECK(f.Start(limits)->max_per_peer() == 64);
+  limits.max_per_peer = 7;
+  CHECK(f.Start(limits)->max_per_peer() == 7);
+}
+
 TEST_CASE("beyond max_connections in all, a connection is closed at once") {
   Fixture f;
   GateLimits limits;

@@ -104,6 +104,17 @@ class FloodTest(RdzvTestCase):
                         % (FORM_BOUND_S, took))
         self.stop_daemon(daemon)
 
+    def test_a_job_of_80_nodes_on_one_machine_forms(self):
+        # Every agent comes from 127.0.0.1: a per-address limit of 64 kept 16 of them out, and
+        # the 64 inside waited for them until join_timeout.
+        daemon = self.start_daemon()
+        agents = [self.start_agent(1, daemon.port, nnodes=80, nproc=1, env={"LOGLEVEL": None})
+                  for _ in range(80)]
+        records = self.wait_workers(80, alive=agents, what="the 80 workers of the round")
+        self.assertEqual(sorted(r["rank"] for r in records), list(range(80)))
+        self.assertAllExit(agents, 0)
+        self.stop_daemon(daemon)
+
     def test_a_job_forms_while_one_address_floods(self):
         daemon = self.start_daemon(preexec_fn=limit_descriptors)
         self.flood(daemon.port, ["127.0.0.9"])
