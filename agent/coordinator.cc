@@ -103,6 +103,7 @@ Coordinator::Coordinator(Options options)
 void Coordinator::OnConnect(SessionId id, SessionSink* sink, TimePoint now) {
   std::lock_guard<std::mutex> lock(mu_);
   Session& session = sessions_[id] = Session{sink, "", now, false, nonce_(), false};
+  unjoined_.insert({now, id});
   v1::CoordinatorMessage challenge;
   challenge.mutable_challenge()->set_nonce(session.nonce);
   Send(id, challenge);
@@ -187,6 +188,7 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
     fresh.settings = join.settings();
     fresh.gathering_since = now;
     fresh.run_key = run_key;
+    fresh.seen_floor = now;
     job = &jobs_.emplace(join.run_id(), std::move(fresh)).first->second;
   } else if (job->run_key != run_key) {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -201,11 +203,10 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
   if (job->phase == Phase::kDone) {
     return absl::FailedPreconditionError(absl::StrCat("run ", join.run_id(), " has already ended"));
   }
-  for (const auto& [other_id, other] : job->nodes) {
-    if (other_id != id && other.node_id == join.node_id()) {
-      return absl::AlreadyExistsError(absl::StrCat("node ", join.node_id(), " is already in run ",
-                                                   join.run_id()));
-    }
+  auto same_id = job->node_ids.find(join.node_id());
+  if (same_id != job->node_ids.end() && same_id->second != id) {
+    return absl::AlreadyExistsError(absl::StrCat("node ", join.node_id(), " is already in run ",
+                                                 join.run_id()));
   }
 
   auto existing = job->nodes.find(id);
@@ -218,11 +219,14 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
     Welcome(id, session, join);
   }
   session.run_id = join.run_id();
+  unjoined_.erase({session.opened, id});
   Node& node = job->nodes[id];
   if (existing == job->nodes.end()) {
     node.session = id;
     node.node_id = join.node_id();
     node.join_order = job->next_join_order++;
+    job->node_ids[node.node_id] = id;
+    ++job->counts[static_cast<int>(NodeState::kPending)];  // A new Node starts pending.
   }
   node.nproc = join.nproc();
   node.role = join.role();
@@ -237,7 +241,7 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
     // ends for a scale-up at most once per last call, so that a node that joins and leaves
     // over and over cannot keep the job restarting.
     if (Count(*job, NodeState::kActive) < job->settings.max_nodes()) {
-      node.state = NodeState::kPending;
+      SetState(*job, node, NodeState::kPending);
       TimePoint due = job->round_started_at + Ms(job->settings.last_call_timeout_ms());
       if (now >= due) {
         EndRound(*job, v1::RoundEnded::NODE_JOINED, absl::StrCat("node ", node.node_id, " joined"), now);
@@ -248,14 +252,14 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
         Send(id, waiting);
       }
     } else {
-      node.state = NodeState::kWaitListed;
+      SetState(*job, node, NodeState::kWaitListed);
       v1::CoordinatorMessage waiting;
       waiting.mutable_waiting()->set_wait_listed(true);
       Send(id, waiting);
     }
     return absl::OkStatus();
   }
-  node.state = NodeState::kPending;
+  SetState(*job, node, NodeState::kPending);
   MaybeCompleteRound(*job, now);
   if (job->phase == Phase::kGathering && node.state == NodeState::kPending) {
     v1::CoordinatorMessage waiting;
@@ -327,7 +331,7 @@ void Coordinator::CompleteRound(Job& job, TimePoint now) {
   });
   if (static_cast<int>(joined.size()) > job.settings.max_nodes()) {
     for (size_t i = job.settings.max_nodes(); i < joined.size(); ++i) {
-      joined[i]->state = NodeState::kWaitListed;
+      SetState(job, *joined[i], NodeState::kWaitListed);
       joined[i]->group_rank = -1;
       v1::CoordinatorMessage waiting;
       waiting.mutable_waiting()->set_wait_listed(true);
@@ -375,7 +379,7 @@ void Coordinator::CompleteRound(Job& job, TimePoint now) {
     started->set_restart_count(job.restart_count);
     offset += node->nproc;
     role_offsets[node->role] += node->nproc;
-    node->state = NodeState::kActive;
+    SetState(job, *node, NodeState::kActive);
     node->succeeded = false;
     node->last_seen = std::max(node->last_seen, now);
     Send(node->session, message);
@@ -391,10 +395,10 @@ void Coordinator::EndRound(Job& job, v1::RoundEnded::Reason reason, const std::s
   ended->set_detail(detail);
   for (auto& [id, node] : job.nodes) {
     if (node.state == NodeState::kActive) {
-      node.state = NodeState::kStopping;
+      SetState(job, node, NodeState::kStopping);
       Send(id, message);
     } else if (node.state == NodeState::kWaitListed) {
-      node.state = NodeState::kPending;  // A place may be free in the next round.
+      SetState(job, node, NodeState::kPending);  // A place may be free in the next round.
     }
   }
   job.phase = Phase::kGathering;
@@ -415,7 +419,7 @@ void Coordinator::EndJob(Job& job, bool success, const std::string& detail, Time
   message.mutable_job_ended()->set_success(success);
   message.mutable_job_ended()->set_detail(detail);
   for (auto& [id, node] : job.nodes) {
-    node.state = NodeState::kDone;
+    SetState(job, node, NodeState::kDone);
     Send(id, message);
   }
 }
@@ -425,6 +429,7 @@ void Coordinator::OnDisconnect(SessionId id, TimePoint now) {
   auto session = sessions_.find(id);
   if (session == sessions_.end()) return;
   std::string run_id = session->second.run_id;
+  unjoined_.erase({session->second.opened, id});
   sessions_.erase(session);
   if (!run_id.empty()) RemoveNode(run_id, id, "its stream closed", now);
 }
@@ -437,6 +442,9 @@ void Coordinator::RemoveNode(const std::string& run_id, SessionId id, const std:
   if (it == job->nodes.end()) return;
   Node node = it->second;
   job->nodes.erase(it);
+  --job->counts[static_cast<int>(node.state)];
+  auto by_id = job->node_ids.find(node.node_id);
+  if (by_id != job->node_ids.end() && by_id->second == id) job->node_ids.erase(by_id);
   if (job->nodes.empty()) {
     jobs_.erase(run_id);  // Nobody left: a later Join with this run id starts a new job.
     job_gone_.notify_all();
@@ -463,12 +471,12 @@ void Coordinator::RemoveNode(const std::string& run_id, SessionId id, const std:
 void Coordinator::Tick(TimePoint now) {
   std::lock_guard<std::mutex> lock(mu_);
   // Sessions that never joined (a client that opened a stream and went quiet) are closed.
-  for (auto& [id, session] : sessions_) {
-    if (session.run_id.empty() && !session.closing && now >= session.opened + first_join_timeout_) {
-      session.closing = true;
-      session.sink->Close(absl::DeadlineExceededError(
-          absl::StrCat("no Join within ", first_join_timeout_.count(), " ms of opening the session")));
-    }
+  while (!unjoined_.empty() && now >= unjoined_.begin()->first + first_join_timeout_) {
+    Session& session = sessions_.at(unjoined_.begin()->second);
+    unjoined_.erase(unjoined_.begin());
+    session.closing = true;
+    session.sink->Close(absl::DeadlineExceededError(
+        absl::StrCat("no Join within ", first_join_timeout_.count(), " ms of opening the session")));
   }
   std::vector<std::string> run_ids;
   for (const auto& [run_id, job] : jobs_) run_ids.push_back(run_id);
@@ -492,9 +500,15 @@ void Coordinator::TickJob(const std::string& run_id, TimePoint now) {
   }
   // Hung or cut-off agents: evicted, as if their stream had closed.
   std::vector<SessionId> hung;
+  std::optional<TimePoint> floor;
   for (const auto& [id, node] : job->nodes) {
-    if (now - node.last_seen > Ms(job->settings.heartbeat_timeout_ms())) hung.push_back(id);
+    if (now - node.last_seen > Ms(job->settings.heartbeat_timeout_ms())) {
+      hung.push_back(id);
+    } else if (!floor || node.last_seen < *floor) {
+      floor = node.last_seen;
+    }
   }
+  job->seen_floor = floor.value_or(now);
   Evict(run_id, hung,
         absl::UnavailableError(absl::StrCat("no heartbeat for ", job->settings.heartbeat_timeout_ms(),
                                             " ms: removed from run ", run_id)),
@@ -556,17 +570,15 @@ std::optional<TimePoint> Coordinator::NextDeadline() const {
   auto consider = [&next](TimePoint t) {
     if (!next || t < *next) next = t;
   };
-  for (const auto& [id, session] : sessions_) {
-    if (session.run_id.empty() && !session.closing) consider(session.opened + first_join_timeout_);
-  }
+  if (!unjoined_.empty()) consider(unjoined_.begin()->first + first_join_timeout_);
   for (const auto& [run_id, job] : jobs_) {
     if (job.phase == Phase::kDone) {
       consider(*job.ended_at + Ms(job.settings.close_timeout_ms()));
       continue;
     }
     if (job.scale_up_at) consider(*job.scale_up_at);
-    for (const auto& [id, node] : job.nodes) {
-      consider(node.last_seen + Ms(job.settings.heartbeat_timeout_ms()) + std::chrono::milliseconds(1));
+    if (!job.nodes.empty()) {
+      consider(job.seen_floor + Ms(job.settings.heartbeat_timeout_ms()) + std::chrono::milliseconds(1));
     }
     if (job.phase == Phase::kGathering) {
       if (job.last_call_deadline) consider(*job.last_call_deadline);
@@ -642,9 +654,13 @@ void Coordinator::Send(SessionId id, const v1::CoordinatorMessage& message) {
 }
 
 int Coordinator::Count(const Job& job, NodeState state) const {
-  int n = 0;
-  for (const auto& [id, node] : job.nodes) n += node.state == state ? 1 : 0;
-  return n;
+  return job.counts[static_cast<int>(state)];
+}
+
+void Coordinator::SetState(Job& job, Node& node, NodeState state) {
+  --job.counts[static_cast<int>(node.state)];
+  ++job.counts[static_cast<int>(state)];
+  node.state = state;
 }
 
 Coordinator::Job* Coordinator::FindJob(const std::string& run_id) {

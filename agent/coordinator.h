@@ -168,6 +168,12 @@ class Coordinator {
     std::map<SessionId, Node> nodes;  // By session.
     std::string run_key;  // Fixed by the run's first node; empty: an open run.
     std::string last_failure;
+    // Kept as nodes come, go and change state, so that a Join costs O(log N), not O(N).
+    std::map<std::string, SessionId> node_ids;
+    int counts[5] = {0, 0, 0, 0, 0};  // Nodes by NodeState.
+    // No node's last_seen is earlier: the heartbeat deadline NextDeadline reports is at most
+    // early (Tick then finds nothing due and makes it exact), never late.
+    TimePoint seen_floor;
   };
 
   struct Session {
@@ -202,6 +208,7 @@ class Coordinator {
   void RemoveNode(const std::string& run_id, SessionId id, const std::string& why, TimePoint now);
   void Send(SessionId id, const v1::CoordinatorMessage& message);
   int Count(const Job& job, NodeState state) const;
+  static void SetState(Job& job, Node& node, NodeState state);
   Job* FindJob(const std::string& run_id);
 
   const std::chrono::milliseconds first_join_timeout_;
@@ -210,6 +217,8 @@ class Coordinator {
   mutable std::mutex mu_;
   std::condition_variable job_gone_;  // Notified when a job is erased.
   std::map<SessionId, Session> sessions_;  // Guarded by mu_.
+  // Sessions not joined and not closing, by the time they opened. Guarded by mu_.
+  std::set<std::pair<TimePoint, SessionId>> unjoined_;
   std::map<std::string, Job> jobs_;        // Guarded by mu_.
   CoordinatorCounters counters_;           // Guarded by mu_.
 };

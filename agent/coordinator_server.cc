@@ -72,11 +72,16 @@ class Ticker {
   }
 
  private:
+  // Sleeps until the coordinator's next deadline, recomputed after every wake (a message
+  // may have brought one closer); Tick runs only when a deadline is due. Both walk every node,
+  // so wakes that come while they run are served by one pass, not one each.
   void Run() {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
       uint64_t seen = generation_;
+      lock.unlock();
       std::optional<TimePoint> next = coordinator_->NextDeadline();
+      lock.lock();
       auto woken = [&] { return stop_ || generation_ != seen; };
       if (next) {
         cv_.wait_until(lock, *next, woken);
@@ -84,6 +89,7 @@ class Ticker {
         cv_.wait(lock, woken);
       }
       if (stop_) break;
+      if (!next || std::chrono::steady_clock::now() < *next) continue;
       lock.unlock();
       coordinator_->Tick(std::chrono::steady_clock::now());
       lock.lock();
@@ -108,6 +114,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
       : coordinator_(coordinator), ticker_(ticker), id_(id) {
     connected_ = true;
     coordinator_->OnConnect(id_, this, std::chrono::steady_clock::now());
+    ticker_->Wake();  // Its first-Join deadline may be the earliest.
     StartRead(&incoming_);
   }
 
@@ -121,7 +128,8 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     absl::Status status = Parse(incoming_, &message);
     if (status.ok()) {
       status = coordinator_->OnMessage(id_, message, std::chrono::steady_clock::now());
-      ticker_->Wake();
+      // A heartbeat only moves its node's deadline later: no need to recompute the next one.
+      if (!message.has_heartbeat()) ticker_->Wake();
     }
     if (!status.ok()) {
       Disconnect();

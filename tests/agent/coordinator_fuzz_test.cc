@@ -121,6 +121,17 @@ class Fuzzer {
   }
 
   Snapshot Take() {
+    // The counts the coordinator keeps as nodes change state equal a recount of its nodes.
+    for (const JobStatus& job : coordinator_.Snapshot().jobs) {
+      std::map<std::string, int> recount;
+      for (const NodeStatus& node : job.nodes) ++recount[node.state];
+      auto v = coordinator_.View(job.run_id);
+      REQUIRE(v.has_value());
+      CHECK(v->active == recount["active"]);
+      CHECK(v->pending == recount["pending"]);
+      CHECK(v->wait_listed == recount["wait_listed"]);
+      CHECK(v->stopping == recount["stopping"]);
+    }
     Snapshot s;
     s.jobs = coordinator_.job_count();
     for (const char* run_id : {"a", "b"}) {
