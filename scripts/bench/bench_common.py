@@ -1,16 +1,20 @@
-"""Helpers shared by the benchmarks in this directory (launcher_bench.py, rdzv_bench.py).
+"""Helpers shared by every benchmark in this directory.
 
-Python stdlib only. Paths, the clean environment for launchers, process-group kills, retries,
-machine load accounting (CPU used by other processes), machine description and small formatting
-helpers.
+Python stdlib (matplotlib only where a plot is written). Paths, the clean environment for
+launchers, process-group kills, retries, machine load accounting (CPU used by other processes),
+machine description, the options every benchmark has, private copies of the binaries, the plot
+epilogue and small formatting helpers.
 """
+import contextlib
 import hashlib
 import os
 import platform
 import signal
 import statistics
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -283,3 +287,81 @@ def stop_launcher(proc, tag_var, tag):
     kill_group(proc.pid)
     proc.wait()
     return kill_tagged(tag_var, tag)
+
+
+# --- options, binaries and plots shared by the benchmarks ------------------------------------
+
+def add_output_options(ap, png_default, png_help="plot to write", json_help="also write the raw samples to this file"):
+    """--png and --json."""
+    ap.add_argument("--png", default=png_default, help=png_help + " (default: %(default)s)")
+    ap.add_argument("--json", help=json_help)
+
+
+def add_run_options(ap, timeout, torchrun_timeout=None, retries=None, wait_idle_help=None):
+    """--timeout, and, when given defaults, --torchrun-timeout and --retries; --wait-idle."""
+    ap.add_argument("--timeout", type=float, default=timeout,
+                    help="seconds before one elrun run is killed (default %(default)s)")
+    if torchrun_timeout is not None:
+        ap.add_argument("--torchrun-timeout", type=float, default=torchrun_timeout,
+                        help="seconds before one torchrun run is killed (default %(default)s)")
+    if retries is not None:
+        ap.add_argument("--retries", type=int, default=retries,
+                        help="times a failed run is retried before its case is marked failed "
+                             "(default %(default)s)")
+    ap.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
+                    help=wait_idle_help or "before the warm-ups and before each round, wait up to "
+                    "SECONDS until other processes use < 10%% of the CPUs (default 0: do not wait)")
+
+
+@contextlib.contextmanager
+def private_copies(args, name, binaries):
+    """A private TMPDIR, removed at the end (launchers make a log directory per run under it),
+    holding copies of the binaries taken now, so that a rebuild during the benchmark cannot mix
+    builds. `binaries`: {attribute: file name}; each copy's path goes to args.<attribute>_copy."""
+    tmp = tempfile.mkdtemp(prefix=name + ".")
+    os.environ["TMPDIR"] = tmp
+    tempfile.tempdir = tmp
+    try:
+        os.makedirs(os.path.join(tmp, "bin"))
+        for attribute, file_name in binaries.items():
+            setattr(args, attribute + "_copy",
+                    shutil.copy2(getattr(args, attribute), os.path.join(tmp, "bin", file_name)))
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path, dpi=110):
+    """The plot epilogue: lay out, write `path`, free the figure."""
+    plt = pyplot()
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+class CaseState:
+    """What one benchmark case collects: its samples, the messages of failed runs that were
+    retried, the error that failed it, or why it was not run (`missing`)."""
+
+    def __init__(self, missing=None):
+        self.missing = missing
+        self.samples = []
+        self.failures = []
+        self.error = None
+
+    @property
+    def status(self):
+        """None when the case ran; else the text its table row shows instead of figures."""
+        if self.missing:
+            return self.missing
+        if self.error:
+            return "FAILED: " + self.error
+        return None

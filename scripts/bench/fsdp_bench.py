@@ -34,8 +34,6 @@ import os
 import re
 import select
 import shlex
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -454,9 +452,7 @@ def report(args, runs, summary, info, load, elapsed):
 
 
 def plot(args, summary, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = bench_common.pyplot()
 
     names = [s for s in args.strategies if s in summary]
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.8))
@@ -509,9 +505,7 @@ def plot(args, summary, path):
         ax.set_xticklabels(names, fontsize=9)
     fig.suptitle(f"elrun-train strategies: MLP of {args.params / 1e6:.1f}M params, Adam, "
                  f"{args.nproc} ranks × batch {args.batch_size} × 1 thread", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    bench_common.save_figure(fig, path)
 
 
 def main():
@@ -532,8 +526,8 @@ def main():
                          "step time into first and steady-state steps)")
     ap.add_argument("--timeout", type=float, default=600,
                     help="seconds before one run is killed, which fails the benchmark (600)")
-    ap.add_argument("--png", default=DEFAULT_PNG, help="chart to write (default: %(default)s)")
-    ap.add_argument("--json", help="also write every run's records to this file")
+    bench_common.add_output_options(ap, DEFAULT_PNG, png_help="chart to write",
+                                    json_help="also write every run's records to this file")
     ap.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
                     help="before each round, wait up to SECONDS until, for --quiet seconds in a "
                          "row, other processes used < 10%% of the CPUs and no other "
@@ -565,21 +559,12 @@ def main():
     if avail is not None and need > avail:
         log(f"warning: the runs may need ~{need:.0f} MiB; MemAvailable is {avail:.0f} MiB")
 
-    # Launchers make a log directory per run under $TMPDIR: a private one, removed at the end.
-    tmp = tempfile.mkdtemp(prefix="fsdp_bench.")
-    os.environ["TMPDIR"] = tmp
-    tempfile.tempdir = tmp
     try:
-        # Run copies taken now, so that a rebuild during the benchmark cannot mix builds.
-        os.makedirs(os.path.join(tmp, "bin"))
-        args.elrun_copy = shutil.copy2(args.elrun, os.path.join(tmp, "bin", "elrun"))
-        args.train_copy = shutil.copy2(args.train, os.path.join(tmp, "bin", "elrun-train"))
-        return run(args)
+        with bench_common.private_copies(args, "fsdp_bench", {"elrun": "elrun", "train": "elrun-train"}):
+            return run(args)
     except RunError as ex:
         log(f"fsdp_bench: FAILED: {ex}")
         return 1
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def run(args):

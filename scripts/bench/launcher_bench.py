@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 
+import bench_common
 from bench_common import (HERE, PYTHON, REPO, TORCHRUN_COMPAT, ForeignCpu, RunError, binary_id,
                           clean_env, fmt, kill_group as _kill_group, log, loadavg, stats,
                           tail as _tail, verdict, wait_idle, with_retries)
@@ -206,23 +207,15 @@ def rss_run(argv, timeout):
 
 # --- the benchmark ---------------------------------------------------------------------------
 
-class Case:
+class Case(bench_common.CaseState):
+    """samples: ms for "time"; (vmhwm_kib, ru_maxrss_kib) for "rss"."""
+
     def __init__(self, key, launcher, argv, runs, timeout, kind="time", check=None, slow=False,
                  missing=None):
+        super().__init__(missing)
         self.key, self.launcher, self.argv, self.runs, self.timeout = key, launcher, argv, runs, timeout
-        self.kind, self.check, self.slow, self.missing = kind, check, slow, missing
+        self.kind, self.check, self.slow = kind, check, slow
         self.check_result = None
-        self.samples = []  # ms for "time"; (vmhwm_kib, ru_maxrss_kib) for "rss"
-        self.failures = []  # messages of failed runs that were retried
-        self.error = None
-
-    @property
-    def status(self):
-        if self.missing:
-            return self.missing
-        if self.error:
-            return "FAILED: " + self.error
-        return None
 
 
 def build_cases(args):
@@ -474,9 +467,7 @@ def report(cases, summary, args, info, load, elapsed):
 
 
 def plot(summary, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = bench_common.pyplot()
 
     short = {"elrun": "elrun", "torchrun (--monitor_interval 5, default)": "torchrun\n(interval 5)",
              "torchrun --monitor_interval 0.1": "torchrun\n(interval 0.1)"}
@@ -524,9 +515,7 @@ def plot(summary, path):
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8, loc="upper left")
     fig.suptitle("elrun vs torchrun 1.13 (medians; whiskers min/max)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    bench_common.save_figure(fig, path)
 
 
 def main():
@@ -539,18 +528,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured runs per fast case (default 1)")
     ap.add_argument("--no-slow", action="store_true",
                     help="skip the torchrun default-interval (--monitor_interval 5) cases")
-    ap.add_argument("--png", default=DEFAULT_PNG, help="bar chart to write (default: %(default)s)")
-    ap.add_argument("--json", help="also write the raw samples to this file")
-    ap.add_argument("--timeout", type=float, default=30,
-                    help="seconds before one elrun run is killed (default 30)")
-    ap.add_argument("--torchrun-timeout", type=float, default=60,
-                    help="seconds before one torchrun run is killed (default 60)")
-    ap.add_argument("--retries", type=int, default=2,
-                    help="times a failed run is retried before its case is marked failed "
-                         "(torchrun 1.13 occasionally fails its c10d rendezvous; default 2)")
-    ap.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
-                    help="before the warm-ups and before each round, wait up to SECONDS until "
-                         "other processes use < 10%% of the CPUs (default 0: do not wait)")
+    bench_common.add_output_options(ap, DEFAULT_PNG, png_help="bar chart to write")
+    bench_common.add_run_options(ap, timeout=30, torchrun_timeout=60, retries=2)
     ap.add_argument("--rss-probe", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("probe_argv", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = ap.parse_args()

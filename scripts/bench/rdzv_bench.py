@@ -32,6 +32,7 @@ import threading
 import time
 import uuid
 
+import bench_common
 from bench_common import (HERE, PYTHON, REPO, TORCHRUN_COMPAT, ForeignCpu, RunError, binary_id,
                           clean_env, fmt, kill_group, log, loadavg, machine_info,
                           mem_available_mib, stats, tail, verdict, wait_idle, with_retries)
@@ -430,21 +431,13 @@ def recovery_run(argv_for, endpoint_port, start_timeout, cap, settle, env, tag, 
 
 # --- the benchmark ---------------------------------------------------------------------------
 
-class Case:
-    def __init__(self, key, launcher, n, runs, timeout, run, cmd, missing=None, warm=False):
-        self.key, self.launcher, self.n, self.runs, self.timeout = key, launcher, n, runs, timeout
-        self.run, self.cmd, self.missing, self.warm = run, cmd, missing, warm
-        self.samples = []  # formation: seconds; recovery: result dicts
-        self.failures = []
-        self.error = None
+class Case(bench_common.CaseState):
+    """samples: formation: seconds; recovery: result dicts."""
 
-    @property
-    def status(self):
-        if self.missing:
-            return self.missing
-        if self.error:
-            return "FAILED: " + self.error
-        return None
+    def __init__(self, key, launcher, n, runs, timeout, run, cmd, missing=None, warm=False):
+        super().__init__(missing)
+        self.key, self.launcher, self.n, self.runs, self.timeout = key, launcher, n, runs, timeout
+        self.run, self.cmd, self.warm = run, cmd, warm
 
 
 class Bench:
@@ -780,9 +773,7 @@ def report(bench, cases, summary, info, load, elapsed):
 
 
 def plot(summary, sizes, cap, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = bench_common.pyplot()
 
     colors = {ELRUN_DAEMON: "#2a7ab0", ELRUN_EMBEDDED: "#6cb4e0", TORCHRUN: "#c0504d",
               FLOOR: "#999999"}
@@ -861,9 +852,7 @@ def plot(summary, sizes, cap, path):
     ax2.legend(fontsize=8, loc="upper left")
     fig.suptitle("elrun gRPC rendezvous vs torchrun 1.13 c10d, 127.0.0.1 (medians; whiskers "
                  "min/max)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    bench_common.save_figure(fig, path)
 
 
 def main():
@@ -892,18 +881,8 @@ def main():
     ap.add_argument("--no-embedded", action="store_true",
                     help="skip the elrun cases with the coordinator embedded in an agent")
     ap.add_argument("--no-recovery", action="store_true", help="skip the recovery cases")
-    ap.add_argument("--png", default=DEFAULT_PNG, help="plot to write (default: %(default)s)")
-    ap.add_argument("--json", help="also write the raw samples to this file")
-    ap.add_argument("--timeout", type=float, default=30,
-                    help="seconds before one elrun run is killed (default 30)")
-    ap.add_argument("--torchrun-timeout", type=float, default=120,
-                    help="seconds before one torchrun run is killed (default 120)")
-    ap.add_argument("--retries", type=int, default=2,
-                    help="times a failed run is retried before its case is marked failed "
-                         "(default 2)")
-    ap.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
-                    help="before the warm-ups and before each round, wait up to SECONDS until "
-                         "other processes use < 10%% of the CPUs (default 0: do not wait)")
+    bench_common.add_output_options(ap, DEFAULT_PNG)
+    bench_common.add_run_options(ap, timeout=30, torchrun_timeout=120, retries=2)
     args = ap.parse_args()
     try:
         args.sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})

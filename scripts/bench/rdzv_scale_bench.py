@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 
+import bench_common
 from bench_common import REPO, log, machine_info, pid_cpu_seconds, loadavg
 
 RDZV = os.path.join(REPO, "bazel-bin", "agent", "elrun-rdzv")
@@ -120,10 +121,10 @@ def main():
     ap.add_argument("--channels", type=int, default=16, help="TCP connections of rdzv_load")
     ap.add_argument("--steady", type=float, default=10.0, help="seconds of the heartbeat window")
     ap.add_argument("--settle", type=float, default=2.0)
-    ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--rdzv", default=RDZV)
     ap.add_argument("--load", default=LOAD)
-    ap.add_argument("--png", default=os.path.join(REPO, "scripts", "bench", "rdzv_scale_bench.png"))
+    bench_common.add_output_options(ap, os.path.join(REPO, "scripts", "bench", "rdzv_scale_bench.png"))
+    bench_common.add_run_options(ap, timeout=120)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     results = {n: [] for n in sizes}
@@ -163,23 +164,16 @@ def main():
             cell(n, "rss_mib", "MiB", 1, TARGETS["rss_mib"] if tgt else None)))
     print("\nTargets (issue 15, at 10,000 nodes): formation ≤ 2 s, peak RSS ≤ 256 MiB, heartbeats "
           "under 0.2 of a core, re-formation ≤ 1 s.")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-        for ax, key, title in zip(axes, ["formation_s", "reform_s", "heartbeat_cores"],
-                                  ["formation (s)", "re-formation after 1% lost (s)", "heartbeat cost (cores)"]):
-            ax.plot(sizes, [statistics.median(r[key] for r in results[n]) for n in sizes], "o-")
-            ax.set_xscale("log")
-            ax.set_xlabel("simulated nodes")
-            ax.set_title(title)
-        fig.tight_layout()
-        fig.savefig(args.png, dpi=100)
-        log("wrote " + args.png)
-    except ImportError:
-        log("matplotlib missing: no plot")
-
+    plt = bench_common.pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    for ax, key, title in zip(axes, ["formation_s", "reform_s", "heartbeat_cores"],
+                              ["formation (s)", "re-formation after 1% lost (s)", "heartbeat cost (cores)"]):
+        ax.plot(sizes, [statistics.median(r[key] for r in results[n]) for n in sizes], "o-")
+        ax.set_xscale("log")
+        ax.set_xlabel("simulated nodes")
+        ax.set_title(title)
+    bench_common.save_figure(fig, args.png, dpi=100)
+    log("wrote " + args.png)
 
 if __name__ == "__main__":
     main()

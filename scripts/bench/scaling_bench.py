@@ -29,6 +29,7 @@ import sys
 import time
 
 import train_bench
+import bench_common
 from bench_common import RunError, binary_id, clean_env, fmt, log, loadavg, wait_idle
 from bench_common import machine_info as _machine_info
 from train_bench import ELRUN, PAIR, TAG_VAR, TARGET_SCALING, Config
@@ -155,9 +156,7 @@ def report(args, rows, s, commands, info, load, elapsed):
 
 
 def plot(rows, s, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = bench_common.pyplot()
 
     x = range(1, len(rows) + 1)
     fig, ax = plt.subplots(figsize=(9, 4.5))
@@ -173,9 +172,7 @@ def plot(rows, s, path):
     ax.set_title("Scaling efficiency from adjacent runs: FashionNet, batch 64/rank, 1 thread/rank",
                  fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    bench_common.save_figure(fig, path)
 
 
 def main():
@@ -183,14 +180,14 @@ def main():
     train_bench.add_job_options(ap, max_steps=200, unit="triple")
     ap.add_argument("--triples", type=int, default=8,
                     help="1-rank, 2-rank and pair runs, back to back, this many times (default 8)")
-    ap.add_argument("--png", default=DEFAULT_PNG, help="plot to write (default: %(default)s)")
-    ap.add_argument("--json", help="also write every triple's figures to this file")
+    bench_common.add_output_options(ap, DEFAULT_PNG,
+                                    json_help="also write every triple's figures to this file")
     args = ap.parse_args()
     if args.triples < 1:
         ap.error("--triples must be >= 1")
     train_bench.check_job_options(ap, args, "scaling_bench")
     try:
-        with train_bench.private_copies(args, "scaling_bench") as tmp:
+        with bench_common.private_copies(args, "scaling_bench", {"elrun": "elrun", "train": "elrun-train"}) as tmp:
             return run(args, tmp)
     except RunError as ex:
         log(f"scaling_bench: FAILED: {ex}")

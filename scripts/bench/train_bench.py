@@ -39,7 +39,6 @@ import contextlib
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -461,9 +460,7 @@ def commands_block(args, runs):
 
 
 def plot(configs, s, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = bench_common.pyplot()
 
     colors = {ELRUN: "#2a7ab0", PY: "#c0504d", SYNC: "#7fb3d5"}
     short = {ELRUN: "elrun-train", PY: "Python twin (torchrun)", SYNC: "elrun-train --sync-bn"}
@@ -512,9 +509,7 @@ def plot(configs, s, path):
     ax2.legend(fontsize=8, loc="lower right")
     fig.suptitle("elrun-train vs Python PyTorch DDP twin: FashionNet, batch 64/rank, 1 thread/rank "
                  "([a] vs plain-BN elrun-train at 1 rank)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    bench_common.save_figure(fig, path)
 
 
 def add_job_options(ap, max_steps, unit):
@@ -544,35 +539,18 @@ def check_job_options(ap, args, name):
     args.tag = f"{name}.{os.getpid()}.{time.time_ns()}"
 
 
-@contextlib.contextmanager
-def private_copies(args, name):
-    """A private TMPDIR, removed at the end (launchers make a log directory per run under it),
-    holding copies of the binaries taken now, so that a rebuild during the benchmark cannot mix
-    builds: args.elrun_copy and args.train_copy."""
-    tmp = tempfile.mkdtemp(prefix=name + ".")
-    os.environ["TMPDIR"] = tmp
-    tempfile.tempdir = tmp
-    try:
-        os.makedirs(os.path.join(tmp, "bin"))
-        args.elrun_copy = shutil.copy2(args.elrun, os.path.join(tmp, "bin", "elrun"))
-        args.train_copy = shutil.copy2(args.train, os.path.join(tmp, "bin", "elrun-train"))
-        yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_job_options(ap, max_steps=300, unit="round")
     ap.add_argument("--runs", type=int, default=3, help="runs per configuration (default 3)")
-    ap.add_argument("--png", default=DEFAULT_PNG, help="bar chart to write (default: %(default)s)")
-    ap.add_argument("--json", help="also write every run's record to this file")
+    bench_common.add_output_options(ap, DEFAULT_PNG, png_help="bar chart to write",
+                                    json_help="also write every run's record to this file")
     args = ap.parse_args()
     if args.runs < 1:
         ap.error("--runs must be >= 1")
     check_job_options(ap, args, "train_bench")
     try:
-        with private_copies(args, "train_bench") as tmp:
+        with bench_common.private_copies(args, "train_bench", {"elrun": "elrun", "train": "elrun-train"}) as tmp:
             return run(args, tmp)
     except RunError as ex:
         log(f"train_bench: FAILED: {ex}")
