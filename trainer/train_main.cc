@@ -101,6 +101,10 @@ class StepTimes {
 // The learning rate of the step that starts at `position` of the whole run, a fraction in [0, 1]
 // of epochs x dataset samples. Derived from the global sample position, not the step count, so a
 // run resumed under another world size continues on the same curve.
+std::chrono::milliseconds CollectiveTimeout(const TrainOptions& o) {
+  return std::chrono::milliseconds(static_cast<int64_t>(o.collective_timeout_s * 1000));
+}
+
 double ScheduledLr(const TrainOptions& o, double position) {
   if (o.lr_schedule == LrSchedule::kConstant) return o.lr;
   return o.lr * 0.5 * (1.0 + std::cos(M_PI * std::clamp(position, 0.0, 1.0)));
@@ -211,7 +215,7 @@ absl::Status SetUpSharedMemory(Job& job) {
         capacity, static_cast<int64_t>(std::max(o.bucket_cap_mb, o.first_bucket_mb) * 1024 * 1024) + largest);
   }
   auto created = ShmAllreduce::Create(*job.dist.store, "shm_allreduce", job.rank(), job.world(), capacity,
-                                      std::chrono::seconds(120));
+                                      CollectiveTimeout(o));
   if (created.ok()) {
     job.shm = std::move(*created);
     job.allreduce = "shm";
@@ -272,7 +276,7 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   if (!sampler.ok()) return sampler.status();
   job->sampler = std::make_unique<DistributedSampler>(std::move(*sampler));
 
-  auto dist = InitProcessGroup(job->env, job->placement.backend, job->placement.cuda_device, std::chrono::seconds(120));
+  auto dist = InitProcessGroup(job->env, job->placement.backend, job->placement.cuda_device, CollectiveTimeout(o));
   if (!dist.ok()) return absl::UnavailableError(dist.status().message());
   job->dist = std::move(*dist);
 

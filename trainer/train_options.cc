@@ -185,6 +185,10 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
   app.add_option("--step-times-file", o.step_times_file,
                  "each rank appends to PATH.<rank>: per step, its wall and CPU milliseconds (tab-separated)");
   app.add_option("--log-every", o.log_every, "progress line every N steps (rank 0)")->capture_default_str();
+  app.add_option("--collective-timeout", o.collective_timeout_s,
+                 "seconds a collective waits for its peers before this rank fails")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

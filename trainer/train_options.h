@@ -58,6 +58,9 @@ struct TrainOptions {
   std::string metrics_file;
   std::string step_times_file;
   int64_t log_every = 50;
+  // How long a collective (and the store's set-up) may wait for a peer before it fails the
+  // rank; a peer that died or hangs mid-collective thus fails the others, never hangs them.
+  double collective_timeout_s = 300.0;
 };
 
 // The --device/--backend pairs that cannot work on any machine: InvalidArgument, one line. The

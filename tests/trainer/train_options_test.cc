@@ -32,6 +32,15 @@ TEST_CASE("defaults") {
   CHECK(o.optimizer == OptimizerChoice::kSgd);
   CHECK(o.lr == doctest::Approx(0.05));
   CHECK(o.lr_schedule == LrSchedule::kCosine);
+  CHECK(o.collective_timeout_s == doctest::Approx(300.0));
+}
+
+TEST_CASE("--collective-timeout: seconds, positive") {
+  auto parsed = Parse({"--collective-timeout", "2.5"});
+  REQUIRE(parsed.ok());
+  CHECK((*parsed)->collective_timeout_s == doctest::Approx(2.5));
+  CHECK_FALSE(Parse({"--collective-timeout", "0"}).ok());
+  CHECK_FALSE(Parse({"--collective-timeout", "soon"}).ok());
 }
 
 TEST_CASE("every choice becomes its enum; strategy aliases too") {
