@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "trainer/ddp.h"
 #include "trainer/fsdp.h"
+#include "trainer/grad_clip.h"
 #include "trainer/sharded_checkpoint.h"
 
 namespace elrun::trainer {
@@ -27,6 +28,10 @@ class Ddp final : public DataParallel {
   }
 
   std::vector<torch::Tensor> OptimizerParameters() override { return model_->parameters(); }
+  // DDP's gradients are whole and equal on every rank after the all-reduce.
+  double ClipGradNorm(double max_norm) override {
+    return trainer::ClipGradNorm(model_->parameters(), max_norm, nullptr);
+  }
 
   absl::StatusOr<TrainProgress> Load(const std::string& dir, torch::optim::Optimizer& optimizer) override {
     return LoadCheckpoint(CheckpointPath(dir), *model_, optimizer);
@@ -76,6 +81,10 @@ class Fsdp final : public DataParallel {
   }
 
   std::vector<torch::Tensor> OptimizerParameters() override { return fsdp_.parameters(); }
+  double ClipGradNorm(double max_norm) override {
+    return trainer::ClipGradNorm(fsdp_.parameters(), max_norm,
+                                 fsdp_.shard_count() > 1 ? &fsdp_.process_group() : nullptr);
+  }
 
   absl::StatusOr<TrainProgress> Load(const std::string& dir, torch::optim::Optimizer& optimizer) override {
     return LoadSharded(dir, fsdp_, optimizer);

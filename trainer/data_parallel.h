@@ -37,6 +37,9 @@ class DataParallel {
   virtual void Backward(const torch::Tensor& loss, bool synchronize) = 0;
   // What the optimizer steps.
   virtual std::vector<torch::Tensor> OptimizerParameters() = 0;
+  // Clips the gradients of OptimizerParameters() by the whole model's global L2 norm
+  // (grad_clip.h; collective for the sharded strategies). Returns the norm before clipping.
+  virtual double ClipGradNorm(double max_norm) = 0;
 
   // NotFound when `dir` holds no checkpoint of this kind.
   virtual absl::StatusOr<TrainProgress> Load(const std::string& dir, torch::optim::Optimizer& optimizer) = 0;

@@ -337,6 +337,7 @@ double TrainStep(Job& job, const std::vector<int64_t>& batch, double lr) {
     job.dp->Backward(loss, /*synchronize=*/m + 1 == o.accum_steps);
     loss_sum += loss.detach();
   }
+  if (o.clip_grad_norm > 0) job.dp->ClipGradNorm(o.clip_grad_norm);
   SetLr(*job.optimizer, lr);
   job.optimizer->step();
   return loss_sum.item<double>();  // On CUDA: waits for the step, so step times are real.

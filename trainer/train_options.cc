@@ -185,6 +185,11 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
   app.add_option("--step-times-file", o.step_times_file,
                  "each rank appends to PATH.<rank>: per step, its wall and CPU milliseconds (tab-separated)");
   app.add_option("--log-every", o.log_every, "progress line every N steps (rank 0)")->capture_default_str();
+  app.add_option("--clip-grad-norm", o.clip_grad_norm,
+                 "clip gradients by their global L2 norm before each step (as torch's clip_grad_norm_; "
+                 "the whole model's norm under every strategy); 0: off")
+      ->check(CLI::Range(0.0, 1e12))
+      ->capture_default_str();
   app.add_option("--collective-timeout", o.collective_timeout_s,
                  "seconds a collective waits for its peers before this rank fails")
       ->check(CLI::Range(0.1, 86400.0))

@@ -11,6 +11,7 @@
 
 #include "tests/trainer/rank_threads.h"
 #include "trainer/ddp.h"
+#include "trainer/grad_clip.h"
 #include "trainer/memory.h"
 #include "trainer/models.h"
 #include "trainer/sync_batch_norm.h"
@@ -56,6 +57,7 @@ struct Config {
   bool sync_bn = false;
   bool prefetch = true;
   int steps = kSteps;
+  double clip = 0;  // --clip-grad-norm; 0: off.
 };
 
 struct Result {
@@ -64,6 +66,7 @@ struct Result {
   std::vector<FsdpMemory> memory;
   std::vector<int64_t> optimizer_bytes;
   std::vector<CommBytes> bytes;
+  std::vector<double> norms;  // Rank 0's gradient norm before clipping, per step.
 };
 
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const std::string& name, std::vector<torch::Tensor> params) {
@@ -121,6 +124,12 @@ Result Train(const Config& c, const std::string& strategy) {
         }
         loss_sum += loss.item<double>();
       }
+      if (c.clip > 0) {
+        double norm = fsdp ? ClipGradNorm(fsdp->parameters(), c.clip,
+                                          fsdp->shard_count() > 1 ? &fsdp->process_group() : nullptr)
+                           : ClipGradNorm(model->parameters(), c.clip, nullptr);
+        if (rank == 0) result.norms.push_back(norm);
+      }
       optimizer->step();
       result.losses[rank].push_back(loss_sum);
     }
@@ -169,6 +178,37 @@ TEST_CASE("Every strategy matches DDP on 2 and 3 ranks over 20 steps (Adam, SGD 
         CAPTURE(strategy);
         CheckSame(Train(c, strategy), reference);
       }
+    }
+  }
+}
+
+TEST_CASE("Clipping by the global norm: every strategy clips exactly as DDP does") {
+  for (int world : {2, 3}) {
+    Config c;
+    c.world = world;
+    c.optimizer = "sgd";
+    c.clip = 0.1;
+    Result reference = Train(c, "ddp_reference");
+    // Clipping was active: the whole gradient's norm was above the limit at every step.
+    REQUIRE(reference.norms.size() == static_cast<size_t>(kSteps));
+    for (double norm : reference.norms) CHECK(norm > c.clip);
+    Config unclipped = c;
+    unclipped.clip = 0;
+    Result free = Train(unclipped, "ddp_reference");
+    double moved = 0;
+    for (const auto& [name, tensor] : free.params) {
+      moved = std::max(moved, (tensor - reference.params.at(name)).abs().max().item<double>());
+    }
+    CHECK_MESSAGE(moved > 1e-3, "clipping changed the parameters by only ", moved);
+    for (const auto& strategy : kStrategies) {
+      CAPTURE(world);
+      CAPTURE(strategy);
+      Result clipped = Train(c, strategy);
+      REQUIRE(clipped.norms.size() == reference.norms.size());
+      for (size_t s = 0; s < clipped.norms.size(); ++s) {
+        CHECK(clipped.norms[s] == doctest::Approx(reference.norms[s]).epsilon(1e-6));
+      }
+      CheckSame(clipped, reference);
     }
   }
 }

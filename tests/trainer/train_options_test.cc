@@ -33,6 +33,14 @@ TEST_CASE("defaults") {
   CHECK(o.lr == doctest::Approx(0.05));
   CHECK(o.lr_schedule == LrSchedule::kCosine);
   CHECK(o.collective_timeout_s == doctest::Approx(300.0));
+  CHECK(o.clip_grad_norm == 0.0);
+}
+
+TEST_CASE("--clip-grad-norm: a non-negative norm") {
+  auto parsed = Parse({"--clip-grad-norm", "1.5"});
+  REQUIRE(parsed.ok());
+  CHECK((*parsed)->clip_grad_norm == doctest::Approx(1.5));
+  CHECK_FALSE(Parse({"--clip-grad-norm", "-1"}).ok());
 }
 
 TEST_CASE("--collective-timeout: seconds, positive") {
