@@ -7,8 +7,8 @@
 #   2. the main job: elrun --nproc-per-node gpu, elrun-train on CUDA + NCCL, one epoch of
 #      FashionNet with SyncBatchNorm (DDP), test accuracy;
 #   3. FSDP (full shard, Adam) at the GPU count, with the memory report (caching allocator);
-#   4. CUDA against CPU from the same seed: 50 steps each (one rank, ATen's Linear), the largest
-#      difference of the final parameters;
+#   4. CUDA against CPU from the same seed: 50 steps each (one rank, ATen's Linear, fp32 without
+#      TF32), the largest difference of the final parameters;
 #   5. samples/s of elrun-train against the Python twin (torchrun, DDP, nccl) on one GPU at batch
 #      64, 256 and 1024.
 # Writes $OUT/gpu_report.md (or gpu_check_out/) and the raw logs next to it; exits 1 if a check failed.
@@ -28,6 +28,8 @@ for d in "$site"/nvidia/*/lib "$site"/nvidia/cu*/lib; do [ -d "$d" ] && libs=$li
 export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHON_EXEC=$python
 gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
+# The bundle's copy of Fashion-MNIST (the GPU host has no Debian dataset package).
+data=(--data-dir "$repo/gpu_bundle/fashion-mnist")
 failed=0
 work=$(mktemp -d /tmp/gpu_check.XXXXXX)
 
@@ -61,14 +63,14 @@ say "## 1. CUDA unit tests (cuda_test, $gpus rank(s))"
 if run cuda_test 300 "$bin/cuda_test"; then say "- passed: $(grep -E 'test cases' "$out/cuda_test.log" | tail -1)"; fi
 
 say "## 2. Main job: elrun --nproc-per-node gpu, FashionNet + SyncBatchNorm, 1 epoch, CUDA + NCCL"
-if run main_job 400 "$bin/elrun" --standalone --nproc-per-node gpu "$bin/elrun-train" --device cuda --sync-bn \
+if run main_job 400 "$bin/elrun" --standalone --nproc-per-node gpu "$bin/elrun-train" "${data[@]}" --device cuda --sync-bn \
     --epochs 1 --batch-size 64 --metrics-file "$work/main.jsonl"; then
   rec=$(end_record "$work/main.jsonl")
   say "- $(field "$rec" steps) steps, $(field "$rec" seconds) s, $(field "$rec" samples_per_s) samples/s, test accuracy $(field "$rec" test_accuracy), device $(field "$rec" device), backend $(field "$rec" backend)"
 fi
 
 say "## 3. FSDP (full shard), Adam, $gpus rank(s), memory report"
-if run fsdp 300 "$bin/elrun" --standalone --nproc-per-node gpu "$bin/elrun-train" --device cuda --strategy fsdp \
+if run fsdp 300 "$bin/elrun" --standalone --nproc-per-node gpu "$bin/elrun-train" "${data[@]}" --device cuda --strategy fsdp \
     --optimizer adam --max-steps 200 --report-memory --metrics-file "$work/fsdp.jsonl"; then
   rec=$(end_record "$work/fsdp.jsonl")
   say "- test accuracy after 200 steps $(field "$rec" test_accuracy), $(field "$rec" samples_per_s) samples/s"
@@ -77,9 +79,9 @@ fi
 
 say "## 4. CUDA against CPU, same seed, 50 steps, one rank"
 common=(--max-steps 50 --lr-schedule constant --linear aten --batch-size 64 --seed 3)
-if run same_seed_cuda 200 "$bin/elrun" --standalone --nproc-per-node 1 "$bin/elrun-train" --device cuda "${common[@]}" \
+if run same_seed_cuda 200 "$bin/elrun" --standalone --nproc-per-node 1 "$bin/elrun-train" "${data[@]}" --device cuda "${common[@]}" \
     --checkpoint-dir "$work/cuda" &&
-   run same_seed_cpu 300 "$bin/elrun" --standalone --nproc-per-node 1 "$bin/elrun-train" --device cpu "${common[@]}" \
+   run same_seed_cpu 300 "$bin/elrun" --standalone --nproc-per-node 1 "$bin/elrun-train" "${data[@]}" --device cpu "${common[@]}" \
     --checkpoint-dir "$work/cpu"; then
   diff=$("$python" - "$work/cuda/checkpoint.pt" "$work/cpu/checkpoint.pt" <<'PY'
 import sys, torch
@@ -97,11 +99,12 @@ say ""
 say "| batch | elrun-train | Python twin | ratio |"
 say "|---:|---:|---:|---:|"
 for batch in 64 256 1024; do
-  run "elrun_b$batch" 200 "$bin/elrun" --standalone --nproc-per-node 1 "$bin/elrun-train" --device cuda \
+  # --allow-tf32: cuDNN's TF32 convolutions, the Python twin's (PyTorch's) default.
+  run "elrun_b$batch" 200 "$bin/elrun" --standalone --nproc-per-node 1 "$bin/elrun-train" "${data[@]}" --device cuda --allow-tf32 \
     --batch-size "$batch" --max-steps 300 --lr-schedule constant --linear aten --log-every 0 \
     --metrics-file "$work/elrun_b$batch.jsonl"
   run "twin_b$batch" 300 "$python" scripts/bench/torchrun_compat.py --standalone --nproc_per_node 1 \
-    scripts/bench/fashion_twin.py --device cuda --batch-size "$batch" --max-steps 300 --lr-schedule constant \
+    scripts/bench/fashion_twin.py "${data[@]}" --device cuda --batch-size "$batch" --max-steps 300 --lr-schedule constant \
     --log-every 0 --metrics-file "$work/twin_b$batch.jsonl"
   e=$(field "$(end_record "$work/elrun_b$batch.jsonl" 2>/dev/null)" samples_per_s)
   t=$(field "$(end_record "$work/twin_b$batch.jsonl" 2>/dev/null)" samples_per_s)

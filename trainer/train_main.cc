@@ -240,7 +240,10 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
                                     visible == env.end() ? "" : visible->second);
   if (!placement.ok()) return placement.status();
   job->placement = *placement;
-  if (job->placement.cuda) job->device = torch::Device(torch::kCUDA, job->placement.cuda_device);
+  if (job->placement.cuda) {
+    job->device = torch::Device(torch::kCUDA, job->placement.cuda_device);
+    at::globalContext().setAllowTF32CuDNN(o.allow_tf32);
+  }
   if (!o.step_times_file.empty()) {
     auto opened = StepTimes::Open(absl::StrCat(o.step_times_file, ".", job->rank()));
     if (!opened.ok()) return opened.status();

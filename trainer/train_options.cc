@@ -190,6 +190,8 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
                  "the whole model's norm under every strategy); 0: off")
       ->check(CLI::Range(0.0, 1e12))
       ->capture_default_str();
+  app.add_flag("--allow-tf32", o.allow_tf32,
+               "CUDA: cuDNN convolutions in TF32, as PyTorch's default (faster; off: fp32, matching the CPU)");
   app.add_option("--collective-timeout", o.collective_timeout_s,
                  "seconds a collective waits for its peers before this rank fails")
       ->check(CLI::Range(0.1, 86400.0))

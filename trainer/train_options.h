@@ -61,7 +61,10 @@ struct TrainOptions {
   // How long a collective (and the store's set-up) may wait for a peer before it fails the
   // rank; a peer that died or hangs mid-collective thus fails the others, never hangs them.
   double collective_timeout_s = 300.0;
-  double clip_grad_norm = 0.0;  // Clip by the global gradient norm before each step; 0: off.
+  double clip_grad_norm = 0.0;
+  // cuDNN convolutions in TF32 on CUDA (PyTorch's default). Off: fp32, so that CUDA and CPU runs
+  // from one seed agree within fp32 tolerance.
+  bool allow_tf32 = false;  // Clip by the global gradient norm before each step; 0: off.
 };
 
 // The --device/--backend pairs that cannot work on any machine: InvalidArgument, one line. The

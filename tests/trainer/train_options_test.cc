@@ -34,6 +34,7 @@ TEST_CASE("defaults") {
   CHECK(o.lr_schedule == LrSchedule::kCosine);
   CHECK(o.collective_timeout_s == doctest::Approx(300.0));
   CHECK(o.clip_grad_norm == 0.0);
+  CHECK_FALSE(o.allow_tf32);
 }
 
 TEST_CASE("--clip-grad-norm: a non-negative norm") {
