@@ -25,6 +25,6 @@ done | sort -u | while read -r lib; do
   esac
 done
 cp -r /usr/share/datasets/fashion-mnist "$out/fashion-mnist"
-git rev-parse --short HEAD >"$out/COMMIT" 2>/dev/null || true
+{ git rev-parse --short HEAD && { git diff --quiet HEAD || echo " plus uncommitted changes"; }; } 2>/dev/null | tr -d "\n" >"$out/COMMIT" || true
 du -sh "$out"
 ls "$out/lib"

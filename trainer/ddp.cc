@@ -69,6 +69,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     buckets_.push_back(std::move(bucket));
   }
   ResetIteration();
+  // 1 / world size as a CPU number the kernels take as an argument: a device tensor would cost
+  // an allocation and a fill kernel per gradient (on CUDA, launches are FashionNet's bottleneck).
+  scale_ = at::scalar_tensor(1.0 / pg_->getSize(), at::kDouble);
+  scale_.unsafeGetTensorImpl()->set_wrapped_number(true);
 
   for (size_t k = 0; k < params_.size(); ++k) {
     auto accumulator = torch::autograd::impl::grad_accumulator(params_[k]);
@@ -112,7 +116,7 @@ void DistributedDataParallel::OnGradReady(size_t k) {
   if (grad.defined()) {
     // Averaged while copied in, as PyTorch's reducer does: one pass instead of a copy now and a
     // scaling pass over the reduced bucket at the end of backward (x * 1.0 is exact at 1 rank).
-    at::mul_out(slot, grad.reshape({-1}), at::scalar_tensor(1.0 / pg_->getSize(), slot.options()));
+    at::mul_out(slot, grad.reshape({-1}), scale_);
   } else {
     slot.zero_();
   }

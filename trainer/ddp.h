@@ -96,6 +96,7 @@ class DistributedDataParallel {
   std::vector<int> bucket_of_;   // Param index -> bucket.
   std::vector<int64_t> offset_;  // Param index -> offset in its bucket's flat buffer.
   std::vector<bool> ready_;
+  torch::Tensor scale_;  // 1 / world size, a wrapped CPU number.
   size_t next_launch_ = 0;
   bool in_backward_ = false;
   bool sync_ = true;

@@ -31,6 +31,7 @@
 #include "trainer/cuda_memory.h"
 #include "trainer/data_parallel.h"
 #include "trainer/fashion_mnist.h"
+#include "trainer/foreach_sgd.h"
 #include "trainer/linear_kernel.h"
 #include "trainer/memory.h"
 #include "trainer/models.h"
@@ -38,6 +39,7 @@
 #include "trainer/process_group.h"
 #include "trainer/sampler.h"
 #include "trainer/shm_allreduce.h"
+#include "trainer/step_profiler.h"
 #include "trainer/sync_batch_norm.h"
 #include "trainer/thread_times.h"
 #include "trainer/train_options.h"
@@ -56,6 +58,11 @@ int Fail(const absl::Status& status) {
   const bool usage = status.code() == absl::StatusCode::kInvalidArgument ||
                      status.code() == absl::StatusCode::kFailedPrecondition;
   return usage ? 2 : 1;
+}
+
+// A failure that must not stop training (the profiler's trace): one line on stderr.
+void Warn(const absl::Status& status) {
+  if (!status.ok()) std::cerr << "elrun-train: " << status.message() << std::endl;
 }
 
 // Appends one JSON line to the metrics file (rank 0 only).
@@ -118,8 +125,8 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const TrainOptions& o, co
   if (o.optimizer == OptimizerChoice::kAdam) {
     return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr).weight_decay(o.weight_decay));
   }
-  return std::make_unique<torch::optim::SGD>(
-      params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+  return std::make_unique<ForeachSgd>(params,
+                                      torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
 }
 
 std::string MemoryJson(const MemoryReport& m) {
@@ -183,6 +190,7 @@ struct Job {
   Placement placement;
   torch::Device device = torch::kCPU;  // From placement.
   LinearKernel linear = LinearKernel::kOneDnn;  // --linear resolved for the device.
+  bool channels_last = false;                   // --memory-format resolved for the device.
   Dist dist;
   Dataset train, test;
   std::shared_ptr<Classifier> model;
@@ -192,6 +200,7 @@ struct Job {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<DistributedSampler> sampler;
   std::unique_ptr<StepTimes> step_times;
+  std::unique_ptr<StepProfiler> profiler;
   std::unique_ptr<Metrics> metrics;
   TrainProgress progress;
   int rank() const { return env.rank; }
@@ -249,6 +258,11 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
     if (!opened.ok()) return opened.status();
     job->step_times = std::move(*opened);
   }
+  if (o.profile_end > 0) {
+    const std::string path = absl::StrCat(o.profile_trace, ".", job->rank());
+    if (!std::ofstream(path, std::ios::trunc)) return absl::InvalidArgumentError("--profile-trace: cannot write " + path);
+    job->profiler = std::make_unique<StepProfiler>(o.profile_first, o.profile_end, path, job->placement.cuda);
+  }
   if (!o.checkpoint_dir.empty()) {
     std::error_code error;
     std::filesystem::create_directories(o.checkpoint_dir, error);
@@ -294,6 +308,21 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   if (!model.ok()) return model.status();
   job->model = std::move(*model);
   job->model->to(job->device);
+  // Channels-last on CPU: there oneDNN's convolutions and ATen's max-pooling and batch norm are
+  // vectorised over channels in NHWC and much faster than in NCHW (README, "Training
+  // throughput"). The weights decide the convolutions' output layout; they are copied, not
+  // contiguous()'d, because a one-channel tensor counts as both layouts and would keep its NCHW
+  // strides (then suggest_memory_format() says NCHW). On CUDA cuDNN takes either; contiguous
+  // until measured otherwise.
+  job->channels_last = o.memory_format == MemoryFormatChoice::kChannelsLast ||
+                       (o.memory_format == MemoryFormatChoice::kAuto && !job->placement.cuda);
+  if (job->channels_last) {
+    for (auto& p : job->model->parameters()) {
+      if (p.dim() == 4) {
+        p.set_data(p.data().to(p.options(), /*non_blocking=*/false, /*copy=*/true, torch::MemoryFormat::ChannelsLast));
+      }
+    }
+  }
   if (absl::Status s = SetUpSharedMemory(*job); !s.ok()) return s;
   if (o.sync_bn) ConvertSyncBatchNorm(*job->model, job->dist.pg, job->shm);
   DdpOptions ddp_options;
@@ -331,14 +360,14 @@ double TrainStep(Job& job, const std::vector<int64_t>& batch, double lr) {
   torch::Tensor labels = Rows(job.train.labels, batch, job.device);
   const int64_t micro = images.size(0) / o.accum_steps;
   job.optimizer->zero_grad();
-  torch::Tensor loss_sum = torch::zeros({}, images.options());
+  torch::Tensor loss_sum;  // Of the micro-batches' losses, each already divided by their count.
   for (int m = 0; m < o.accum_steps; ++m) {
     const int64_t size = m + 1 < o.accum_steps ? micro : images.size(0) - m * micro;
     torch::Tensor loss = torch::nn::functional::cross_entropy(job.dp->Forward(images.narrow(0, m * micro, size)),
-                                                              labels.narrow(0, m * micro, size)) /
-                         o.accum_steps;
+                                                              labels.narrow(0, m * micro, size));
+    if (o.accum_steps > 1) loss = loss / o.accum_steps;
     job.dp->Backward(loss, /*synchronize=*/m + 1 == o.accum_steps);
-    loss_sum += loss.detach();
+    loss_sum = m == 0 ? loss.detach() : loss_sum + loss.detach();
   }
   if (o.clip_grad_norm > 0) job.dp->ClipGradNorm(o.clip_grad_norm);
   SetLr(*job.optimizer, lr);
@@ -424,9 +453,10 @@ void Report(Job& job, LoopStats& loop, double accuracy) {
                                job.progress.step, o.epochs, loop.elapsed_s, rate, accuracy)
             << std::endl;
   job.metrics->Write(absl::StrFormat(
-      R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","allreduce":"%s","device":"%s","backend":"%s","step_time_s":%.6f,"step_ms_p10":%.3f,"step_ms_p50":%.3f,"step_ms_p90":%.3f,%s%s})",
+      R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","allreduce":"%s","device":"%s","backend":"%s","memory_format":"%s","step_time_s":%.6f,"step_ms_p10":%.3f,"step_ms_p50":%.3f,"step_ms_p90":%.3f,%s%s})",
       accuracy, rate, job.progress.step, o.epochs, loop.elapsed_s, job.world(), StrategyName(o.strategy),
       OptimizerName(o.optimizer), LinearKernelName(job.linear), job.allreduce, job.device.str(), BackendName(job.dist.backend),
+      job.channels_last ? "channels-last" : "contiguous",
       loop.elapsed_s / std::max<int64_t>(1, steps), Quantile(loop.step_ms, 0.1), Quantile(loop.step_ms, 0.5),
       Quantile(loop.step_ms, 0.9), loop.loop_times, MemoryJson(Memory(job))));
 }
@@ -460,7 +490,9 @@ LoopStats RunLoop(Job& job) {
       const double position = (progress.epoch * dataset + job.sampler->Position(start, static_cast<int64_t>(b))) /
                               (o.epochs * dataset);
       const double lr = ScheduledLr(o, position);
+      if (job.profiler) job.profiler->BeforeStep(progress.step);
       loop.last_loss = TrainStep(job, batches[b], lr);
+      if (job.profiler) Warn(job.profiler->AfterStep(progress.step));
       loop.step_ms.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count());
       if (job.step_times) {
@@ -491,6 +523,7 @@ LoopStats RunLoop(Job& job) {
     if (stop) break;
   }
   loop.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+  if (job.profiler) Warn(job.profiler->Finish());
   loop.loop_times = LoopTimesJson(start_times, CurrentThreadTimes(), loop.elapsed_s);
   if (loop.signalled) {
     save(false);

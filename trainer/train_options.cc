@@ -4,8 +4,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace elrun::trainer {
 namespace {
@@ -30,7 +32,8 @@ absl::StatusOr<E> Pick(const std::string& flag, const std::string& text, const C
 
 struct RawChoices {
   std::string model = "fashionnet", linear = "auto", dataset = "fashion-mnist", lr_schedule = "cosine",
-              optimizer = "sgd", strategy = "ddp", allreduce = "auto", device = "auto", backend = "auto";
+              optimizer = "sgd", strategy = "ddp", allreduce = "auto", device = "auto", backend = "auto",
+              memory_format = "auto";
 };
 
 absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
@@ -61,9 +64,13 @@ absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
                                    {{"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}});
   auto backend = Pick<BackendChoice>(
       "backend", raw.backend, {{"auto", BackendChoice::kAuto}, {"gloo", BackendChoice::kGloo}, {"nccl", BackendChoice::kNccl}});
+  auto memory_format = Pick<MemoryFormatChoice>("memory-format", raw.memory_format,
+                                                {{"auto", MemoryFormatChoice::kAuto},
+                                                 {"contiguous", MemoryFormatChoice::kContiguous},
+                                                 {"channels-last", MemoryFormatChoice::kChannelsLast}});
   for (const absl::Status& s : {model.status(), linear.status(), dataset.status(), schedule.status(),
                                 optimizer.status(), strategy.status(), allreduce.status(), device.status(),
-                                backend.status()}) {
+                                backend.status(), memory_format.status()}) {
     if (!s.ok()) return s;
   }
   o.model = *model;
@@ -75,6 +82,7 @@ absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
   o.allreduce = *allreduce;
   o.device = *device;
   o.backend = *backend;
+  o.memory_format = *memory_format;
 
   if (o.batch_size % o.accum_steps != 0) {
     return absl::InvalidArgumentError(
@@ -87,6 +95,25 @@ absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
   for (int64_t width : o.mlp_hidden) {
     if (width <= 0) return absl::InvalidArgumentError(absl::StrCat("--mlp-hidden: width ", width, " is not positive"));
   }
+  return absl::OkStatus();
+}
+
+// --profile-steps FIRST:END (and --profile-trace, which it needs): a window of at least one step.
+absl::Status ParseProfileSteps(const std::string& text, TrainOptions& o) {
+  if (text.empty()) {
+    if (!o.profile_trace.empty()) return absl::InvalidArgumentError("--profile-trace needs --profile-steps FIRST:END");
+    return absl::OkStatus();
+  }
+  const std::vector<std::string> parts = absl::StrSplit(text, ':');
+  int64_t first = 0, end = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &first) || !absl::SimpleAtoi(parts[1], &end) || first < 0 ||
+      end <= first) {
+    return absl::InvalidArgumentError(absl::StrCat("--profile-steps ", text,
+                                                   ": expected FIRST:END, step numbers with 0 <= FIRST < END"));
+  }
+  if (o.profile_trace.empty()) return absl::InvalidArgumentError("--profile-steps needs --profile-trace PATH");
+  o.profile_first = first;
+  o.profile_end = end;
   return absl::OkStatus();
 }
 
@@ -181,6 +208,11 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
                  "device is visible)")
       ->capture_default_str();
   app.add_option("--backend", raw.backend, "gloo, nccl, or auto (nccl for CUDA, gloo for CPU)")->capture_default_str();
+  app.add_option("--memory-format", raw.memory_format,
+                 "layout of the convolutions' weights and activations: channels-last (NHWC: oneDNN's "
+                 "convolutions and ATen's pooling and batch norm vectorise over channels), contiguous (NCHW, "
+                 "PyTorch's default), or auto (channels-last on CPU, contiguous on CUDA)")
+      ->capture_default_str();
   app.add_option("--metrics-file", o.metrics_file, "JSON lines: steps and a final {\"event\":\"end\",...}");
   app.add_option("--step-times-file", o.step_times_file,
                  "each rank appends to PATH.<rank>: per step, its wall and CPU milliseconds (tab-separated)");
@@ -196,6 +228,13 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
                  "seconds a collective waits for its peers before this rank fails")
       ->check(CLI::Range(0.1, 86400.0))
       ->capture_default_str();
+  std::string profile_steps;
+  app.add_option("--profile-steps", profile_steps,
+                 "FIRST:END: PyTorch's profiler (Kineto) over steps FIRST..END-1, host operators and, on CUDA, "
+                 "kernels and copies; needs --profile-trace");
+  app.add_option("--profile-trace", o.profile_trace,
+                 "each rank writes its profile to PATH.<rank> (Chrome trace JSON; scripts/bench/trace_summary.py "
+                 "summarises it)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -205,6 +244,7 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
     return absl::InvalidArgumentError(absl::StrCat(error.what(), "; see elrun-train --help"));
   }
   if (absl::Status s = Resolve(raw, o); !s.ok()) return s;
+  if (absl::Status s = ParseProfileSteps(profile_steps, o); !s.ok()) return s;
   if (lr->count() == 0 && o.optimizer == OptimizerChoice::kAdam) o.lr = 1e-3;
   return std::optional<TrainOptions>(std::move(o));
 }

@@ -24,6 +24,8 @@ enum class LinearChoice { kAuto, kOneDnn, kAten };  // auto: ATen (train_main.cc
 enum class AllreduceChoice { kAuto, kShm, kProcessGroup };  // --allreduce auto|shm|gloo.
 enum class DeviceChoice { kAuto, kCpu, kCuda };      // auto: CUDA when a device is visible.
 enum class BackendChoice { kAuto, kGloo, kNccl };    // auto: NCCL for CUDA, Gloo for CPU.
+// auto: channels-last on CPU, contiguous on CUDA (train_main.cc says why).
+enum class MemoryFormatChoice { kAuto, kContiguous, kChannelsLast };
 
 const char* StrategyName(Strategy strategy);  // ddp, no_shard, zero1, zero2, fsdp.
 const char* OptimizerName(OptimizerChoice optimizer);
@@ -55,16 +57,21 @@ struct TrainOptions {
   AllreduceChoice allreduce = AllreduceChoice::kAuto;
   DeviceChoice device = DeviceChoice::kAuto;
   BackendChoice backend = BackendChoice::kAuto;
+  MemoryFormatChoice memory_format = MemoryFormatChoice::kAuto;
   std::string metrics_file;
   std::string step_times_file;
   int64_t log_every = 50;
   // How long a collective (and the store's set-up) may wait for a peer before it fails the
   // rank; a peer that died or hangs mid-collective thus fails the others, never hangs them.
   double collective_timeout_s = 300.0;
-  double clip_grad_norm = 0.0;
-  // cuDNN convolutions in TF32 on CUDA (PyTorch's default). Off: fp32, so that CUDA and CPU runs
-  // from one seed agree within fp32 tolerance.
-  bool allow_tf32 = false;  // Clip by the global gradient norm before each step; 0: off.
+  double clip_grad_norm = 0.0;  // Clip by the global gradient norm before each step; 0: off.
+  // cuDNN convolutions in TF32 on CUDA (PyTorch's default). Off: fp32, as on the CPU.
+  bool allow_tf32 = false;
+  // PyTorch's profiler over steps [profile_first, profile_end) when profile_end > 0; the trace
+  // (Chrome JSON) to profile_trace.<rank>.
+  int64_t profile_first = 0;
+  int64_t profile_end = 0;
+  std::string profile_trace;
 };
 
 // The --device/--backend pairs that cannot work on any machine: InvalidArgument, one line. The

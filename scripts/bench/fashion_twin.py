@@ -35,6 +35,10 @@ It does what trainer/train_main.cc does, step for step, with Python's own tools:
   the time from just before the first training step (after data loading, process-group and DDP
   set-up) to the end of the last step. Test accuracy afterwards over rank-strided shards of the
   test set in chunks of 1000, summed with an all-reduce, as in elrun-train.
+- --memory-format channels-last: the model's weights in NHWC, as elrun-train's default on CPU
+  (contiguous, PyTorch's default, unless asked). --profile-steps FIRST:END --profile-trace PATH:
+  torch.profiler over those steps, each marked "ProfilerStep#N" as elrun-train marks its own, so
+  that scripts/bench/trace_summary.py reads both traces alike (PATH.<rank>).
 - Metrics: rank 0 appends JSON lines to --metrics-file: {"event":"step",...} every --log-every
   steps and at the end {"event":"end","test_accuracy":..,"samples_per_s":..,"steps":..,
   "epochs":..,"seconds":..,"world_size":..}, the same records as elrun-train.
@@ -326,6 +330,8 @@ def train(args):
 
     torch.manual_seed(args.seed)
     model = make_model(args.model).to(device)
+    if args.memory_format == "channels-last":
+        model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                                 weight_decay=args.weight_decay)
     # gloo, 25 MiB buckets, broadcast_buffers=True unless --no-broadcast-buffers.
@@ -338,12 +344,23 @@ def train(args):
             metrics.write(record + "\n")
             metrics.flush()
 
+    profile_window = [int(v) for v in args.profile_steps.split(":")] if args.profile_steps else None
+    profiler = None
     start_time = time.perf_counter()
     samples_done = step = 0
     stop = False
     for epoch in range(args.epochs):
         batches = rank_batches(epoch_order(n, args.seed, epoch), world, rank, args.batch_size)
         for b, batch in enumerate(batches):
+            if profile_window and step == profile_window[0]:
+                activities = [torch.profiler.ProfilerActivity.CPU]
+                if device.type == "cuda":
+                    activities.append(torch.profiler.ProfilerActivity.CUDA)
+                profiler = torch.profiler.profile(activities=activities, acc_events=True)
+                profiler.__enter__()
+            step_scope = torch.profiler.record_function("ProfilerStep#%d" % step) if profiler else None
+            if step_scope:
+                step_scope.__enter__()
             idx = torch.from_numpy(batch)
             images = rows(train_x, idx, device)
             labels = rows(train_y, idx, device)
@@ -356,6 +373,12 @@ def train(args):
             for group in optimizer.param_groups:
                 group["lr"] = lr
             optimizer.step()
+            if step_scope:
+                step_scope.__exit__(None, None, None)
+                if step + 1 >= profile_window[1]:
+                    profiler.__exit__(None, None, None)
+                    profiler.export_chrome_trace("%s.%d" % (args.profile_trace, rank))
+                    profiler = None
             step += 1
             samples_done += images.shape[0] * world
             if rank == 0 and args.log_every > 0 and step % args.log_every == 0:
@@ -373,6 +396,9 @@ def train(args):
         if stop:
             break
     elapsed = time.perf_counter() - start_time
+    if profiler:  # The window outlived the run.
+        profiler.__exit__(None, None, None)
+        profiler.export_chrome_trace("%s.%d" % (args.profile_trace, rank))
     accuracy = evaluate(model, test_x, test_y, rank, world, device)
     rate = samples_done / max(elapsed, 1e-9)
     if rank == 0:
@@ -410,6 +436,10 @@ def main():
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: rank i on cuda:LOCAL_RANK with nccl (default cpu, gloo)")
     ap.add_argument("--log-every", type=int, default=50, help="progress line every N steps")
+    ap.add_argument("--memory-format", default="contiguous", choices=["contiguous", "channels-last"],
+                    help="layout of the convolution weights (contiguous: PyTorch's default)")
+    ap.add_argument("--profile-steps", help="FIRST:END: torch.profiler over these steps (needs --profile-trace)")
+    ap.add_argument("--profile-trace", help="Chrome trace to PATH.<rank>")
     ap.add_argument("--metrics-file", help="JSON lines, rank 0: steps and a final end record")
     ap.add_argument("--no-broadcast-buffers", action="store_true",
                     help="DDP(broadcast_buffers=False): each rank keeps its own BatchNorm running "
@@ -421,6 +451,12 @@ def main():
         return 0 if check_rng() else 1
     if args.epochs < 1 or args.batch_size < 1 or args.threads < 1 or args.seed < 0:
         ap.error("--epochs, --batch-size and --threads must be >= 1, --seed >= 0")
+    if bool(args.profile_steps) != bool(args.profile_trace):
+        ap.error("--profile-steps and --profile-trace go together")
+    if args.profile_steps:
+        window = args.profile_steps.split(":")
+        if len(window) != 2 or not all(v.isdigit() for v in window) or int(window[0]) >= int(window[1]):
+            ap.error("--profile-steps %s: expected FIRST:END with 0 <= FIRST < END" % args.profile_steps)
     return train(args)
 
 

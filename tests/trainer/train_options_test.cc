@@ -35,6 +35,30 @@ TEST_CASE("defaults") {
   CHECK(o.collective_timeout_s == doctest::Approx(300.0));
   CHECK(o.clip_grad_norm == 0.0);
   CHECK_FALSE(o.allow_tf32);
+  CHECK(o.memory_format == MemoryFormatChoice::kAuto);
+  CHECK(o.profile_end == 0);
+}
+
+TEST_CASE("--memory-format: auto, contiguous or channels-last") {
+  auto parsed = Parse({"--memory-format", "channels-last"});
+  REQUIRE(parsed.ok());
+  CHECK((*parsed)->memory_format == MemoryFormatChoice::kChannelsLast);
+  CHECK(Error({"--memory-format", "nhwc"}) == "--memory-format=nhwc: expected auto, contiguous or channels-last");
+}
+
+TEST_CASE("--profile-steps FIRST:END with --profile-trace") {
+  auto parsed = Parse({"--profile-steps", "10:20", "--profile-trace", "/tmp/t.json"});
+  REQUIRE(parsed.ok());
+  CHECK((*parsed)->profile_first == 10);
+  CHECK((*parsed)->profile_end == 20);
+  CHECK((*parsed)->profile_trace == "/tmp/t.json");
+  for (const char* bad : {"20:10", "5:5", "-1:3", "3", "a:b", "1:2:3"}) {
+    CAPTURE(bad);
+    CHECK(Error({"--profile-steps", bad, "--profile-trace", "t"}) ==
+          std::string("--profile-steps ") + bad + ": expected FIRST:END, step numbers with 0 <= FIRST < END");
+  }
+  CHECK(Error({"--profile-steps", "1:2"}) == "--profile-steps needs --profile-trace PATH");
+  CHECK(Error({"--profile-trace", "t"}) == "--profile-trace needs --profile-steps FIRST:END");
 }
 
 TEST_CASE("--clip-grad-norm: a non-negative norm") {
