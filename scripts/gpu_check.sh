@@ -9,8 +9,8 @@
 #   3. FSDP (full shard, Adam) at the GPU count, with the memory report (caching allocator);
 #   4. CUDA against CPU from the same seed (one rank, ATen's Linear, fp32 without TF32): after one
 #      step (bound 1e-4) and after 50, next to the spread of two CPU runs (NCHW against NHWC);
-#   5. samples/s of elrun-train (NCHW and channels-last) against the Python twin (torchrun, DDP,
-#      nccl) on one GPU at batch 64, 256 and 1024;
+#   5. samples/s of elrun-train (eager and --cuda-graph) against the Python twin (torchrun, DDP,
+#      nccl) on one GPU at batch 64, 256 and 1024, medians of 3 alternating rounds;
 #   6. PyTorch's profiler over 50 steps at batch 64 of both, summarised by
 #      scripts/bench/trace_summary.py (the traces come back in traces.tar.gz).
 # GPU_CHECK_SECTIONS="4 5" runs only those sections (device time is scarce); default all six.
@@ -130,30 +130,35 @@ done
 say ""
 fi
 if section 5; then
-say "## 5. samples/s on one GPU: elrun-train vs the Python twin (DDP, nccl, 300 steps)"
+say "## 5. samples/s on one GPU: elrun-train vs the Python twin (DDP, nccl, 300 steps, median of 3)"
 say ""
-say "Both with cuDNN's TF32 convolutions (PyTorch's default). elrun-train's own default layout on"
-say "CUDA is contiguous (NCHW), as the twin's; the channels-last column is --memory-format channels-last."
+say "Both with cuDNN's TF32 convolutions (PyTorch's default) and NCHW; the three runs of a row"
+say "alternate (elrun-train, elrun-train --cuda-graph, twin) three times; medians, with the range."
 say ""
-say "| batch | elrun-train | elrun-train, channels-last | Python twin | ratio | ratio, channels-last |"
+say "| batch | elrun-train | elrun-train --cuda-graph | Python twin | ratio | ratio, --cuda-graph |"
 say "|---:|---:|---:|---:|---:|---:|"
 rate() { field "$(end_record "$1" 2>/dev/null)" samples_per_s; }
-ratio() { "$python" -c "print(f'{float(\"$1\") / float(\"$2\"):.2f}x')" 2>/dev/null || echo "?"; }
+median() { "$python" -c 'import statistics, sys
+v = sorted(float(x) for x in sys.argv[1:] if x != "?")
+print("%.0f (%.0f-%.0f)" % (statistics.median(v), v[0], v[-1]) if v else "?")' "$@"; }
+ratio() { "$python" -c 'import sys; a, b = (float(x.split()[0]) for x in sys.argv[1:3]); print("%.2fx" % (a / b))' "$1" "$2" 2>/dev/null || echo "?"; }
 for batch in 64 256 1024; do
-  for format in contiguous channels-last; do
-    run "elrun_${format}_b$batch" 200 "$bin/elrun" --standalone --nproc-per-node 1 "$bin/elrun-train" "${data[@]}" \
-      --device cuda --allow-tf32 --memory-format "$format" --batch-size "$batch" --max-steps 300 --lr-schedule constant \
-      --linear aten --log-every 0 --metrics-file "$work/elrun_${format}_b$batch.jsonl"
+  e=() g=() t=()
+  for round in 1 2 3; do
+    common=(--device cuda --batch-size "$batch" --max-steps 300 --lr-schedule constant --log-every 0)
+    run "elrun_b${batch}_$round" 200 "$bin/elrun" --standalone --nproc-per-node 1 "$bin/elrun-train" "${data[@]}" \
+      --allow-tf32 --linear aten "${common[@]}" --metrics-file "$work/elrun_b${batch}_$round.jsonl"
+    run "graph_b${batch}_$round" 200 "$bin/elrun" --standalone --nproc-per-node 1 "$bin/elrun-train" "${data[@]}" \
+      --allow-tf32 --linear aten --cuda-graph "${common[@]}" --metrics-file "$work/graph_b${batch}_$round.jsonl"
+    run "twin_b${batch}_$round" 300 "$python" scripts/bench/torchrun_compat.py --standalone --nproc_per_node 1 \
+      scripts/bench/fashion_twin.py "${data[@]}" "${common[@]}" --metrics-file "$work/twin_b${batch}_$round.jsonl"
+    e+=("$(rate "$work/elrun_b${batch}_$round.jsonl")")
+    g+=("$(rate "$work/graph_b${batch}_$round.jsonl")")
+    t+=("$(rate "$work/twin_b${batch}_$round.jsonl")")
   done
-  run "twin_b$batch" 300 "$python" scripts/bench/torchrun_compat.py --standalone --nproc_per_node 1 \
-    scripts/bench/fashion_twin.py "${data[@]}" --device cuda --batch-size "$batch" --max-steps 300 --lr-schedule constant \
-    --log-every 0 --metrics-file "$work/twin_b$batch.jsonl"
-  e=$(rate "$work/elrun_contiguous_b$batch.jsonl")
-  c=$(rate "$work/elrun_channels-last_b$batch.jsonl")
-  t=$(rate "$work/twin_b$batch.jsonl")
-  say "| $batch | $e | $c | $t | $(ratio "$e" "$t") | $(ratio "$c" "$t") |"
+  me=$(median "${e[@]}") mg=$(median "${g[@]}") mt=$(median "${t[@]}")
+  say "| $batch | $me | $mg | $mt | $(ratio "$me" "$mt") | $(ratio "$mg" "$mt") |"
 done
-
 say ""
 fi
 if section 6; then

@@ -7,8 +7,9 @@ environment's site-packages and serves:
                        every binary has the CUDA kernels and NCCL registered, as Python's torch does;
                        runs on machines without a GPU.
   @torch//:torch_cuda  CUDA runtime and NCCL headers (the wheel's own, the versions libtorch was
-                       built with) and USE_C10D_NCCL: only for the few files that name CUDA streams,
-                       the caching allocator or ProcessGroupNCCL.
+                       built with), USE_C10D_NCCL and the CUDA runtime library: only for the few
+                       files that name CUDA streams, events, graphs, the caching allocator or
+                       ProcessGroupNCCL.
 The wheel's libraries carry no RUNPATH to the NVIDIA wheels (Python preloads them), so binaries
 get an RPATH to torch/lib and to each NVIDIA library folder. On another machine (the GPU host)
 LD_LIBRARY_PATH pointing at that machine's torch/lib and nvidia/*/lib takes precedence only if
@@ -47,6 +48,9 @@ def _torch_wheel_impl(ctx):
         "-Wl,--as-needed",
         "-pthread",
     ]
+    # c10's CUDA guards and events are inline and call the runtime directly; the wheel ships only
+    # the versioned soname, which the GPU host's torch 2.11 (cu130) wheel has too.
+    cudart = ["-L%s/nvidia/cu13/lib" % site, "-l:libcudart.so.13"]
     build = """package(default_visibility = ["//visibility:public"])
 
 cc_library(
@@ -62,9 +66,10 @@ cc_library(
     hdrs = glob(["cuda_include/**", "nccl_include/**"]),
     includes = ["cuda_include", "nccl_include"],
     defines = ["USE_C10D_NCCL"],
+    linkopts = %s,
     deps = [":torch"],
 )
-""" % repr(linkopts)
+""" % (repr(linkopts), repr(cudart))
     ctx.file("BUILD", build)
     ctx.file("WORKSPACE", 'workspace(name = "%s")\n' % ctx.name)
     ctx.file("torch_dir.txt", torch_dir + "\n")

@@ -45,7 +45,11 @@ torch::Tensor ForeachSgd::step(LossClosure closure) {
       }
       steps = options.nesterov() ? at::_foreach_add(grads, buffers, options.momentum()) : buffers;
     }
-    at::_foreach_add_(params, steps, -options.lr());
+    if (device_lr_.defined()) {
+      at::_foreach_sub_(params, at::_foreach_mul(steps, device_lr_));
+    } else {
+      at::_foreach_add_(params, steps, -options.lr());
+    }
   }
   return loss;
 }

@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include <utility>
 #include <vector>
 
 namespace elrun::trainer {
@@ -17,6 +18,15 @@ class ForeachSgd : public torch::optim::SGD {
   ForeachSgd(const std::vector<torch::Tensor>& params, torch::optim::SGDOptions options)
       : torch::optim::SGD(params, options) {}
   torch::Tensor step(LossClosure closure = nullptr) override;
+
+  // From now on the learning rate is this one-element tensor on the parameters' device, not the
+  // options' number: a step captured in a CUDA graph (cuda_graph_step.h) reads the rate each
+  // replay instead of baking one in. The step becomes p -= lr * d, the same number as
+  // p += (-lr) * d up to the contraction of the multiply-add.
+  void set_device_lr(torch::Tensor lr) { device_lr_ = std::move(lr); }
+
+ private:
+  torch::Tensor device_lr_;
 };
 
 }  // namespace elrun::trainer

@@ -28,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "trainer/checkpoint.h"
 #include "trainer/collectives.h"
+#include "trainer/cuda_graph_step.h"
 #include "trainer/cuda_memory.h"
 #include "trainer/data_parallel.h"
 #include "trainer/fashion_mnist.h"
@@ -198,6 +199,7 @@ struct Job {
   std::string allreduce = "none";  // How DDP's and SyncBatchNorm's sums travel: shm, gloo, nccl.
   std::unique_ptr<DataParallel> dp;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<CudaGraphStep> graph;  // --cuda-graph.
   std::unique_ptr<DistributedSampler> sampler;
   std::unique_ptr<StepTimes> step_times;
   std::unique_ptr<StepProfiler> profiler;
@@ -349,6 +351,12 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
       return absl::UnavailableError(loaded.status().message());
     }
   }
+  if (o.cuda_graph) {
+    if (!job->placement.cuda) return absl::InvalidArgumentError("--cuda-graph needs CUDA; this rank runs on the CPU");
+    // MakeOptimizer's SGD is a ForeachSgd (CheckCudaGraph refused the others).
+    job->graph = std::make_unique<CudaGraphStep>(*job->dp, static_cast<ForeachSgd&>(*job->optimizer), job->device,
+                                                 o.batch_size);
+  }
   return job;
 }
 
@@ -356,6 +364,11 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
 // communicates). Returns the batch's loss.
 double TrainStep(Job& job, const std::vector<int64_t>& batch, double lr) {
   const TrainOptions& o = job.o;
+  if (job.graph) {
+    return job.graph->Step(
+        [&] { return std::make_pair(Rows(job.train.images, batch, job.device), Rows(job.train.labels, batch, job.device)); },
+        lr);
+  }
   torch::Tensor images = Rows(job.train.images, batch, job.device);
   torch::Tensor labels = Rows(job.train.labels, batch, job.device);
   const int64_t micro = images.size(0) / o.accum_steps;

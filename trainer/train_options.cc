@@ -36,6 +36,22 @@ struct RawChoices {
               memory_format = "auto";
 };
 
+// What a captured step cannot hold: each needs a decision on the host or a synchronisation per
+// step (or, for the sharded strategies, collectives this capture does not cover yet).
+absl::Status CheckCudaGraph(const TrainOptions& o) {
+  if (!o.cuda_graph) return absl::OkStatus();
+  const char* conflict = o.device == DeviceChoice::kCpu            ? "--device cpu"
+                         : o.strategy != Strategy::kDdp            ? "a sharded --strategy"
+                         : o.optimizer != OptimizerChoice::kSgd    ? "--optimizer adam"
+                         : o.accum_steps > 1                       ? "--accum-steps > 1"
+                         : o.sync_bn                               ? "--sync-bn"
+                         : o.clip_grad_norm > 0                    ? "--clip-grad-norm"
+                                                                   : nullptr;
+  if (conflict == nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--cuda-graph does not support ", conflict, ": it captures DDP with SGD on CUDA, one step per batch"));
+}
+
 absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
   auto model = Pick<ModelChoice>("model", raw.model, {{"fashionnet", ModelChoice::kFashionNet}, {"mlp", ModelChoice::kMlp}});
   auto linear = Pick<LinearChoice>(
@@ -92,6 +108,7 @@ absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
   if (o.allreduce == AllreduceChoice::kShm && o.device == DeviceChoice::kCuda) {
     return absl::InvalidArgumentError("--allreduce=shm sums CPU tensors: use it with --device cpu");
   }
+  if (absl::Status s = CheckCudaGraph(o); !s.ok()) return s;
   for (int64_t width : o.mlp_hidden) {
     if (width <= 0) return absl::InvalidArgumentError(absl::StrCat("--mlp-hidden: width ", width, " is not positive"));
   }
@@ -224,6 +241,10 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
       ->capture_default_str();
   app.add_flag("--allow-tf32", o.allow_tf32,
                "CUDA: cuDNN convolutions in TF32, as PyTorch's default (faster; off: fp32, matching the CPU)");
+  app.add_flag("--cuda-graph", o.cuda_graph,
+               "CUDA: capture the whole DDP step (forward, backward, all-reduce, SGD) in a CUDA graph once and "
+               "replay it per batch: one launch per step instead of dozens; DDP with SGD only, no SyncBatchNorm, "
+               "accumulation or clipping");
   app.add_option("--collective-timeout", o.collective_timeout_s,
                  "seconds a collective waits for its peers before this rank fails")
       ->check(CLI::Range(0.1, 86400.0))

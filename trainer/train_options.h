@@ -67,6 +67,8 @@ struct TrainOptions {
   double clip_grad_norm = 0.0;  // Clip by the global gradient norm before each step; 0: off.
   // cuDNN convolutions in TF32 on CUDA (PyTorch's default). Off: fp32, as on the CPU.
   bool allow_tf32 = false;
+  // Capture the training step in a CUDA graph and replay it (cuda_graph_step.h).
+  bool cuda_graph = false;
   // PyTorch's profiler over steps [profile_first, profile_end) when profile_end > 0; the trace
   // (Chrome JSON) to profile_trace.<rank>.
   int64_t profile_first = 0;

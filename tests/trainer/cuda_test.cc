@@ -22,6 +22,8 @@
 #include "trainer/checkpoint.h"
 #include "trainer/collectives.h"
 #include "trainer/cuda_memory.h"
+#include "trainer/cuda_graph_step.h"
+#include "trainer/data_parallel.h"
 #include "trainer/ddp.h"
 #include "trainer/foreach_sgd.h"
 #include "trainer/fsdp.h"
@@ -225,6 +227,51 @@ TEST_CASE("the caching allocator's statistics follow an allocation") {
   const CudaMemory after = CudaMemoryStats(0);
   CHECK(after.allocated == before.allocated);
   CHECK(after.peak_allocated - before.allocated >= (int64_t{64} << 20));
+}
+
+TEST_CASE("a DDP step captured in a CUDA graph trains as the eager steps do, short batches and a schedule included") {
+  // FashionNet on random images: 2 warm-up steps, the capture, replays, one short batch (eager,
+  // gradients zeroed in place), then replays again; the learning rate changes every step.
+  RunCudaRanks([&](int rank, PG pg) {
+    const std::vector<int64_t> sizes = {16, 16, 16, 16, 16, 7, 16, 16};
+    auto gen = at::detail::createCPUGenerator(100 + rank);
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+    for (int64_t n : sizes) batches.emplace_back(torch::randn({n, 1, 28, 28}, gen), torch::randint(0, 10, {n}, gen));
+    std::vector<std::vector<torch::Tensor>> trained;
+    std::vector<std::vector<double>> losses;
+    for (bool graphed : {false, true}) {
+      auto model = Model(5, "fashionnet");
+      model->to(Cuda(rank));
+      auto dp = DataParallel::Create(Strategy::kDdp, model, pg, DdpOptions{});
+      ForeachSgd sgd(dp->OptimizerParameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+      CudaGraphStep graph(*dp, sgd, Cuda(rank), 16, /*warmup_steps=*/2);
+      losses.emplace_back();
+      for (size_t i = 0; i < batches.size(); ++i) {
+        const double lr = 0.05 / (1.0 + static_cast<double>(i));
+        auto fetch = [&] { return std::make_pair(batches[i].first.to(Cuda(rank)), batches[i].second.to(Cuda(rank))); };
+        if (graphed) {
+          losses.back().push_back(graph.Step(fetch, lr));
+        } else {
+          auto [x, y] = fetch();
+          for (auto& group : sgd.param_groups()) group.options().set_lr(lr);
+          sgd.zero_grad();
+          torch::Tensor loss = torch::nn::functional::cross_entropy(dp->Forward(x), y);
+          dp->Backward(loss, true);
+          sgd.step();
+          losses.back().push_back(loss.item<double>());
+        }
+      }
+      CHECK(graph.captured() == graphed);
+      trained.emplace_back();
+      for (const auto& t : model->parameters()) trained.back().push_back(t.detach().cpu());
+      for (const auto& t : model->buffers()) trained.back().push_back(t.detach().cpu().to(torch::kDouble));
+    }
+    for (size_t i = 0; i < losses[0].size(); ++i) {
+      CAPTURE(i);
+      CHECK(losses[1][i] == doctest::Approx(losses[0][i]).epsilon(1e-5));
+    }
+    CHECK(torch::allclose(Flat(trained[0]).to(torch::kDouble), Flat(trained[1]).to(torch::kDouble), 1e-5, 1e-5));
+  });
 }
 
 TEST_CASE("ForeachSgd on CUDA (multi-tensor kernels) steps as torch::optim::SGD does") {

@@ -61,6 +61,19 @@ TEST_CASE("--profile-steps FIRST:END with --profile-trace") {
   CHECK(Error({"--profile-trace", "t"}) == "--profile-trace needs --profile-steps FIRST:END");
 }
 
+TEST_CASE("--cuda-graph refuses what a captured step cannot hold") {
+  auto parsed = Parse({"--cuda-graph", "--device", "cuda"});
+  REQUIRE(parsed.ok());
+  CHECK((*parsed)->cuda_graph);
+  const std::string tail = ": it captures DDP with SGD on CUDA, one step per batch";
+  CHECK(Error({"--cuda-graph", "--device", "cpu"}) == "--cuda-graph does not support --device cpu" + tail);
+  CHECK(Error({"--cuda-graph", "--strategy", "zero2"}) == "--cuda-graph does not support a sharded --strategy" + tail);
+  CHECK(Error({"--cuda-graph", "--optimizer", "adam"}) == "--cuda-graph does not support --optimizer adam" + tail);
+  CHECK(Error({"--cuda-graph", "--accum-steps", "2"}) == "--cuda-graph does not support --accum-steps > 1" + tail);
+  CHECK(Error({"--cuda-graph", "--sync-bn"}) == "--cuda-graph does not support --sync-bn" + tail);
+  CHECK(Error({"--cuda-graph", "--clip-grad-norm", "1"}) == "--cuda-graph does not support --clip-grad-norm" + tail);
+}
+
 TEST_CASE("--clip-grad-norm: a non-negative norm") {
   auto parsed = Parse({"--clip-grad-norm", "1.5"});
   REQUIRE(parsed.ok());
