@@ -30,11 +30,19 @@ namespace elrun::trainer {
 
 class CudaGraphStep {
  public:
-  CudaGraphStep(DataParallel& dp, ForeachSgd& optimizer, const torch::Device& device, int64_t batch_size,
-                int warmup_steps = 3);
+  CudaGraphStep(const torch::Device& device, int64_t batch_size, int warmup_steps = 3);
   ~CudaGraphStep();
   CudaGraphStep(const CudaGraphStep&) = delete;
   CudaGraphStep& operator=(const CudaGraphStep&) = delete;
+
+  // Runs `build` with the capture stream current, ordered after the caller's stream and before
+  // what the caller queues next. Construct the DDP wrapper in it: DDP keeps each parameter's
+  // gradient accumulator, which remembers the stream it was made on, and a capture needs them
+  // on its own stream (else the autograd engine makes the legacy stream wait on the capture).
+  void OnStream(const std::function<void()>& build);
+  // The wrapper and optimizer to step (built in OnStream); the optimizer's rate becomes a
+  // device tensor (ForeachSgd::set_device_lr).
+  void Bind(DataParallel& dp, ForeachSgd& optimizer);
 
   // One training step at learning rate `lr` on the batch that `fetch` puts on the device (it
   // runs on the capture stream, so its copies are ordered before the step). Returns the loss,

@@ -19,7 +19,7 @@ class ForeachSgd : public torch::optim::SGD {
       : torch::optim::SGD(params, options) {}
   torch::Tensor step(LossClosure closure = nullptr) override;
 
-  // From now on the learning rate is this one-element tensor on the parameters' device, not the
+  // From now on the learning rate is this 0-dim tensor on the parameters' device, not the
   // options' number: a step captured in a CUDA graph (cuda_graph_step.h) reads the rate each
   // replay instead of baking one in. The step becomes p -= lr * d, the same number as
   // p += (-lr) * d up to the contraction of the multiply-add.

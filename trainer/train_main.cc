@@ -331,7 +331,13 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   ddp_options.bucket_cap_mb = o.bucket_cap_mb;
   ddp_options.first_bucket_mb = o.first_bucket_mb;
   if (o.strategy == Strategy::kDdp) ddp_options.shm = job->shm;
-  job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options);
+  if (o.cuda_graph) {
+    if (!job->placement.cuda) return absl::InvalidArgumentError("--cuda-graph needs CUDA; this rank runs on the CPU");
+    job->graph = std::make_unique<CudaGraphStep>(job->device, o.batch_size);
+    job->graph->OnStream([&] { job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options); });
+  } else {
+    job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options);
+  }
   job->optimizer = MakeOptimizer(o, job->dp->OptimizerParameters());
   job->metrics = std::make_unique<Metrics>(job->rank() == 0 ? o.metrics_file : "");
 
@@ -351,12 +357,8 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
       return absl::UnavailableError(loaded.status().message());
     }
   }
-  if (o.cuda_graph) {
-    if (!job->placement.cuda) return absl::InvalidArgumentError("--cuda-graph needs CUDA; this rank runs on the CPU");
-    // MakeOptimizer's SGD is a ForeachSgd (CheckCudaGraph refused the others).
-    job->graph = std::make_unique<CudaGraphStep>(*job->dp, static_cast<ForeachSgd&>(*job->optimizer), job->device,
-                                                 o.batch_size);
-  }
+  // MakeOptimizer's SGD is a ForeachSgd (CheckCudaGraph refused the others).
+  if (job->graph) job->graph->Bind(*job->dp, static_cast<ForeachSgd&>(*job->optimizer));
   return job;
 }
 

@@ -242,9 +242,11 @@ TEST_CASE("a DDP step captured in a CUDA graph trains as the eager steps do, sho
     for (bool graphed : {false, true}) {
       auto model = Model(5, "fashionnet");
       model->to(Cuda(rank));
-      auto dp = DataParallel::Create(Strategy::kDdp, model, pg, DdpOptions{});
+      CudaGraphStep graph(Cuda(rank), 16, /*warmup_steps=*/2);
+      std::unique_ptr<DataParallel> dp;
+      graph.OnStream([&] { dp = DataParallel::Create(Strategy::kDdp, model, pg, DdpOptions{}); });
       ForeachSgd sgd(dp->OptimizerParameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-      CudaGraphStep graph(*dp, sgd, Cuda(rank), 16, /*warmup_steps=*/2);
+      if (graphed) graph.Bind(*dp, sgd);
       losses.emplace_back();
       for (size_t i = 0; i < batches.size(); ++i) {
         const double lr = 0.05 / (1.0 + static_cast<double>(i));
