@@ -6,8 +6,8 @@ On this machine, in one invocation:
   - scripts/bench/fashion_twin.py (the same model, data, data order, optimizer and step, with
     torch.nn.parallel.DistributedDataParallel on gloo) under Debian's torchrun 1.13, started through
     scripts/bench/torchrun_compat.py --standalone --nproc_per_node K, K = 1 and 2;
-  - extra rows: elrun-train --sync-bn at 2 ranks; elrun-train --linear aten at 1 and 2 ranks (the
-    Linear layers on the linked BLAS, as the Python twin's nn.Linear, instead of oneDNN); and
+  - extra rows: elrun-train --sync-bn at 2 ranks; elrun-train --memory-format contiguous at 1 and
+    2 ranks (NCHW activations, as the Python twin's, instead of the default channels-last); and
     elrun-train --allreduce gloo at 2 ranks (DDP's buckets over Gloo's TCP loopback, as the twin's,
     instead of shared memory). They separate what the kernels and the transport contribute;
   - the machine's ceiling: two independent 1-rank elrun-train jobs started at the same moment
@@ -62,10 +62,10 @@ TARGET_RATIO = 1.15    # elrun-train samples/s at 2 ranks >= 1.15 x the Python t
 TARGET_SCALING = 0.95  # elrun-train rate(2 ranks) / (2 x rate(1 rank)) >= 0.95
 
 ELRUN, PY, SYNC, PAIR = "elrun", "python", "elrun-syncbn", "elrun-pair"
-ATEN, GLOO = "elrun-aten", "elrun-gloo"
+NCHW, GLOO = "elrun-nchw", "elrun-gloo"
 LABELS = {
     ELRUN: "elrun + elrun-train (C++ DDP, BatchNorm2d)",
-    ATEN: "elrun + elrun-train --linear aten (Linear on the BLAS, as the twin) [d]",
+    NCHW: "elrun + elrun-train --memory-format contiguous (NCHW, as the twin) [d]",
     GLOO: "elrun + elrun-train --allreduce gloo (buckets over Gloo, as the twin) [d]",
     PY: "torchrun + fashion_twin.py (Python DDP, BatchNorm2d)",
     SYNC: "elrun + elrun-train --sync-bn (C++ DDP, SyncBatchNorm)",
@@ -99,7 +99,7 @@ def command(args, c, metrics):
                 + worker_args(args, metrics))
     argv = ([args.elrun_copy, "--standalone", "--nproc-per-node", k, "--no-python", args.train_copy]
             + worker_args(args, metrics) + ["--step-times-file", metrics + ".steps"])
-    extra = {SYNC: ["--sync-bn"], ATEN: ["--linear", "aten"], GLOO: ["--allreduce", "gloo"]}
+    extra = {SYNC: ["--sync-bn"], NCHW: ["--memory-format", "contiguous"], GLOO: ["--allreduce", "gloo"]}
     return argv + extra.get(c.kind, [])
 
 
@@ -225,7 +225,7 @@ def run_once(args, c, env, workdir, rnd):
 
 def bench(args, workdir):
     configs = [Config(ELRUN, 1), Config(PY, 1), Config(ELRUN, 2), Config(PY, 2), Config(SYNC, 2),
-               Config(PAIR, 2), Config(ATEN, 1), Config(ATEN, 2), Config(GLOO, 2)]
+               Config(PAIR, 2), Config(NCHW, 1), Config(NCHW, 2), Config(GLOO, 2)]
     env = clean_env((TAG_VAR,))
     commands = {}
     t0 = time.monotonic()
@@ -274,7 +274,7 @@ def summary(configs):
     e1, e2 = med(get(configs, ELRUN, 1)), med(get(configs, ELRUN, 2))
     p1, p2 = med(get(configs, PY, 1)), med(get(configs, PY, 2))
     s2, pair = med(get(configs, SYNC, 2)), med(get(configs, PAIR, 2))
-    a1, a2, g2 = med(get(configs, ATEN, 1)), med(get(configs, ATEN, 2)), med(get(configs, GLOO, 2))
+    a1, a2, g2 = med(get(configs, NCHW, 1)), med(get(configs, NCHW, 2)), med(get(configs, GLOO, 2))
     sync = stats([r["end"]["sync_rate"] for r in get(configs, PAIR, 2).runs])[0]
     return {"e1": e1, "e2": e2, "p1": p1, "p2": p2, "s2": s2, "pair": pair,
             "a1": a1, "a2": a2, "g2": g2, "a_scaling": a2 / (2 * a1), "a_ratio": a2 / p2,
@@ -303,8 +303,8 @@ def table(configs, s):
                  f"{s['ceiling']:.3f} [a] | — |")
     lines.append(f"| the synchronous ceiling: the pair's steps in lock step [e] | — | "
                  f"{fmt(s['sync_ceiling'] * 2 * s['e1'])} | {s['sync_ceiling']:.3f} [a] | — |")
-    lines.append(f"| {LABELS[ATEN]} | {rate_cell(get(configs, ATEN, 1))} | "
-                 f"{rate_cell(get(configs, ATEN, 2))} | {s['a_scaling']:.3f} | {s['a_ratio']:.2f}× |")
+    lines.append(f"| {LABELS[NCHW]} | {rate_cell(get(configs, NCHW, 1))} | "
+                 f"{rate_cell(get(configs, NCHW, 2))} | {s['a_scaling']:.3f} | {s['a_ratio']:.2f}× |")
     lines.append(f"| {LABELS[GLOO]} | — | {rate_cell(get(configs, GLOO, 2))} | "
                  f"{s['g_scaling']:.3f} [a] | {s['g_ratio']:.2f}× |")
     return lines
@@ -348,13 +348,13 @@ def accuracy_check(configs):
     parts = []
     for nproc in (1, 2):
         accs = {kind: sorted({r["end"]["test_accuracy"] for r in get(configs, kind, nproc).runs})
-                for kind in (ATEN, ELRUN, PY)}
-        same = accs[ATEN] == accs[PY]
-        parts.append(f"{nproc} rank(s): elrun-train --linear aten "
-                     f"{', '.join(f'{a:.4f}' for a in accs[ATEN])}, Python "
+                for kind in (NCHW, ELRUN, PY)}
+        same = accs[NCHW] == accs[PY]
+        parts.append(f"{nproc} rank(s): elrun-train --memory-format contiguous "
+                     f"{', '.join(f'{a:.4f}' for a in accs[NCHW])}, Python "
                      f"{', '.join(f'{a:.4f}' for a in accs[PY])} ({'equal' if same else 'differ'}),"
-                     f" elrun-train with oneDNN {', '.join(f'{a:.4f}' for a in accs[ELRUN])}")
-    return ("; ".join(parts) + " (the oneDNN kernel rounds differently, so its accuracy may differ "
+                     f" elrun-train in channels-last {', '.join(f'{a:.4f}' for a in accs[ELRUN])}")
+    return ("; ".join(parts) + " (NHWC convolutions sum in another order, so the default's accuracy may differ "
             "in the last digits; at 2 ranks all may differ slightly: Python's DDP broadcasts "
             "rank 0's BatchNorm running stats before every forward, elrun-train only at start, so "
             "rank 1 evaluates its shard with other running stats)")
@@ -401,10 +401,11 @@ def report(args, configs, commands, s, info, load, elapsed):
         "whose CPUs slow down and recover independently, this is below the pair's ceiling [c] by "
         "what waiting for the slower CPU costs; no implementation of synchronous data parallelism "
         f"gets past it. elrun-train's DDP at 2 ranks reached {s['e_of_sync']:.3f} of it.",
-        "[d] Ablations of elrun-train's two defaults that the twin does not share. --linear aten: "
-        "FashionNet's Linear layers through ATen's Linear, i.e. Debian's reference BLAS, as the "
-        "twin's nn.Linear (the default computes them as 1x1 convolutions with oneDNN: same "
-        "parameters, same results up to float rounding). --allreduce gloo: DDP's buckets over "
+        "[d] Ablations of elrun-train's two defaults that the twin does not share. --memory-format "
+        "contiguous: the convolutions' weights and activations in NCHW, as the twin's (the default "
+        "on CPU is channels-last, NHWC, where oneDNN's convolutions and ATen's pooling and batch "
+        "norm are vectorised over channels: same parameters, same results up to float rounding). "
+        "--allreduce gloo: DDP's buckets over "
         "Gloo's TCP loopback, as the twin's DDP (the default sums them in a shared-memory segment "
         "when all ranks are on one host). Scaling of the gloo row is against the default 1-rank "
         "rate [a], as one rank communicates nothing.",
@@ -494,7 +495,7 @@ def plot(configs, s, path):
             ("elrun-train\n--sync-bn [a]", s["s_scaling"], colors[SYNC]),
             ("ceiling: 2 × 1-rank\njobs at once [a]", s["ceiling"], "#999999"),
             ("synchronous\nceiling [a]", s["sync_ceiling"], "#bbbbbb"),
-            ("--linear\naten", s["a_scaling"], "#a6cee3"),
+            ("--memory-format\ncontiguous", s["a_scaling"], "#a6cee3"),
             ("--allreduce\ngloo [a]", s["g_scaling"], "#b2df8a")]
     for i, (name, v, color) in enumerate(bars):
         ax2.bar(i, v, 0.6, color=color)
