@@ -1,8 +1,6 @@
 #include "launcher/file_timer.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
@@ -17,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "launcher/line_fifo.h"
 #include "launcher/value_parsers.h"
 
 namespace elrun {
@@ -119,71 +118,33 @@ std::optional<double> FileTimerTable::NextExpiry() const {
 
 absl::StatusOr<std::unique_ptr<FileTimerServer>> FileTimerServer::Start(const std::string& path, EventLoop* loop,
                                                                         GroupOf group_of, OnReap on_reap) {
-  auto fail = [&path](const char* what) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("TORCHELASTIC_TIMER_FILE ", path, ": ", what, ": ", std::strerror(errno)));
-  };
-  struct stat st;
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISFIFO(st.st_mode)) {
-      return absl::FailedPreconditionError(absl::StrCat("TORCHELASTIC_TIMER_FILE ", path,
-                                                        " exists and is not a FIFO; elrun will not replace it"));
-    }
-    if (::unlink(path.c_str()) != 0) return fail("cannot remove the old FIFO");
-  }
-  if (::mkfifo(path.c_str(), 0600) != 0) return fail("mkfifo");
   std::unique_ptr<FileTimerServer> server(new FileTimerServer(path, loop, std::move(group_of), std::move(on_reap)));
-  server->read_fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (server->read_fd_ < 0) return fail("open");
-  server->keep_open_fd_ = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-  if (server->keep_open_fd_ < 0) return fail("open");
-  server->timer_fd_ = ::timerfd_create(CLOCK_REALTIME, TFD_NONBLOCK | TFD_CLOEXEC);
-  if (server->timer_fd_ < 0) return fail("timerfd_create");
   FileTimerServer* self = server.get();
-  absl::Status added = loop->Add(server->read_fd_, [self] { self->OnReadable(); });
-  if (added.ok()) added = loop->Add(server->timer_fd_, [self] { self->OnTimer(); });
+  auto fifo = LineFifo::Open(
+      path, absl::StrCat("TORCHELASTIC_TIMER_FILE ", path), loop, kMaxLine,
+      [self](const std::string& line) {
+        absl::Status applied = self->table_.Apply(line);
+        if (!applied.ok()) spdlog::warn("FileTimer watchdog: dropped a request: {}", std::string(applied.message()));
+      },
+      [self] { self->Arm(); });
+  if (!fifo.ok()) return fifo.status();
+  server->fifo_ = *std::move(fifo);
+  server->timer_fd_ = ::timerfd_create(CLOCK_REALTIME, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (server->timer_fd_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("TORCHELASTIC_TIMER_FILE ", path, ": timerfd_create: ", std::strerror(errno)));
+  }
+  absl::Status added = loop->Add(server->timer_fd_, [self] { self->OnTimer(); });
   if (!added.ok()) return added;
   spdlog::info("FileTimer watchdog at {} (TORCHELASTIC_ENABLE_FILE_TIMER=1)", path);
   return server;
 }
 
 FileTimerServer::~FileTimerServer() {
-  for (int fd : {read_fd_, timer_fd_}) {
-    if (fd >= 0) {
-      loop_->Remove(fd);
-      ::close(fd);
-    }
+  if (timer_fd_ >= 0) {
+    loop_->Remove(timer_fd_);
+    ::close(timer_fd_);
   }
-  if (keep_open_fd_ >= 0) ::close(keep_open_fd_);
-  ::unlink(path_.c_str());
-}
-
-void FileTimerServer::OnReadable() {
-  char buffer[65536];
-  for (int round = 0; round < 64; ++round) {  // Bounded: the loop comes back while more waits.
-    ssize_t n = ::read(read_fd_, buffer, sizeof(buffer));
-    if (n <= 0) break;
-    for (ssize_t i = 0; i < n; ++i) {
-      char c = buffer[i];
-      if (c != '\n') {
-        if (skipping_) continue;
-        partial_ += c;
-        if (partial_.size() > kMaxLine) {
-          spdlog::warn("FileTimer watchdog: dropped a request over {} bytes", kMaxLine);
-          partial_.clear();
-          skipping_ = true;
-        }
-        continue;
-      }
-      if (!skipping_ && !partial_.empty()) {
-        absl::Status applied = table_.Apply(partial_);
-        if (!applied.ok()) spdlog::warn("FileTimer watchdog: dropped a request: {}", std::string(applied.message()));
-      }
-      partial_.clear();
-      skipping_ = false;
-    }
-  }
-  Arm();
 }
 
 void FileTimerServer::OnTimer() {

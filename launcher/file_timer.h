@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "launcher/event_loop.h"
+#include "launcher/line_fifo.h"
 
 namespace elrun {
 
@@ -92,7 +93,6 @@ class FileTimerServer {
   FileTimerServer(std::string path, EventLoop* loop, GroupOf group_of, OnReap on_reap)
       : path_(std::move(path)), loop_(loop), group_of_(std::move(group_of)), on_reap_(std::move(on_reap)) {}
 
-  void OnReadable();
   void OnTimer();
   void Arm();
 
@@ -100,12 +100,9 @@ class FileTimerServer {
   EventLoop* const loop_;
   const GroupOf group_of_;
   const OnReap on_reap_;
-  int read_fd_ = -1;
-  int keep_open_fd_ = -1;  // A writer of our own: no EOF spin while no worker holds the FIFO.
   int timer_fd_ = -1;
-  std::string partial_;      // The start of a line not yet ended.
-  bool skipping_ = false;    // Inside an over-long line: dropped up to its newline.
   FileTimerTable table_;
+  std::unique_ptr<LineFifo> fifo_;  // Last member: destroyed first, so no line arrives after the table.
 };
 
 }  // namespace elrun

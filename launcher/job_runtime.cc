@@ -152,15 +152,38 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(
     if (!server.ok()) return server.status();
     runtime->file_timer_ = *std::move(server);
   }
+  const HeartbeatLimits limits{spec.worker_timeout_s, spec.worker_start_timeout_s};
+  if (limits.any()) {
+    auto tmp = env.find("TMPDIR");
+    std::string fifo = absl::StrCat(tmp == env.end() || tmp->second.empty() ? "/tmp" : tmp->second,
+                                    "/elrun_heartbeat_", RandomRunId());
+    JobRuntime* self = runtime.get();
+    auto server = HeartbeatServer::Start(
+        fifo, runtime->loop_.get(), limits,
+        [self](int pid) -> std::optional<int> {
+          pid_t group = ::getpgid(pid);
+          if (group > 0 && self->table_->HasWorker(group)) return group;
+          return std::nullopt;
+        },
+        [self] { return self->table_->Workers(); },
+        [self](int group, const std::string& why) {
+          if (self->on_watchdog_signal_) self->on_watchdog_signal_(group, "heartbeat watchdog: " + why);
+          self->table_->SignalGroup(group, SIGKILL);
+        });
+    if (!server.ok()) return server.status();
+    runtime->heartbeat_ = *std::move(server);
+  }
   return runtime;
 }
 
 void JobRuntime::PrepareBuilder(AttemptBuilder& builder) const {
   builder.BindWorkers(bindings_);
   if (file_timer_) builder.SetWorkerEnv("TORCHELASTIC_TIMER_FILE", file_timer_->path());
+  if (heartbeat_) builder.SetWorkerEnv("ELRUN_HEARTBEAT_FILE", heartbeat_->path());
 }
 
 JobRuntime::~JobRuntime() {
+  heartbeat_.reset();
   file_timer_.reset();
   table_.reset();
   if (signal_fd_ >= 0) {

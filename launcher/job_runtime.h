@@ -16,6 +16,7 @@
 #include "launcher/event_loop.h"
 #include "launcher/file_timer.h"
 #include "launcher/guardian.h"
+#include "launcher/heartbeat.h"
 #include "launcher/job_spec.h"
 #include "launcher/log_layout.h"
 #include "launcher/numa_binding.h"
@@ -52,11 +53,13 @@ class JobRuntime {
   const LogLayout& layout() const { return *layout_; }
   const std::string& run_id() const { return run_id_; }
   // Gives `builder` what this runtime adds to every worker: --numa-binding's CPUs and memory
-  // node, and TORCHELASTIC_TIMER_FILE when the FileTimer watchdog runs.
+  // node, TORCHELASTIC_TIMER_FILE when the FileTimer watchdog runs, and ELRUN_HEARTBEAT_FILE
+  // with --worker-timeout or --worker-start-timeout.
   void PrepareBuilder(AttemptBuilder& builder) const;
 
   // Called when the FileTimer watchdog (TORCHELASTIC_ENABLE_FILE_TIMER=1) signals a process of
-  // a worker's group: the worker's pid and one line saying why.
+  // a worker's group, or a hung worker (heartbeat.h) is killed: the worker's pid and one line
+  // saying why.
   void OnWatchdogSignal(std::function<void(int pid, const std::string& why)> handler) {
     on_watchdog_signal_ = std::move(handler);
   }
@@ -82,6 +85,7 @@ class JobRuntime {
   std::unique_ptr<EventLoop> loop_;
   std::unique_ptr<PosixProcessTable> table_;
   std::unique_ptr<FileTimerServer> file_timer_;
+  std::unique_ptr<HeartbeatServer> heartbeat_;
   std::function<void(int pid, const std::string& why)> on_watchdog_signal_;
 };
 

@@ -51,6 +51,9 @@ struct JobSpec {
   std::string start_method = "spawn";
   std::string role = "default";
   std::chrono::milliseconds shutdown_timeout{30000};
+  // Progress heartbeats (heartbeat.h): seconds without a beat once beating, and before the first.
+  std::optional<double> worker_timeout_s;
+  std::optional<double> worker_start_timeout_s;
   std::vector<int> signals_to_handle;
 
   // Logs.

@@ -69,6 +69,11 @@ constexpr OptionDef kOptions[] = {
      "Signals forwarded to the workers before elrun exits."},
     {"shutdown-timeout", "", false, "SECONDS", "30",
      "Seconds between SIGTERM and SIGKILL when stopping workers."},
+    {"worker-timeout", "", false, "SECONDS", "",
+     "A worker that heartbeats (ELRUN_HEARTBEAT_FILE) and then goes this long without a beat is hung: "
+     "its stacks are asked for, it is killed and the group restarts within --max-restarts."},
+    {"worker-start-timeout", "", false, "SECONDS", "",
+     "The same for a worker's first heartbeat, counted from its start."},
     {"duplicate-stdout-filters", "", false, "A,B", "",
      "Also write tee'd stdout lines holding any of these strings to <attempt>/filtered_stdout.log "
      "(',,' is a comma)."},
@@ -191,6 +196,14 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest,
                           ParseSignalList(r["signals-to-handle"]));
   ELRUN_ASSIGN_OR_INVALID(spec->shutdown_timeout, "shutdown-timeout",
                           ParseSeconds(r["shutdown-timeout"]));
+  for (auto [name, field] : {std::pair{"worker-timeout", &spec->worker_timeout_s},
+                             std::pair{"worker-start-timeout", &spec->worker_start_timeout_s}}) {
+    if (r[name].empty()) continue;
+    std::chrono::milliseconds limit;
+    ELRUN_ASSIGN_OR_INVALID(limit, name, ParseSeconds(r[name]));
+    if (limit.count() <= 0) return Invalid(r, name, absl::InvalidArgumentError("must be positive"));
+    *field = limit.count() / 1000.0;
+  }
   spec->duplicate_stdout_filters = ParseFilterList(r["duplicate-stdout-filters"]);
   spec->duplicate_stderr_filters = ParseFilterList(r["duplicate-stderr-filters"]);
   spec->virtual_local_rank = r.Flag("virtual-local-rank");

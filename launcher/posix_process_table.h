@@ -37,6 +37,12 @@ class PosixProcessTable : public ProcessTable {
   void SignalGroup(int pid, int signo) override;
   // True while `pid` is a worker of this table that has not been reaped (its group's id).
   bool HasWorker(int pid) const { return workers_.count(pid) > 0; }
+  // The unreaped workers' pids (their groups' ids).
+  std::vector<int> Workers() const {
+    std::vector<int> pids;
+    for (const auto& [pid, worker] : workers_) pids.push_back(pid);
+    return pids;
+  }
 
  private:
   struct Worker {

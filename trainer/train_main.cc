@@ -33,6 +33,7 @@
 #include "trainer/data_parallel.h"
 #include "trainer/fashion_mnist.h"
 #include "trainer/foreach_sgd.h"
+#include "trainer/heartbeat_client.h"
 #include "trainer/linear_kernel.h"
 #include "trainer/memory.h"
 #include "trainer/models.h"
@@ -203,6 +204,7 @@ struct Job {
   std::unique_ptr<DistributedSampler> sampler;
   std::unique_ptr<StepTimes> step_times;
   std::unique_ptr<StepProfiler> profiler;
+  std::unique_ptr<HeartbeatClient> heartbeat;  // elrun's ELRUN_HEARTBEAT_FILE, when given.
   std::unique_ptr<Metrics> metrics;
   TrainProgress progress;
   int rank() const { return env.rank; }
@@ -245,6 +247,7 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   auto dist_env = ReadDistEnv(env);
   if (!dist_env.ok()) return dist_env.status();
   job->env = *dist_env;
+  job->heartbeat = HeartbeatClient::FromEnvironment(env);
   auto visible = env.find("CUDA_VISIBLE_DEVICES");
   auto placement = ResolvePlacement(o.device, o.backend, job->env.local_rank,
                                     static_cast<int>(torch::cuda::device_count()),
@@ -513,6 +516,7 @@ LoopStats RunLoop(Job& job) {
       if (job.step_times) {
         job.step_times->Write(progress.step, loop.step_ms.back(), (ThreadCpuSeconds() - step_cpu_start) * 1e3);
       }
+      if (job.heartbeat) job.heartbeat->Beat(progress.step, loop.step_ms.back());
       ++progress.step;
       loop.samples += static_cast<int64_t>(batches[b].size()) * job.world();
       progress.samples_seen = job.sampler->Position(start, static_cast<int64_t>(b) + 1);

@@ -2,6 +2,10 @@
 swapped-out process looks to the others) makes the other rank fail within twice the timeout,
 through the shared-memory all-reduce and through Gloo alike, instead of waiting for the old
 fixed 120 s. elrun then ends the job with rank 0's failure as the root cause.
+
+With elrun's --worker-timeout, elrun-train's per-step heartbeats let elrun see the stall itself,
+long before a collective timeout of 300 s: the stopped rank and the rank waiting on it are both
+judged hung, the waiting one prints its stack on SIGUSR1, and both are killed.
 """
 import os
 import signal
@@ -16,10 +20,10 @@ TIMEOUT_S = 3
 
 class CollectiveTimeoutTest(TrainTestCase):
 
-    def stop_rank_1_and_time_the_end(self, transport):
-        run = self.launch(["--standalone", "--nproc_per_node", "2", "--shutdown-timeout", "1"],
+    def stop_rank_1_and_time_the_end(self, transport, launcher_args=(), collective_timeout=TIMEOUT_S):
+        run = self.launch(["--standalone", "--nproc_per_node", "2", "--shutdown-timeout", "1"] + list(launcher_args),
                           self.fresh_job(transport, 5000, allreduce=transport,
-                                         collective_timeout=TIMEOUT_S))
+                                         collective_timeout=collective_timeout))
         run.pump(lambda: len(train_harness.STEP_LINE.findall(run.stdout)) >= 3,
                  train_harness.TRAIN_TIMEOUT_S)
         self.assertGreaterEqual(len(train_harness.STEP_LINE.findall(run.stdout)), 3,
@@ -47,6 +51,18 @@ class CollectiveTimeoutTest(TrainTestCase):
                 root = result.err.split("Root Cause (first observed failure):\n", 1)[1]
                 self.assertIn("rank      : 0 (local_rank: 0", root,
                               "expected rank 0's failure as the root cause\n%s" % result)
+
+    @harness.elrun_only("torchrun has no progress heartbeats")
+    def test_heartbeats_catch_the_stall_before_any_collective_timeout(self):
+        result, took = self.stop_rank_1_and_time_the_end(
+            "shm", launcher_args=["--worker-timeout", str(TIMEOUT_S)], collective_timeout=300)
+        print("--worker-timeout %d: the job ended %.1f s after rank 1 stopped" % (TIMEOUT_S, took))
+        self.assertExit(result, 1)
+        # Judged within a tenth of the limit after it, 2 s for the stacks, then the kill.
+        self.assertLess(took, TIMEOUT_S + 0.5 + 2 + 5, result)
+        self.assertRegex(result.err, r"no progress for 3\.\d s \(--worker-timeout 3\): its last heartbeat, step \d+")
+        self.assertIn("elrun-train: stack of the thread that got SIGUSR1 (elrun: no progress):", result.err, result)
+        self.assertIn("by elrun's heartbeat watchdog: no progress for", result.err, result)
 
 
 if __name__ == "__main__":

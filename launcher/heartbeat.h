@@ -1,0 +1,123 @@
+// Progress heartbeats: elrun notices a worker that is alive but makes no progress, which
+// torchrun cannot (a deadlock, a SIGSTOP, a peer that hangs a collective with no timeout).
+//
+// With --worker-timeout or --worker-start-timeout, each worker gets ELRUN_HEARTBEAT_FILE, a FIFO
+// (line_fifo.h). A beat is one line, at most 256 bytes:
+//
+//   <pid> <step> <step_ms> [<stack signal>]
+//
+// elrun-train beats after every step; scripts/elrun_heartbeat.py gives Python scripts
+// beat(step) in one line. <stack signal>, when present, is a signal the worker handles by
+// printing its stacks (SIGUSR1 in both). A worker is hung when, after its first beat, none came
+// for --worker-timeout, or, before it, --worker-start-timeout passed since elrun first saw it.
+// elrun then logs the rank and since when, sends the stack signal if the worker named one,
+// and after kStackGrace kills the worker's group with the cause "no progress for N s"; the
+// failure restarts the group within --max-restarts like any other. Workers that never beat
+// are judged only by --worker-start-timeout, so without it scripts that do not beat are never
+// judged. Beats from a pid outside this job's workers are dropped.
+//
+// HeartbeatTable holds the logic and is pure (times in seconds of one clock). HeartbeatServer
+// adds the FIFO and a periodic timer on the event loop. Thread-compatible: the loop's thread.
+#ifndef ELRUN_LAUNCHER_HEARTBEAT_H_
+#define ELRUN_LAUNCHER_HEARTBEAT_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "launcher/event_loop.h"
+#include "launcher/line_fifo.h"
+
+namespace elrun {
+
+struct HeartbeatLimits {
+  std::optional<double> worker_timeout_s;  // Longest gap between beats once beating.
+  std::optional<double> start_timeout_s;   // Longest wait for the first beat.
+  bool any() const { return worker_timeout_s || start_timeout_s; }
+};
+
+struct Beat {
+  int pid = 0;
+  int64_t step = 0;
+  double step_ms = 0;
+  int stack_signal = 0;  // 0: none named.
+};
+
+// One beat line (see above); InvalidArgument naming what is wrong.
+absl::StatusOr<Beat> ParseBeat(const std::string& line);
+
+// A worker judged hung: its group, the signal that asks it for its stacks (0: none) and why.
+struct Hung {
+  int group = 0;
+  int stack_signal = 0;
+  std::string why;
+};
+
+class HeartbeatTable {
+ public:
+  explicit HeartbeatTable(HeartbeatLimits limits) : limits_(limits) {}
+
+  // The worker groups alive at `now`: new ones start their clock, missing ones are forgotten.
+  void Track(const std::vector<int>& groups, double now);
+  // A beat of `group` at `now`; ignored for a group not tracked.
+  void Record(int group, const Beat& beat, double now);
+  // The groups hung at `now`, each reported once.
+  std::vector<Hung> TakeHung(double now);
+
+ private:
+  struct Worker {
+    double started = 0;
+    std::optional<double> last_beat;
+    int64_t last_step = 0;
+    double last_step_ms = 0;
+    int stack_signal = 0;
+    bool reported = false;
+  };
+  const HeartbeatLimits limits_;
+  std::map<int, Worker> workers_;  // By group.
+};
+
+class HeartbeatServer {
+ public:
+  using GroupOf = std::function<std::optional<int>(int pid)>;  // A worker group, or nullopt.
+  using Groups = std::function<std::vector<int>()>;             // Every live worker group.
+  // A hung worker: called when its group is to be killed, with the cause.
+  using OnHung = std::function<void(int group, const std::string& why)>;
+
+  static constexpr double kStackGrace = 2.0;  // Seconds between the stack signal and the kill.
+
+  static absl::StatusOr<std::unique_ptr<HeartbeatServer>> Start(const std::string& path, EventLoop* loop,
+                                                                HeartbeatLimits limits, GroupOf group_of,
+                                                                Groups groups, OnHung on_hung);
+  ~HeartbeatServer();
+  HeartbeatServer(const HeartbeatServer&) = delete;
+  HeartbeatServer& operator=(const HeartbeatServer&) = delete;
+
+  const std::string& path() const { return fifo_->path(); }
+
+ private:
+  HeartbeatServer(EventLoop* loop, HeartbeatLimits limits, GroupOf group_of, Groups groups, OnHung on_hung)
+      : loop_(loop), table_(limits), group_of_(std::move(group_of)), groups_(std::move(groups)),
+        on_hung_(std::move(on_hung)) {}
+  void OnLine(const std::string& line);
+  void OnTick();
+
+  EventLoop* const loop_;
+  HeartbeatTable table_;
+  const GroupOf group_of_;
+  const Groups groups_;
+  const OnHung on_hung_;
+  int timer_fd_ = -1;
+  std::map<int, std::pair<double, std::string>> dying_;  // Group -> (kill time, why).
+  int64_t dropped_ = 0;
+  std::unique_ptr<LineFifo> fifo_;  // Last: destroyed first.
+};
+
+}  // namespace elrun
+
+#endif  // ELRUN_LAUNCHER_HEARTBEAT_H_

@@ -1,0 +1,84 @@
+#include "launcher/heartbeat.h"
+
+#include <doctest/doctest.h>
+
+#include <signal.h>
+
+#include <string>
+#include <vector>
+
+namespace elrun {
+namespace {
+
+Beat B(int pid, int64_t step, int stack_signal = 0) {
+  Beat beat;
+  beat.pid = pid;
+  beat.step = step;
+  beat.step_ms = 12.5;
+  beat.stack_signal = stack_signal;
+  return beat;
+}
+
+TEST_CASE("ParseBeat reads '<pid> <step> <step_ms> [<stack signal>]' and refuses the rest") {
+  auto beat = ParseBeat("77 12 35.250 10");
+  REQUIRE(beat.ok());
+  CHECK(beat->pid == 77);
+  CHECK(beat->step == 12);
+  CHECK(beat->step_ms == doctest::Approx(35.25));
+  CHECK(beat->stack_signal == SIGUSR1);
+  auto plain = ParseBeat("5 0 0");
+  REQUIRE(plain.ok());
+  CHECK(plain->stack_signal == 0);
+  for (const char* bad : {"", "77", "77 1", "77 1 2 10 11", "0 1 2", "-3 1 2", "77 -1 2", "77 1 -2", "77 1 nan",
+                          "77 1 inf", "x 1 2", "77 1 2 9", "77 1 2 19", "77 1 2 0", "77 1 2 999"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(ParseBeat(bad).ok());
+  }
+}
+
+TEST_CASE("after its first beat a worker is hung once --worker-timeout passes without another") {
+  HeartbeatTable table({/*worker_timeout_s=*/2.0, std::nullopt});
+  table.Track({100, 200}, 0.0);
+  table.Record(100, B(100, 0, SIGUSR1), 1.0);
+  table.Record(200, B(200, 0), 1.0);
+  CHECK(table.TakeHung(2.9).empty());
+  table.Record(200, B(200, 1), 2.9);  // 200 keeps beating.
+  auto hung = table.TakeHung(3.5);
+  REQUIRE(hung.size() == 1);
+  CHECK(hung[0].group == 100);
+  CHECK(hung[0].stack_signal == SIGUSR1);
+  CHECK(hung[0].why ==
+        "no progress for 2.5 s (--worker-timeout 2): its last heartbeat, step 0 (12.5 ms), came 1.0 s after it started");
+  CHECK(table.TakeHung(10.0).size() == 1);  // 200 now; 100 is not reported twice.
+  CHECK(table.TakeHung(20.0).empty());
+}
+
+TEST_CASE("a worker that never beats is judged by --worker-start-timeout only") {
+  HeartbeatTable patient({/*worker_timeout_s=*/1.0, std::nullopt});
+  patient.Track({100}, 0.0);
+  CHECK(patient.TakeHung(1000.0).empty());
+
+  HeartbeatTable strict({std::nullopt, /*start_timeout_s=*/5.0});
+  strict.Track({100}, 0.0);
+  strict.Track({100, 200}, 3.0);  // 200 starts later: its own clock.
+  auto hung = strict.TakeHung(6.0);
+  REQUIRE(hung.size() == 1);
+  CHECK(hung[0].group == 100);
+  CHECK(hung[0].why == "no progress for 6.0 s (--worker-start-timeout 5): no heartbeat since it started");
+  strict.Record(200, B(200, 0), 7.0);  // Beating now: the start timeout no longer applies.
+  CHECK(strict.TakeHung(100.0).empty());
+}
+
+TEST_CASE("workers that ended are forgotten, and beats for unknown groups change nothing") {
+  HeartbeatTable table({/*worker_timeout_s=*/1.0, /*start_timeout_s=*/1.0});
+  table.Track({100}, 0.0);
+  table.Record(300, B(300, 0), 0.5);
+  table.Track({}, 0.5);  // 100 ended.
+  CHECK(table.TakeHung(10.0).empty());
+  table.Track({100}, 10.0);  // A new worker with a reused pid starts afresh.
+  CHECK(table.TakeHung(10.5).empty());
+  CHECK(table.TakeHung(11.5).size() == 1);
+}
+
+}  // namespace
+}  // namespace elrun
