@@ -66,6 +66,50 @@ void HeartbeatTable::Record(int group, const Beat& beat, double now) {
   it->second.last_step = beat.step;
   it->second.last_step_ms = beat.step_ms;
   it->second.stack_signal = beat.stack_signal;
+  if (beat.step_ms > 0) {  // A first beat has no duration yet.
+    Worker& w = it->second;
+    if (w.recent_ms.size() < kPaceWindow) {
+      w.recent_ms.push_back(beat.step_ms);
+    } else {
+      w.recent_ms[w.next] = beat.step_ms;
+    }
+    w.next = (w.next + 1) % kPaceWindow;
+  }
+}
+
+namespace {
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+}  // namespace
+
+std::vector<Pace> HeartbeatTable::Paces() const {
+  std::vector<Pace> paces;
+  for (const auto& [group, w] : workers_) {
+    if (w.recent_ms.size() >= kPaceWindow / 2) paces.push_back({group, Median(w.recent_ms), w.recent_ms.size()});
+  }
+  std::sort(paces.begin(), paces.end(), [](const Pace& a, const Pace& b) { return a.median_ms > b.median_ms; });
+  return paces;
+}
+
+std::vector<Straggler> HeartbeatTable::TakeStragglers() {
+  std::vector<Straggler> stragglers;
+  const std::vector<Pace> paces = Paces();
+  if (!limits_.straggler_factor || paces.size() < 2) return stragglers;
+  std::vector<double> medians;
+  for (const Pace& pace : paces) medians.push_back(pace.median_ms);
+  const double job = Median(medians);
+  for (const Pace& pace : paces) {
+    Worker& w = workers_[pace.group];
+    const bool slow = pace.median_ms > *limits_.straggler_factor * job;
+    if (slow && !w.straggling) stragglers.push_back({pace, job});
+    w.straggling = slow;
+  }
+  return stragglers;
 }
 
 std::vector<Hung> HeartbeatTable::TakeHung(double now) {
@@ -100,8 +144,11 @@ absl::StatusOr<std::unique_ptr<HeartbeatServer>> HeartbeatServer::Start(const st
                              [self](const std::string& line) { self->OnLine(line); }, nullptr);
   if (!fifo.ok()) return fifo.status();
   server->fifo_ = *std::move(fifo);
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  server->host_ = host;
   // Ticks often enough that a worker is judged within a tenth of its limit (or 1 s) late.
-  const double limit = std::min(limits.worker_timeout_s.value_or(1e9), limits.start_timeout_s.value_or(1e9));
+  const double limit = std::min(limits.worker_timeout_s.value_or(10), limits.start_timeout_s.value_or(10));
   const double tick = std::clamp(limit / 10, 0.05, 1.0);
   server->timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   if (server->timer_fd_ < 0) {
@@ -124,6 +171,25 @@ HeartbeatServer::~HeartbeatServer() {
   }
 }
 
+std::string HeartbeatServer::Name(int group) const {
+  auto it = known_.find(group);
+  if (it == known_.end()) return absl::StrCat("worker pid ", group);
+  return absl::StrCat("rank ", it->second.rank, " (local_rank ", it->second.local_rank, ", host ", host_, ", pid ",
+                      group, ")");
+}
+
+std::string HeartbeatServer::PaceSummary() const {
+  std::vector<std::pair<double, int>> slowest;
+  for (const auto& [group, ms] : last_pace_ms_) slowest.emplace_back(ms, group);
+  if (slowest.empty()) return "";
+  std::sort(slowest.rbegin(), slowest.rend());
+  std::string line = "slowest ranks by median step time:";
+  for (size_t i = 0; i < slowest.size() && i < 3; ++i) {
+    absl::StrAppend(&line, i ? ", " : " ", Name(slowest[i].second), absl::StrFormat(" %.1f ms", slowest[i].first));
+  }
+  return line;
+}
+
 void HeartbeatServer::OnLine(const std::string& line) {
   auto beat = ParseBeat(line);
   std::optional<int> group = beat.ok() ? group_of_(beat->pid) : std::nullopt;
@@ -143,10 +209,22 @@ void HeartbeatServer::OnTick() {
   ssize_t ignored = ::read(timer_fd_, &ticks, sizeof(ticks));
   (void)ignored;
   const double now = MonotonicSeconds();
-  const std::vector<int> live = groups_();
+  std::vector<int> live;
+  for (const Worker& worker : groups_()) {
+    live.push_back(worker.group);
+    known_[worker.group] = worker;
+  }
   table_.Track(live, now);
+  for (const Pace& pace : table_.Paces()) last_pace_ms_[pace.group] = pace.median_ms;
+  for (const Straggler& s : table_.TakeStragglers()) {
+    saw_stragglers_ = true;
+    spdlog::warn("{} is a straggler: median step {:.1f} ms over its last {} beats, {:.2f}x the job's median of "
+                 "{:.1f} ms (--straggler-factor {:g})",
+                 Name(s.pace.group), s.pace.median_ms, s.pace.beats, s.pace.median_ms / s.job_median_ms,
+                 s.job_median_ms, *limits_.straggler_factor);
+  }
   for (Hung& hung : table_.TakeHung(now)) {
-    spdlog::error("worker pid {}: {}{}", hung.group, hung.why,
+    spdlog::error("{}: {}{}", Name(hung.group), hung.why,
                   hung.stack_signal ? absl::StrCat("; asking for its stacks (signal ", hung.stack_signal,
                                                    "), then killing it")
                                     : std::string("; killing it"));

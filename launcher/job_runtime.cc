@@ -152,7 +152,7 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(
     if (!server.ok()) return server.status();
     runtime->file_timer_ = *std::move(server);
   }
-  const HeartbeatLimits limits{spec.worker_timeout_s, spec.worker_start_timeout_s};
+  const HeartbeatLimits limits{spec.worker_timeout_s, spec.worker_start_timeout_s, spec.straggler_factor};
   if (limits.any()) {
     auto tmp = env.find("TMPDIR");
     std::string fifo = absl::StrCat(tmp == env.end() || tmp->second.empty() ? "/tmp" : tmp->second,
@@ -165,7 +165,11 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(
           if (group > 0 && self->table_->HasWorker(group)) return group;
           return std::nullopt;
         },
-        [self] { return self->table_->Workers(); },
+        [self] {
+          std::vector<HeartbeatServer::Worker> workers;
+          for (const auto& w : self->table_->Workers()) workers.push_back({w.pid, w.local_rank, w.rank});
+          return workers;
+        },
         [self](int group, const std::string& why) {
           if (self->on_watchdog_signal_) self->on_watchdog_signal_(group, "heartbeat watchdog: " + why);
           self->table_->SignalGroup(group, SIGKILL);
@@ -183,6 +187,11 @@ void JobRuntime::PrepareBuilder(AttemptBuilder& builder) const {
 }
 
 JobRuntime::~JobRuntime() {
+  if (heartbeat_) {
+    // Shown by default when the job had stragglers, else with LOGLEVEL=INFO.
+    std::string summary = heartbeat_->PaceSummary();
+    if (!summary.empty()) spdlog::log(heartbeat_->saw_stragglers() ? spdlog::level::warn : spdlog::level::info, "{}", summary);
+  }
   heartbeat_.reset();
   file_timer_.reset();
   table_.reset();

@@ -54,6 +54,7 @@ struct JobSpec {
   // Progress heartbeats (heartbeat.h): seconds without a beat once beating, and before the first.
   std::optional<double> worker_timeout_s;
   std::optional<double> worker_start_timeout_s;
+  std::optional<double> straggler_factor;  // Also opens the heartbeat channel.
   std::vector<int> signals_to_handle;
 
   // Logs.

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -74,6 +75,8 @@ constexpr OptionDef kOptions[] = {
      "its stacks are asked for, it is killed and the group restarts within --max-restarts."},
     {"worker-start-timeout", "", false, "SECONDS", "",
      "The same for a worker's first heartbeat, counted from its start."},
+    {"straggler-factor", "", false, "F", "",
+     "Log a heartbeating worker whose median step time exceeds F times the job's median (e.g. 1.5)."},
     {"duplicate-stdout-filters", "", false, "A,B", "",
      "Also write tee'd stdout lines holding any of these strings to <attempt>/filtered_stdout.log "
      "(',,' is a comma)."},
@@ -203,6 +206,13 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest,
     ELRUN_ASSIGN_OR_INVALID(limit, name, ParseSeconds(r[name]));
     if (limit.count() <= 0) return Invalid(r, name, absl::InvalidArgumentError("must be positive"));
     *field = limit.count() / 1000.0;
+  }
+  if (!r["straggler-factor"].empty()) {
+    double factor = 0;
+    if (!absl::SimpleAtod(r["straggler-factor"], &factor) || !(factor > 1.0) || factor > 1e6) {
+      return Invalid(r, "straggler-factor", absl::InvalidArgumentError("expected a number above 1"));
+    }
+    spec->straggler_factor = factor;
   }
   spec->duplicate_stdout_filters = ParseFilterList(r["duplicate-stdout-filters"]);
   spec->duplicate_stderr_filters = ParseFilterList(r["duplicate-stderr-filters"]);

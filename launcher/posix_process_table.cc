@@ -299,6 +299,8 @@ absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
     if (!added.ok()) return added;
   }
   int pidfd = worker.pidfd;
+  worker.local_rank = launch.local_rank;
+  worker.rank = launch.rank;
   workers_.emplace(pid, std::move(worker));
   absl::Status added = loop_->Add(pidfd, [this, pid] { OnExit(pid); });
   if (!added.ok()) return added;

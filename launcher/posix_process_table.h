@@ -37,15 +37,22 @@ class PosixProcessTable : public ProcessTable {
   void SignalGroup(int pid, int signo) override;
   // True while `pid` is a worker of this table that has not been reaped (its group's id).
   bool HasWorker(int pid) const { return workers_.count(pid) > 0; }
-  // The unreaped workers' pids (their groups' ids).
-  std::vector<int> Workers() const {
-    std::vector<int> pids;
-    for (const auto& [pid, worker] : workers_) pids.push_back(pid);
-    return pids;
+  // The unreaped workers: pid (their group's id), local rank and rank.
+  struct LiveWorker {
+    int pid = 0;
+    int local_rank = 0;
+    int rank = 0;
+  };
+  std::vector<LiveWorker> Workers() const {
+    std::vector<LiveWorker> live;
+    for (const auto& [pid, worker] : workers_) live.push_back({pid, worker.local_rank, worker.rank});
+    return live;
   }
 
  private:
   struct Worker {
+    int local_rank = 0;
+    int rank = 0;
     int pidfd = -1;
     std::vector<std::unique_ptr<OutputPump>> pumps;
   };

@@ -32,7 +32,8 @@ class HeartbeatTest(ElrunTestCase):
         self.assertExit(result, 0)
         (pid,) = re.findall(r"hanging after step 2 pid (\d+)", result.out)
         self.assertIn("attempt 1 done", result.out)
-        self.assertRegex(result.err, r"\[elrun\] error: worker pid %s: no progress for 1\.\d s \(--worker-timeout 1\): "
+        self.assertRegex(result.err, r"\[elrun\] error: rank 0 \(local_rank 0, host [^,]+, pid %s\): no progress for "
+                         r"1\.\d s \(--worker-timeout 1\): "
                          r"its last heartbeat, step 2 \(\d+\.\d ms\), came \d+\.\d s after it started; asking for "
                          r"its stacks \(signal 10\), then killing it" % pid)
         # faulthandler's dump, in the worker's own stderr.
@@ -77,12 +78,26 @@ class HeartbeatTest(ElrunTestCase):
                       result.err, result)
         self.assertIsNone(victim.poll())
 
+    def test_a_straggler_is_named_with_its_pace_and_in_the_end_summary(self):
+        before = set(glob.glob(os.path.join(self.tmp, "elrun_heartbeat_*")))
+        result = self.elrun(["--straggler-factor", "1.5", "--nproc-per-node", "3", HEARTBEAT_WORKER, "pace"],
+                            env=self.env(TMPDIR=self.tmp))
+        self.assertExit(result, 0)
+        self.assertEqual(set(glob.glob(os.path.join(self.tmp, "elrun_heartbeat_*"))), before)
+        self.assertRegex(result.err, r"\[elrun\] warning: rank 2 \(local_rank 2, host [^,]+, pid \d+\) is a straggler: "
+                         r"median step 1[23]\d\.\d ms over its last \d+ beats, [3-4]\.\d\dx the job's median of "
+                         r"3\d\.\d ms \(--straggler-factor 1\.5\)")
+        self.assertNotRegex(result.err, r"rank [01] \(local_rank [01].*straggler")
+        self.assertRegex(result.err, r"\[elrun\] warning: slowest ranks by median step time: rank 2 \(local_rank 2, "
+                         r"host [^,]+, pid \d+\) 1[23]\d\.\d ms, ")
+
     def test_bad_limits_are_one_line_and_exit_2(self):
-        for value in ("-1", "0", "soon"):
-            result = self.elrun(["--worker-timeout", value, "--nproc-per-node", "1"] + harness.sh("true"))
+        for option, value in (("--worker-timeout", "-1"), ("--worker-timeout", "0"), ("--worker-timeout", "soon"),
+                              ("--straggler-factor", "1"), ("--straggler-factor", "fast")):
+            result = self.elrun([option, value, "--nproc-per-node", "1"] + harness.sh("true"))
             self.assertExit(result, 2)
             self.assertEqual(len(result.err.strip().splitlines()), 1, result)
-            self.assertIn("--worker-timeout", result.err)
+            self.assertIn(option, result.err)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ TEST_CASE("ParseBeat reads '<pid> <step> <step_ms> [<stack signal>]' and refuses
 }
 
 TEST_CASE("after its first beat a worker is hung once --worker-timeout passes without another") {
-  HeartbeatTable table({/*worker_timeout_s=*/2.0, std::nullopt});
+  HeartbeatTable table({/*worker_timeout_s=*/2.0, std::nullopt, std::nullopt});
   table.Track({100, 200}, 0.0);
   table.Record(100, B(100, 0, SIGUSR1), 1.0);
   table.Record(200, B(200, 0), 1.0);
@@ -54,11 +54,11 @@ TEST_CASE("after its first beat a worker is hung once --worker-timeout passes wi
 }
 
 TEST_CASE("a worker that never beats is judged by --worker-start-timeout only") {
-  HeartbeatTable patient({/*worker_timeout_s=*/1.0, std::nullopt});
+  HeartbeatTable patient({/*worker_timeout_s=*/1.0, std::nullopt, std::nullopt});
   patient.Track({100}, 0.0);
   CHECK(patient.TakeHung(1000.0).empty());
 
-  HeartbeatTable strict({std::nullopt, /*start_timeout_s=*/5.0});
+  HeartbeatTable strict({std::nullopt, /*start_timeout_s=*/5.0, std::nullopt});
   strict.Track({100}, 0.0);
   strict.Track({100, 200}, 3.0);  // 200 starts later: its own clock.
   auto hung = strict.TakeHung(6.0);
@@ -70,7 +70,7 @@ TEST_CASE("a worker that never beats is judged by --worker-start-timeout only") 
 }
 
 TEST_CASE("workers that ended are forgotten, and beats for unknown groups change nothing") {
-  HeartbeatTable table({/*worker_timeout_s=*/1.0, /*start_timeout_s=*/1.0});
+  HeartbeatTable table({/*worker_timeout_s=*/1.0, /*start_timeout_s=*/1.0, std::nullopt});
   table.Track({100}, 0.0);
   table.Record(300, B(300, 0), 0.5);
   table.Track({}, 0.5);  // 100 ended.
@@ -78,6 +78,62 @@ TEST_CASE("workers that ended are forgotten, and beats for unknown groups change
   table.Track({100}, 10.0);  // A new worker with a reused pid starts afresh.
   CHECK(table.TakeHung(10.5).empty());
   CHECK(table.TakeHung(11.5).size() == 1);
+}
+
+Beat Timed(int pid, int64_t step, double step_ms) {
+  Beat beat = B(pid, step);
+  beat.step_ms = step_ms;
+  return beat;
+}
+
+TEST_CASE("a worker slower than --straggler-factor times the job's median step is reported once per episode") {
+  HeartbeatLimits limits;
+  limits.straggler_factor = 1.5;
+  HeartbeatTable table(limits);
+  table.Track({1, 2, 3}, 0.0);
+  auto beat_all = [&](int steps, double slow_ms) {
+    for (int i = 0; i < steps; ++i) {
+      table.Record(1, Timed(1, i, 50), i);
+      table.Record(2, Timed(2, i, 52), i);
+      table.Record(3, Timed(3, i, slow_ms), i);
+    }
+  };
+  beat_all(kPaceWindow / 2 - 1, 150);
+  CHECK(table.Paces().empty());  // Too few beats to judge anyone.
+  CHECK(table.TakeStragglers().empty());
+  beat_all(1, 150);
+  auto paces = table.Paces();
+  REQUIRE(paces.size() == 3);
+  CHECK(paces[0].group == 3);  // Slowest first.
+  CHECK(paces[0].median_ms == doctest::Approx(150));
+  auto stragglers = table.TakeStragglers();
+  REQUIRE(stragglers.size() == 1);
+  CHECK(stragglers[0].pace.group == 3);
+  CHECK(stragglers[0].job_median_ms == doctest::Approx(52));
+  beat_all(3, 150);
+  CHECK(table.TakeStragglers().empty());  // Still slow: not again.
+  beat_all(kPaceWindow, 51);               // Caught up over a whole window.
+  CHECK(table.TakeStragglers().empty());
+  beat_all(kPaceWindow, 200);              // Slow again: a new episode.
+  CHECK(table.TakeStragglers().size() == 1);
+}
+
+TEST_CASE("no straggler without the factor or without a second worker to compare with") {
+  HeartbeatTable off({/*worker_timeout_s=*/5.0, std::nullopt, std::nullopt});
+  off.Track({1, 2}, 0.0);
+  for (size_t i = 0; i < kPaceWindow; ++i) {
+    off.Record(1, Timed(1, i, 10), i);
+    off.Record(2, Timed(2, i, 1000), i);
+  }
+  CHECK(off.Paces().size() == 2);
+  CHECK(off.TakeStragglers().empty());
+
+  HeartbeatLimits limits;
+  limits.straggler_factor = 1.5;
+  HeartbeatTable alone(limits);
+  alone.Track({1}, 0.0);
+  for (size_t i = 0; i < kPaceWindow; ++i) alone.Record(1, Timed(1, i, 1000), i);
+  CHECK(alone.TakeStragglers().empty());
 }
 
 }  // namespace
