@@ -2,12 +2,11 @@
 // torchrun cannot (a deadlock, a SIGSTOP, a peer that hangs a collective with no timeout).
 //
 // With --worker-timeout, --worker-start-timeout or --straggler-factor, each worker gets
-// ELRUN_HEARTBEAT_FILE, a FIFO
-// (line_fifo.h). A beat is one line, at most 256 bytes:
+// ELRUN_HEARTBEAT_FILE, a FIFO (line_fifo.h). A beat is one line, at most 256 bytes:
 //
 //   <pid> <step> <step_ms> [<stack signal>]
 //
-// elrun-train beats after every step; scripts/elrun_heartbeat.py gives Python scripts
+// elrun-train beats after every step; launcher/python/elrun_heartbeat.py gives Python scripts
 // beat(step) in one line. <stack signal>, when present, is a signal the worker handles by
 // printing its stacks (SIGUSR1 in both). A worker is hung when, after its first beat, none came
 // for --worker-timeout, or, before it, --worker-start-timeout passed since elrun first saw it.
