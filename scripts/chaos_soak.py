@@ -1,0 +1,441 @@
+#!/usr/bin/env python3
+"""Chaos soak: an elastic elrun job training FashionNet while faults rain on it.
+
+An elastic job (--nnodes MIN:MAX, 127.0.0.N per node, elrun-rdzv on 127.0.0.1 at a free port)
+runs elrun-train with shared checkpoints (--checkpoint-dir, --checkpoint-every) for --steps
+steps, under --worker-timeout so that a stopped worker is caught. A seeded driver injects, every
+--interval MIN:MAX seconds during --duration seconds, one of:
+
+  kill9_worker   SIGKILL an elrun-train process
+  sigstop_worker SIGSTOP one (elrun's heartbeat watchdog must kill it)
+  kill9_agent    SIGKILL an elrun agent (its node is lost; only while more than MIN nodes live)
+  add_node       start a new agent (only while fewer than MAX nodes live)
+
+The first faults go through every kind once, in a seeded order. Then an uninterrupted run of
+the same job (the same nodes at the start, the same steps) gives the reference accuracy.
+
+Report (markdown on stdout, --json, a PNG of progress with the faults marked):
+faults by kind; restarts spent; per fault, the time until training passed the step it had
+reached and the steps redone; the final test accuracy against the reference (within
+--accuracy-points); checks: every resume started from a step the job had committed (not before
+the last checkpoint preceding the fault, never after the step reached), the final checkpoint
+loads in Python, no process of the soak is left, no new file in /dev/shm, every agent still
+running at the end exited 0. Exit 1 when a check fails.
+
+  /usr/bin/python3 scripts/chaos_soak.py --seed 1 [--duration 600 --steps 3000]   # the soak
+  /usr/bin/python3 scripts/chaos_soak.py --seed 1 --duration 100 --interval 6:12 --steps 700
+                                                                                   # CI variant
+(Debian's Python for matplotlib; --python, default .venv/bin/python3, loads the checkpoint.)
+"""
+import argparse
+import glob
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(HERE, "bench"))
+import bench_common  # noqa: E402
+
+TAG_VAR = "ELRUN_SOAK_TAG"
+KINDS = ("kill9_worker", "sigstop_worker", "kill9_agent", "add_node")
+PROGRESS = re.compile(r"epoch \d+\s+step (\d+)\s+loss")
+RESUMED = re.compile(r"resumed from \S+: epoch \d+, step (\d+)")
+DONE = re.compile(r"done: (\d+) steps, .* test accuracy ([0-9.]+)")
+ROUND = re.compile(r"round (\d+): group rank \d+ of \d+, world size \d+, restart count (\d+)")
+
+
+class Agent:
+    """One elrun agent (a node), its output read by threads that timestamp each line."""
+
+    def __init__(self, soak, node):
+        self.node = node
+        self.lines = []  # (monotonic time, stream, text)
+        args = soak.args
+        argv = [soak.elrun, "--nnodes", "%d:%d" % (args.min_nodes, args.max_nodes), "--nproc-per-node", "1",
+                "--rdzv-backend", "grpc", "--rdzv-endpoint", "127.0.0.1:%d" % soak.port, "--rdzv-id", soak.run_id,
+                "--local-addr", "127.0.0.%d" % node, "--max-restarts", "1000", "--worker-timeout",
+                str(args.worker_timeout), "--shutdown-timeout", "5",
+                "--rdzv-conf", "join_timeout=60,last_call_timeout=2,heartbeat_timeout=3",
+                "--no-python", soak.train,
+                "--epochs", "100", "--max-steps", str(args.steps), "--batch-size", "64", "--threads", "1",
+                "--lr-schedule", "constant", "--seed", "0", "--log-every", "10", "--collective-timeout", "20",
+                "--checkpoint-dir", soak.checkpoints, "--checkpoint-every", str(args.checkpoint_every)]
+        env = dict(soak.env, LOGLEVEL="info", GLOO_SOCKET_IFNAME="lo")
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        self.started = time.monotonic()
+        self.readers = [threading.Thread(target=self._read, args=(stream, name), daemon=True)
+                        for stream, name in ((self.proc.stdout, "out"), (self.proc.stderr, "err"))]
+        for reader in self.readers:
+            reader.start()
+
+    def _read(self, stream, name):
+        for raw in iter(stream.readline, b""):
+            self.lines.append((time.monotonic(), name, raw.decode(errors="replace").rstrip("\n")))
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def text(self):
+        return "\n".join("%s %s" % (name, line) for _, name, line in self.lines)
+
+
+class Soak:
+    def __init__(self, args, workdir, label):
+        self.args = args
+        self.label = label
+        self.elrun, self.rdzv, self.train = args.elrun, args.elrun_rdzv, args.elrun_train
+        self.tag = "%s-%d-%s" % (label, os.getpid(), int(time.time()))
+        self.env = dict(bench_common.clean_env(), **{TAG_VAR: self.tag})
+        self.env["TMPDIR"] = workdir
+        self.checkpoints = os.path.join(workdir, "checkpoints")
+        self.run_id = "soak-%s" % label
+        self.agents = []
+        self.faults = []  # {t, kind, target, step}
+        self.daemon = None
+        self.port = None
+        self.t0 = time.monotonic()
+
+    def start(self):
+        port_file = os.path.join(self.env["TMPDIR"], "rdzv.port")
+        self.daemon = subprocess.Popen([self.rdzv, "--listen", "127.0.0.1:0", "--port-file", port_file],
+                                       env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (os.path.exists(port_file) and open(port_file).read().strip()):
+            if self.daemon.poll() is not None:
+                raise bench_common.RunError("elrun-rdzv exited with %s" % self.daemon.returncode)
+            time.sleep(0.05)
+        self.port = int(open(port_file).read())
+        self.t0 = time.monotonic()
+        for _ in range(self.args.start_nodes):
+            self.add_agent()
+
+    def add_agent(self):
+        node = len(self.agents) + 1
+        self.agents.append(Agent(self, node))
+        return node
+
+    def live_agents(self):
+        return [a for a in self.agents if a.alive()]
+
+    def progress(self):
+        """(time since start, step) of every progress line so far, in time order."""
+        points = []
+        for agent in self.agents:
+            for t, _, line in list(agent.lines):
+                m = PROGRESS.search(line)
+                if m:
+                    points.append((t - self.t0, int(m.group(1))))
+        return sorted(points)
+
+    def step_now(self):
+        points = self.progress()
+        return max((s for _, s in points), default=0)
+
+    def workers(self):
+        pids = []
+        for pid in bench_common.tagged_pids(TAG_VAR, self.tag):
+            try:
+                with open("/proc/%d/cmdline" % pid, "rb") as f:
+                    argv0 = f.read().split(b"\0")[0]
+            except OSError:
+                continue
+            if argv0.endswith(b"elrun-train"):
+                pids.append(pid)
+        return pids
+
+    def inject(self, kind, rng):
+        """One fault of `kind`; returns what it hit, or None when the kind cannot apply now."""
+        live = self.live_agents()
+        if kind in ("kill9_worker", "sigstop_worker"):
+            pids = self.workers()
+            if not pids:
+                return None
+            pid = rng.choice(pids)
+            os.kill(pid, signal.SIGKILL if kind == "kill9_worker" else signal.SIGSTOP)
+            return "pid %d" % pid
+        if kind == "kill9_agent":
+            if len(live) <= self.args.min_nodes:
+                return None
+            agent = rng.choice(live)
+            os.kill(agent.proc.pid, signal.SIGKILL)
+            return "node %d" % agent.node
+        if len(live) >= self.args.max_nodes:
+            return None
+        return "node %d" % self.add_agent()
+
+    def wait_done(self, timeout):
+        """Until every agent exited; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.live_agents():
+                return True
+            time.sleep(0.2)
+        return False
+
+    def stop(self):
+        for agent in self.agents:
+            if agent.alive():
+                bench_common.kill_group(agent.proc.pid)
+            agent.proc.wait()
+            for reader in agent.readers:
+                reader.join(timeout=5)
+        if self.daemon and self.daemon.poll() is None:
+            self.daemon.send_signal(signal.SIGTERM)
+            try:
+                self.daemon.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                bench_common.kill_group(self.daemon.pid)
+                self.daemon.wait()
+        time.sleep(1.0)  # Bounded grace for SIGKILLed workers to become zombies and be reaped.
+        left = bench_common.tagged_pids(TAG_VAR, self.tag)
+        bench_common.kill_tagged(TAG_VAR, self.tag)
+        return left
+
+    def final(self):
+        """(steps, accuracy) from the rank-0 'done:' line, or (None, None)."""
+        for agent in self.agents:
+            for _, _, line in agent.lines:
+                m = DONE.search(line)
+                if m:
+                    return int(m.group(1)), float(m.group(2))
+        return None, None
+
+    def resumes(self):
+        out = []
+        for agent in self.agents:
+            for t, _, line in agent.lines:
+                m = RESUMED.search(line)
+                if m:
+                    out.append((t - self.t0, int(m.group(1))))
+        return sorted(out)
+
+    def rounds(self):
+        """(rounds started, restarts spent) from the agents' round lines."""
+        seen = [(int(m.group(1)), int(m.group(2))) for a in self.agents for _, _, line in a.lines
+                for m in [ROUND.search(line)] if m]
+        return max((r for r, _ in seen), default=0), max((c for _, c in seen), default=0)
+
+
+def chaos(soak, args, rng):
+    kinds = list(KINDS)
+    rng.shuffle(kinds)
+    end = time.monotonic() + args.duration
+    lo, hi = args.interval
+    while time.monotonic() < end and soak.live_agents():
+        time.sleep(rng.uniform(lo, hi))
+        if not soak.live_agents() or time.monotonic() >= end:
+            break
+        if soak.step_now() >= args.steps - args.checkpoint_every:
+            break  # The job is about to finish: a fault now would only test its end.
+        pending = kinds or [rng.choice(KINDS)]
+        for kind in list(pending):
+            target = soak.inject(kind, rng)
+            if target is not None:
+                soak.faults.append({"t": time.monotonic() - soak.t0, "kind": kind, "target": target,
+                                    "step": soak.step_now()})
+                bench_common.log("  %6.1f s  %-14s %s (step %d)" % (soak.faults[-1]["t"], kind, target,
+                                                                   soak.faults[-1]["step"]))
+                if kind in kinds:
+                    kinds.remove(kind)
+                break
+
+
+def analyse(soak, args):
+    points = soak.progress()
+    resumes = soak.resumes()
+    per_fault = []
+    checks = []
+    for i, fault in enumerate(soak.faults):
+        after = [r for r in resumes if r[0] > fault["t"]]
+        next_fault = soak.faults[i + 1]["t"] if i + 1 < len(soak.faults) else float("inf")
+        recovered = next((t for t, s in points if t > fault["t"] and s > fault["step"]), None)
+        entry = dict(fault, lost_s=None if recovered is None else recovered - fault["t"], redone=None)
+        if after and after[0][0] < next_fault:
+            resumed = after[0][1]
+            entry["redone"] = max(0, fault["step"] - resumed)
+            # Committed: rank 0 checkpoints every K steps (atomically), and on SIGTERM.
+            floor = max(0, (fault["step"] // args.checkpoint_every - 1) * args.checkpoint_every)
+            ok = floor <= resumed <= fault["step"] + args.checkpoint_every
+            entry["resumed"] = resumed
+            if not ok:
+                checks.append("fault %d (%s at step %d) resumed at step %d, not in [%d, %d]"
+                              % (i + 1, fault["kind"], fault["step"], resumed, floor,
+                                 fault["step"] + args.checkpoint_every))
+        per_fault.append(entry)
+    steps = [s for _, s in resumes]
+    if steps != sorted(steps):
+        checks.append("resumes went backwards: %s" % steps)
+    return per_fault, checks
+
+
+def run(args, label, with_chaos):
+    workdir = tempfile.mkdtemp(prefix="elrun-soak-%s." % label)
+    shm_before = set(glob.glob("/dev/shm/*"))
+    soak = Soak(args, workdir, label)
+    rng = random.Random(args.seed)
+    result = {"label": label}
+    try:
+        soak.start()
+        if with_chaos:
+            chaos(soak, args, rng)
+        finished = soak.wait_done(args.timeout)
+        result["finished"] = finished
+    finally:
+        left = soak.stop()
+    result["orphans"] = left
+    result["shm_left"] = sorted(set(glob.glob("/dev/shm/*")) - shm_before)
+    result["exit_codes"] = {a.node: a.proc.returncode for a in soak.agents}
+    result["steps"], result["accuracy"] = soak.final()
+    result["rounds"], result["restarts"] = soak.rounds()
+    result["faults"] = soak.faults
+    result["progress"] = soak.progress()
+    per_fault, checks = analyse(soak, args)
+    result["per_fault"] = per_fault
+    killed = {int(f["target"].split()[1]) for f in soak.faults if f["kind"] == "kill9_agent"}
+    bad_exits = {n: rc for n, rc in result["exit_codes"].items() if n not in killed and rc != 0}
+    if not result["finished"]:
+        checks.append("the job did not finish within %s s" % args.timeout)
+    if bad_exits:
+        checks.append("agents exited non-zero: %s" % bad_exits)
+    if result["orphans"]:
+        checks.append("processes of the soak left: %s" % result["orphans"])
+    if result["shm_left"]:
+        checks.append("files left in /dev/shm: %s" % result["shm_left"])
+    if result["steps"] != args.steps:
+        checks.append("expected %d steps done, got %s" % (args.steps, result["steps"]))
+    checkpoint = os.path.join(soak.checkpoints, "checkpoint.pt")
+    loaded = subprocess.run([args.python, "-c", "import sys, torch; torch.load(sys.argv[1]); print('ok')", checkpoint],
+                            capture_output=True, text=True, timeout=120)
+    if loaded.stdout.strip() != "ok":
+        checks.append("the final checkpoint does not load: %s" % loaded.stderr.strip()[-300:])
+    result["checks"] = checks
+    if checks or args.keep:
+        log_path = os.path.join(workdir, "agents.log")
+        with open(log_path, "w") as f:
+            for agent in soak.agents:
+                f.write("=== node %d (exit %s)\n%s\n" % (agent.node, agent.proc.returncode, agent.text()))
+        result["logs"] = log_path
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+def plot(result, path):
+    plt = bench_common.pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4))
+    if result["progress"]:
+        ts, ss = zip(*result["progress"])
+        ax.plot(ts, ss, ".", markersize=3, color="#1f78b4", label="rank 0's step")
+    colours = {"kill9_worker": "#e31a1c", "sigstop_worker": "#ff7f00", "kill9_agent": "#6a3d9a",
+               "add_node": "#33a02c"}
+    seen = set()
+    for fault in result["faults"]:
+        ax.axvline(fault["t"], color=colours[fault["kind"]], linewidth=1,
+                   label=None if fault["kind"] in seen else fault["kind"])
+        seen.add(fault["kind"])
+    ax.set_xlabel("seconds since the job started")
+    ax.set_ylabel("training step")
+    ax.set_title("elrun chaos soak: progress and faults")
+    ax.legend(fontsize=8, loc="upper left")
+    bench_common.save_figure(fig, path)
+
+
+def report(args, chaos_result, reference):
+    out = ["## elrun chaos soak", "",
+           "- seed %d, nodes %d:%d (started with %d), %d steps, checkpoint every %d, --worker-timeout %g, faults "
+           "every %g-%g s for %g s" % (args.seed, args.min_nodes, args.max_nodes, args.start_nodes, args.steps,
+                                       args.checkpoint_every, args.worker_timeout, args.interval[0],
+                                       args.interval[1], args.duration), ""]
+    counts = {k: sum(1 for f in chaos_result["faults"] if f["kind"] == k) for k in KINDS}
+    out.append("- faults: " + ", ".join("%s %d" % kv for kv in counts.items()) +
+               "; rounds: %d; restarts spent (worker failures; membership changes spend none): %d"
+               % (chaos_result["rounds"], chaos_result["restarts"]))
+    acc, ref = chaos_result["accuracy"], reference["accuracy"] if reference else None
+    if acc is not None and ref is not None:
+        delta = 100 * (acc - ref)
+        verdict = "within" if abs(delta) <= args.accuracy_points else "OUTSIDE"
+        out.append("- test accuracy %.4f against %.4f uninterrupted (%+.2f points, %s %.1f)"
+                   % (acc, ref, delta, verdict, args.accuracy_points))
+        if verdict != "within":
+            chaos_result["checks"].append("accuracy %+.2f points from the uninterrupted run" % delta)
+    out += ["", "| # | t (s) | fault | target | step | resumed at | steps redone | time lost (s) |",
+            "|---:|---:|---|---|---:|---:|---:|---:|"]
+    for i, f in enumerate(chaos_result["per_fault"]):
+        out.append("| %d | %.1f | %s | %s | %d | %s | %s | %s |" % (
+            i + 1, f["t"], f["kind"], f["target"], f["step"], f.get("resumed", "-"),
+            "-" if f["redone"] is None else f["redone"], "-" if f["lost_s"] is None else "%.1f" % f["lost_s"]))
+    out.append("")
+    checks = chaos_result["checks"] + (reference["checks"] if reference else [])
+    out.append("- checks: " + ("all passed (resumes from committed steps, final checkpoint loads, no "
+                                "process left, nothing new in /dev/shm, agents exited 0)" if not checks
+                                else "**FAILED**: " + "; ".join(checks)))
+    if chaos_result.get("logs"):
+        out.append("- agents' output: %s" % chaos_result["logs"])
+    return "\n".join(out), not checks
+
+
+def parse_interval(text):
+    lo, hi = (float(v) for v in text.split(":"))
+    if not 0 < lo <= hi:
+        raise argparse.ArgumentTypeError("expected MIN:MAX seconds, 0 < MIN <= MAX")
+    return lo, hi
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--duration", type=float, default=600, help="seconds of fault injection")
+    ap.add_argument("--interval", type=parse_interval, default=(10.0, 30.0), help="MIN:MAX seconds between faults")
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--checkpoint-every", type=int, default=20)
+    ap.add_argument("--min-nodes", type=int, default=2)
+    ap.add_argument("--max-nodes", type=int, default=4)
+    ap.add_argument("--start-nodes", type=int, default=3)
+    ap.add_argument("--worker-timeout", type=float, default=5)
+    ap.add_argument("--accuracy-points", type=float, default=0.5)
+    ap.add_argument("--timeout", type=float, default=900, help="seconds for the job to finish after the faults")
+    ap.add_argument("--no-reference", action="store_true", help="skip the uninterrupted run")
+    ap.add_argument("--keep", action="store_true", help="keep the work directories and agents' output")
+    ap.add_argument("--elrun", default=os.path.join(REPO, "bazel-bin", "launcher", "elrun"))
+    ap.add_argument("--elrun-rdzv", default=os.path.join(REPO, "bazel-bin", "agent", "elrun-rdzv"))
+    ap.add_argument("--elrun-train", default=os.path.join(REPO, "bazel-bin", "trainer", "elrun-train"))
+    ap.add_argument("--python", default=os.path.join(REPO, ".venv", "bin", "python3"),
+                    help="a Python with torch, to load the checkpoint (default: %(default)s)")
+    bench_common.add_output_options(ap, os.path.join(HERE, "chaos_soak.png"), json_help="also write the results here")
+    args = ap.parse_args()
+    if not 1 <= args.min_nodes <= args.start_nodes <= args.max_nodes <= 200:
+        ap.error("expected 1 <= --min-nodes <= --start-nodes <= --max-nodes <= 200")
+    for path in (args.elrun, args.elrun_rdzv, args.elrun_train):
+        if not os.access(path, os.X_OK):
+            ap.error("%s is not an executable (build with bazel first)" % path)
+    bench_common.log("chaos run (seed %d):" % args.seed)
+    chaos_result = run(args, "chaos", with_chaos=True)
+    reference = None
+    if not args.no_reference:
+        bench_common.log("uninterrupted run:")
+        reference = run(args, "reference", with_chaos=False)
+    text, ok = report(args, chaos_result, reference)
+    print(text)
+    if args.png:
+        plot(chaos_result, args.png)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"chaos": chaos_result, "reference": reference, "passed": ok}, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

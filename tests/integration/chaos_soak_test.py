@@ -1,0 +1,45 @@
+"""The chaos soak's CI variant: scripts/chaos_soak.py with a fixed seed, faults every 6-12 s for
+about 100 s (at least one of each kind: a worker SIGKILLed, a worker SIGSTOPped, an agent
+SIGKILLed, a node added) on an elastic 2:4-node elrun-train job, then an uninterrupted run of the
+same job. The script's own checks must all pass: every resume from a committed step, the final
+checkpoint loads, no process left, nothing new in /dev/shm, surviving agents exit 0, accuracy
+within 0.5 points of the uninterrupted run."""
+import json
+import os
+import subprocess
+import sys
+
+import harness
+from harness import ElrunTestCase
+
+SCRIPT = os.path.join(harness.HERE, "..", "..", "scripts", "chaos_soak.py")
+
+
+@harness.elrun_only("the soak drives elrun's elastic agents and elrun-rdzv")
+class ChaosSoakTest(ElrunTestCase):
+
+    def test_the_job_finishes_whatever_happens_to_it(self):
+        report = self.path("soak.json")
+        # Debian's Python runs the script (matplotlib); the torch environment loads the checkpoint.
+        command = ["/usr/bin/python3", SCRIPT, "--seed", "1", "--duration", "100", "--interval", "6:12",
+                   "--steps", "700", "--checkpoint-every", "20", "--timeout", "400",
+                   "--elrun", harness.bazel_binary("launcher", "elrun", "ELRUN_BIN")[0],
+                   "--elrun-rdzv", harness.bazel_binary("agent", "elrun-rdzv", "ELRUN_RDZV_BIN")[0],
+                   "--elrun-train", harness.bazel_binary("trainer", "elrun-train", "ELRUN_TRAIN_BIN")[0],
+                   "--python", harness.PYTHON, "--json", report, "--png", self.path("soak.png")]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=1500, cwd=self.tmp)
+        sys.stdout.write(result.stdout)
+        self.assertEqual(result.returncode, 0, "expected every check of the soak to pass\n%s\n%s"
+                         % (result.stdout, result.stderr[-4000:]))
+        with open(report) as f:
+            data = json.load(f)
+        kinds = {fault["kind"] for fault in data["chaos"]["faults"]}
+        self.assertEqual(kinds, {"kill9_worker", "sigstop_worker", "kill9_agent", "add_node"},
+                         "expected at least one fault of each kind")
+        self.assertEqual(data["chaos"]["checks"], [])
+        self.assertEqual(data["chaos"]["steps"], 700)
+        self.assertTrue(os.path.getsize(self.path("soak.png")) > 0)
+
+
+if __name__ == "__main__":
+    harness.main()
