@@ -240,8 +240,10 @@ def chaos(soak, args, rng):
             break
         if soak.step_now() >= args.steps - args.checkpoint_every:
             break  # The job is about to finish: a fault now would only test its end.
-        pending = kinds or [rng.choice(KINDS)]
-        for kind in list(pending):
+        # The kinds not yet injected first; otherwise any kind that applies now (no node to add
+        # at MAX nodes, no agent to kill at MIN, no worker between rounds).
+        pending = kinds + rng.sample([k for k in KINDS if k not in kinds], len(KINDS) - len(kinds))
+        for kind in pending:
             target = soak.inject(kind, rng)
             if target is not None:
                 soak.faults.append({"t": time.monotonic() - soak.t0, "kind": kind, "target": target,
