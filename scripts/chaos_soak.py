@@ -2,8 +2,11 @@
 """Chaos soak: an elastic elrun job training FashionNet while faults rain on it.
 
 An elastic job (--nnodes MIN:MAX, 127.0.0.N per node, elrun-rdzv on 127.0.0.1 at a free port)
-runs elrun-train with shared checkpoints (--checkpoint-dir, --checkpoint-every) for --steps
-steps, under --worker-timeout so that a stopped worker is caught. A seeded driver injects, every
+runs elrun-train with shared checkpoints (--checkpoint-dir, --checkpoint-every) for --epochs
+epochs of Fashion-MNIST with the cosine learning-rate schedule, under --worker-timeout so that a
+stopped worker is caught. The job's length is in samples, not steps: its schedule and its end
+follow the samples seen, so a run whose world size changes (and with it the global batch) still
+ends at the same point of the same schedule as an uninterrupted one. A seeded driver injects, every
 --interval MIN:MAX seconds during --duration seconds, one of:
 
   kill9_worker   SIGKILL an elrun-train process
@@ -12,7 +15,7 @@ steps, under --worker-timeout so that a stopped worker is caught. A seeded drive
   add_node       start a new agent (only while fewer than MAX nodes live)
 
 The first faults go through every kind once, in a seeded order. Then an uninterrupted run of
-the same job (the same nodes at the start, the same steps) gives the reference accuracy.
+the same job (the same nodes at the start, the same epochs) gives the reference accuracy.
 
 Report (markdown on stdout, --json, a PNG of progress with the faults marked):
 faults by kind; restarts spent; per fault, the time until training passed the step it had
@@ -22,8 +25,8 @@ the last checkpoint preceding the fault, never after the step reached), the fina
 loads in Python, no process of the soak is left, no new file in /dev/shm, every agent still
 running at the end exited 0. Exit 1 when a check fails.
 
-  /usr/bin/python3 scripts/chaos_soak.py --seed 1 [--duration 600 --steps 3000]   # the soak
-  /usr/bin/python3 scripts/chaos_soak.py --seed 1 --duration 100 --interval 6:12 --steps 700
+  /usr/bin/python3 scripts/chaos_soak.py --seed 1 [--duration 600 --epochs 20]   # the soak
+  /usr/bin/python3 scripts/chaos_soak.py --seed 1 --duration 100 --interval 6:12 --epochs 5
                                                                                    # CI variant
 (Debian's Python for matplotlib; --python, default .venv/bin/python3, loads the checkpoint.)
 """
@@ -49,7 +52,7 @@ import bench_common  # noqa: E402
 
 TAG_VAR = "ELRUN_SOAK_TAG"
 KINDS = ("kill9_worker", "sigstop_worker", "kill9_agent", "add_node")
-PROGRESS = re.compile(r"epoch \d+\s+step (\d+)\s+loss")
+PROGRESS = re.compile(r"epoch \d+\s+step (\d+)\s+loss .* ETA (\d+) s")
 RESUMED = re.compile(r"resumed from \S+: epoch \d+, step (\d+)")
 DONE = re.compile(r"done: (\d+) steps, .* test accuracy ([0-9.]+)")
 ROUND = re.compile(r"round (\d+): group rank \d+ of \d+, world size \d+, restart count (\d+)")
@@ -68,8 +71,8 @@ class Agent:
                 str(args.worker_timeout), "--shutdown-timeout", "5",
                 "--rdzv-conf", "join_timeout=60,last_call_timeout=2,heartbeat_timeout=3",
                 "--no-python", soak.train,
-                "--epochs", "100", "--max-steps", str(args.steps), "--batch-size", "64", "--threads", "1",
-                "--lr-schedule", "constant", "--seed", "0", "--log-every", "10", "--collective-timeout", "20",
+                "--epochs", str(args.epochs), "--batch-size", "64", "--threads", "1",
+                "--lr-schedule", "cosine", "--seed", "0", "--log-every", "10", "--collective-timeout", "20",
                 "--checkpoint-dir", soak.checkpoints, "--checkpoint-every", str(args.checkpoint_every)]
         env = dict(soak.env, LOGLEVEL="info", GLOO_SOCKET_IFNAME="lo")
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -143,6 +146,16 @@ class Soak:
     def step_now(self):
         points = self.progress()
         return max((s for _, s in points), default=0)
+
+    def eta(self):
+        """Rank 0's last estimate of the seconds left, or None before its first progress line."""
+        latest = None
+        for agent in self.agents:
+            for t, _, line in list(agent.lines):
+                m = PROGRESS.search(line)
+                if m and (latest is None or t > latest[0]):
+                    latest = (t, int(m.group(2)))
+        return None if latest is None else latest[1]
 
     def workers(self):
         pids = []
@@ -238,7 +251,7 @@ def chaos(soak, args, rng):
         time.sleep(rng.uniform(lo, hi))
         if not soak.live_agents() or time.monotonic() >= end:
             break
-        if soak.step_now() >= args.steps - args.checkpoint_every:
+        if soak.eta() is not None and soak.eta() < hi:
             break  # The job is about to finish: a fault now would only test its end.
         # The kinds not yet injected first; otherwise any kind that applies now (no node to add
         # at MAX nodes, no agent to kill at MIN, no worker between rounds).
@@ -316,8 +329,8 @@ def run(args, label, with_chaos):
         checks.append("processes of the soak left: %s" % result["orphans"])
     if result["shm_left"]:
         checks.append("files left in /dev/shm: %s" % result["shm_left"])
-    if result["steps"] != args.steps:
-        checks.append("expected %d steps done, got %s" % (args.steps, result["steps"]))
+    if result["steps"] is None:
+        checks.append("rank 0 never reported the end of its %d epochs" % args.epochs)
     checkpoint = os.path.join(soak.checkpoints, "checkpoint.pt")
     loaded = subprocess.run([args.python, "-c", "import sys, torch; torch.load(sys.argv[1]); print('ok')", checkpoint],
                             capture_output=True, text=True, timeout=120)
@@ -357,8 +370,9 @@ def plot(result, path):
 
 def report(args, chaos_result, reference):
     out = ["## elrun chaos soak", "",
-           "- seed %d, nodes %d:%d (started with %d), %d steps, checkpoint every %d, --worker-timeout %g, faults "
-           "every %g-%g s for %g s" % (args.seed, args.min_nodes, args.max_nodes, args.start_nodes, args.steps,
+           "- seed %d, nodes %d:%d (started with %d), %d epochs (cosine schedule), checkpoint every %d steps, "
+           "--worker-timeout %g, faults every %g-%g s for %g s"
+           % (args.seed, args.min_nodes, args.max_nodes, args.start_nodes, args.epochs,
                                        args.checkpoint_every, args.worker_timeout, args.interval[0],
                                        args.interval[1], args.duration), ""]
     counts = {k: sum(1 for f in chaos_result["faults"] if f["kind"] == k) for k in KINDS}
@@ -401,7 +415,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--duration", type=float, default=600, help="seconds of fault injection")
     ap.add_argument("--interval", type=parse_interval, default=(10.0, 30.0), help="MIN:MAX seconds between faults")
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--epochs", type=int, default=20, help="epochs of Fashion-MNIST (the job's length)")
     ap.add_argument("--checkpoint-every", type=int, default=20)
     ap.add_argument("--min-nodes", type=int, default=2)
     ap.add_argument("--max-nodes", type=int, default=4)

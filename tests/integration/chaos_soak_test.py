@@ -1,5 +1,5 @@
-"""The chaos soak's CI variant: scripts/chaos_soak.py with a fixed seed, faults every 6-12 s for
-about 100 s (at least one of each kind: a worker SIGKILLed, a worker SIGSTOPped, an agent
+"""The chaos soak's CI variant: scripts/chaos_soak.py with a fixed seed, 5 epochs, faults every
+6-12 s for up to 100 s (at least one of each kind: a worker SIGKILLed, a worker SIGSTOPped, an agent
 SIGKILLed, a node added) on an elastic 2:4-node elrun-train job, then an uninterrupted run of the
 same job. The script's own checks must all pass: every resume from a committed step, the final
 checkpoint loads, no process left, nothing new in /dev/shm, surviving agents exit 0, accuracy
@@ -22,7 +22,7 @@ class ChaosSoakTest(ElrunTestCase):
         report = self.path("soak.json")
         # Debian's Python runs the script (matplotlib); the torch environment loads the checkpoint.
         command = ["/usr/bin/python3", SCRIPT, "--seed", "1", "--duration", "100", "--interval", "6:12",
-                   "--steps", "700", "--checkpoint-every", "20", "--timeout", "400",
+                   "--epochs", "5", "--checkpoint-every", "20", "--timeout", "400",
                    "--elrun", harness.bazel_binary("launcher", "elrun", "ELRUN_BIN")[0],
                    "--elrun-rdzv", harness.bazel_binary("agent", "elrun-rdzv", "ELRUN_RDZV_BIN")[0],
                    "--elrun-train", harness.bazel_binary("trainer", "elrun-train", "ELRUN_TRAIN_BIN")[0],
@@ -37,7 +37,7 @@ class ChaosSoakTest(ElrunTestCase):
         self.assertEqual(kinds, {"kill9_worker", "sigstop_worker", "kill9_agent", "add_node"},
                          "expected at least one fault of each kind")
         self.assertEqual(data["chaos"]["checks"], [])
-        self.assertEqual(data["chaos"]["steps"], 700)
+        self.assertIsNotNone(data["chaos"]["steps"], "expected rank 0 to finish its 5 epochs")
         self.assertTrue(os.path.getsize(self.path("soak.png")) > 0)
 
 
