@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "launcher/host_info.h"
 
 namespace elrun {
 namespace {
@@ -144,9 +145,7 @@ absl::StatusOr<std::unique_ptr<HeartbeatServer>> HeartbeatServer::Start(const st
                              [self](const std::string& line) { self->OnLine(line); }, nullptr);
   if (!fifo.ok()) return fifo.status();
   server->fifo_ = *std::move(fifo);
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  server->host_ = host;
+  server->host_ = HostName();
   // Ticks often enough that a worker is judged within a tenth of its limit (or 1 s) late.
   const double limit = std::min(limits.worker_timeout_s.value_or(10), limits.start_timeout_s.value_or(10));
   const double tick = std::clamp(limit / 10, 0.05, 1.0);

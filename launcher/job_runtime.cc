@@ -23,10 +23,14 @@
 namespace elrun {
 namespace {
 
-absl::StatusOr<std::string> MakeTempLogDir(const std::map<std::string, std::string>& env) {
+// $TMPDIR of `env`, else /tmp: where elrun makes its temp log dir and its FIFOs.
+std::string TempDir(const std::map<std::string, std::string>& env) {
   auto tmp = env.find("TMPDIR");
-  std::string pattern = absl::StrCat(tmp == env.end() || tmp->second.empty() ? "/tmp" : tmp->second,
-                                     "/elrun-XXXXXX");
+  return tmp == env.end() || tmp->second.empty() ? "/tmp" : tmp->second;
+}
+
+absl::StatusOr<std::string> MakeTempLogDir(const std::map<std::string, std::string>& env) {
+  std::string pattern = absl::StrCat(TempDir(env), "/elrun-XXXXXX");
   if (::mkdtemp(pattern.data()) == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("mkdtemp ", pattern, ": ", std::strerror(errno)));
   }
@@ -133,19 +137,12 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(
   auto enabled = env.find("TORCHELASTIC_ENABLE_FILE_TIMER");
   if (enabled != env.end() && enabled->second == "1") {
     auto path = env.find("TORCHELASTIC_TIMER_FILE");
-    auto tmp = env.find("TMPDIR");
     std::string fifo = path != env.end() && !path->second.empty()
                            ? path->second
-                           : absl::StrCat(tmp == env.end() || tmp->second.empty() ? "/tmp" : tmp->second,
-                                          "/watchdog_timer_", RandomRunId());
+                           : absl::StrCat(TempDir(env), "/watchdog_timer_", RandomRunId());
     JobRuntime* self = runtime.get();
     auto server = FileTimerServer::Start(
-        fifo, runtime->loop_.get(),
-        [self](int pid) -> std::optional<int> {
-          pid_t group = ::getpgid(pid);
-          if (group > 0 && self->table_->HasWorker(group)) return group;
-          return std::nullopt;
-        },
+        fifo, runtime->loop_.get(), [self](int pid) { return self->WorkerGroupOf(pid); },
         [self](int group, const std::string& why) {
           if (self->on_watchdog_signal_) self->on_watchdog_signal_(group, why);
         });
@@ -154,17 +151,10 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(
   }
   const HeartbeatLimits limits{spec.worker_timeout_s, spec.worker_start_timeout_s, spec.straggler_factor};
   if (limits.any()) {
-    auto tmp = env.find("TMPDIR");
-    std::string fifo = absl::StrCat(tmp == env.end() || tmp->second.empty() ? "/tmp" : tmp->second,
-                                    "/elrun_heartbeat_", RandomRunId());
+    std::string fifo = absl::StrCat(TempDir(env), "/elrun_heartbeat_", RandomRunId());
     JobRuntime* self = runtime.get();
     auto server = HeartbeatServer::Start(
-        fifo, runtime->loop_.get(), limits,
-        [self](int pid) -> std::optional<int> {
-          pid_t group = ::getpgid(pid);
-          if (group > 0 && self->table_->HasWorker(group)) return group;
-          return std::nullopt;
-        },
+        fifo, runtime->loop_.get(), limits, [self](int pid) { return self->WorkerGroupOf(pid); },
         [self] {
           std::vector<HeartbeatServer::Worker> workers;
           for (const auto& w : self->table_->Workers()) workers.push_back({w.pid, w.local_rank, w.rank});
@@ -178,6 +168,12 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(
     runtime->heartbeat_ = *std::move(server);
   }
   return runtime;
+}
+
+std::optional<int> JobRuntime::WorkerGroupOf(int pid) const {
+  pid_t group = ::getpgid(pid);
+  if (group > 0 && table_->HasWorker(group)) return group;
+  return std::nullopt;
 }
 
 void JobRuntime::PrepareBuilder(AttemptBuilder& builder) const {

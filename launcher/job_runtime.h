@@ -74,6 +74,9 @@ class JobRuntime {
 
  private:
   JobRuntime() = default;
+  // The worker process group `pid` belongs to, or nullopt for a process outside this job's
+  // workers: the watchdogs act only on these.
+  std::optional<int> WorkerGroupOf(int pid) const;
 
   std::string run_id_;
   std::vector<CpuBinding> bindings_;

@@ -212,8 +212,12 @@ class Soak:
             except subprocess.TimeoutExpired:
                 bench_common.kill_group(self.daemon.pid)
                 self.daemon.wait()
-        time.sleep(1.0)  # Bounded grace for SIGKILLed workers to become zombies and be reaped.
+        # Workers that elrun's guardians SIGKILLed may take a moment to die: poll, bounded.
+        deadline = time.monotonic() + 5.0
         left = bench_common.tagged_pids(TAG_VAR, self.tag)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = bench_common.tagged_pids(TAG_VAR, self.tag)
         bench_common.kill_tagged(TAG_VAR, self.tag)
         return left
 
