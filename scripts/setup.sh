@@ -31,6 +31,9 @@ PACKAGES=(
   slurmctld slurmd slurm-client munge
   # A real browser for elrun-rdzv's status page (tests/integration/rdzv_status_test.py).
   chromium
+  # The etcd v3 rendezvous backend: a real etcd cluster for its tests, and etcd's own .proto
+  # files, from which the build generates the client stubs (agent/etcd/BUILD).
+  etcd-server etcd-client golang-etcd-server-dev
 )
 
 missing=()
