@@ -97,6 +97,7 @@ absl::Status ValidateJoin(const v1::Join& join) {
 
 Coordinator::Coordinator(Options options)
     : first_join_timeout_(options.first_join_timeout),
+      heartbeats_(options.heartbeats),
       key_(options.token.empty() ? std::string() : TokenKey(options.token)),
       nonce_(options.nonce ? std::move(options.nonce) : RandomNonce) {}
 
@@ -424,14 +425,14 @@ void Coordinator::EndJob(Job& job, bool success, const std::string& detail, Time
   }
 }
 
-void Coordinator::OnDisconnect(SessionId id, TimePoint now) {
+void Coordinator::OnDisconnect(SessionId id, TimePoint now, const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
   auto session = sessions_.find(id);
   if (session == sessions_.end()) return;
   std::string run_id = session->second.run_id;
   unjoined_.erase({session->second.opened, id});
   sessions_.erase(session);
-  if (!run_id.empty()) RemoveNode(run_id, id, "its stream closed", now);
+  if (!run_id.empty()) RemoveNode(run_id, id, why, now);
 }
 
 void Coordinator::RemoveNode(const std::string& run_id, SessionId id, const std::string& why,
@@ -502,7 +503,7 @@ void Coordinator::TickJob(const std::string& run_id, TimePoint now) {
   std::vector<SessionId> hung;
   std::optional<TimePoint> floor;
   for (const auto& [id, node] : job->nodes) {
-    if (now - node.last_seen > Ms(job->settings.heartbeat_timeout_ms())) {
+    if (heartbeats_ && now - node.last_seen > Ms(job->settings.heartbeat_timeout_ms())) {
       hung.push_back(id);
     } else if (!floor || node.last_seen < *floor) {
       floor = node.last_seen;
@@ -577,7 +578,7 @@ std::optional<TimePoint> Coordinator::NextDeadline() const {
       continue;
     }
     if (job.scale_up_at) consider(*job.scale_up_at);
-    if (!job.nodes.empty()) {
+    if (heartbeats_ && !job.nodes.empty()) {
       consider(job.seen_floor + Ms(job.settings.heartbeat_timeout_ms()) + std::chrono::milliseconds(1));
     }
     if (job.phase == Phase::kGathering) {

@@ -100,6 +100,9 @@ class Coordinator {
     std::chrono::milliseconds first_join_timeout{10000};
     std::string token;
     std::function<std::string()> nonce;
+    // False: a node's liveness is judged elsewhere (the etcd backend's leases) and silence
+    // never evicts it; Heartbeat messages are then not expected.
+    bool heartbeats = true;
   };
   Coordinator() : Coordinator(Options{}) {}
   explicit Coordinator(Options options);
@@ -114,8 +117,9 @@ class Coordinator {
   // returns an error status and changes nothing; the caller ends the stream with it.
   absl::Status OnMessage(SessionId id, const v1::AgentMessage& message, TimePoint now);
 
-  // The stream ended (the agent died, left, or the stream broke).
-  void OnDisconnect(SessionId id, TimePoint now);
+  // The stream ended (the agent died, left, or the stream broke); `why` goes into the round's
+  // end as the node's cause.
+  void OnDisconnect(SessionId id, TimePoint now, const std::string& why = "its stream closed");
 
   // Applies every timeout due at `now`: a session's first Join, heartbeats, last call, join
   // timeout, a deferred scale-up, close timeout.
@@ -212,6 +216,7 @@ class Coordinator {
   Job* FindJob(const std::string& run_id);
 
   const std::chrono::milliseconds first_join_timeout_;
+  const bool heartbeats_;
   const std::string key_;  // TokenKey(token), empty without a token.
   const std::function<std::string()> nonce_;
   mutable std::mutex mu_;

@@ -47,6 +47,8 @@ struct Agent {
 };
 
 struct Harness {
+  Harness() = default;
+  explicit Harness(Coordinator::Options options) : coordinator(std::move(options)) {}
   Coordinator coordinator;
   TimePoint now{std::chrono::seconds(100)};
   std::map<int, Agent> agents;
@@ -373,6 +375,23 @@ TEST_CASE("a hung agent is removed after the heartbeat timeout") {
   CHECK(h.Sink(1).closed->code() == absl::StatusCode::kUnavailable);
   CHECK(h.Sink(0).Pop().round_ended().reason() == v1::RoundEnded::NODE_LOST);
   CHECK(h.Heartbeat(1).code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("without heartbeats (the etcd backend's replicas) silence evicts nobody; a disconnect names its cause") {
+  Coordinator::Options options;
+  options.heartbeats = false;
+  Harness h(std::move(options));
+  REQUIRE(h.Join(0).ok());
+  REQUIRE(h.Join(1).ok());
+  h.Clear();
+  h.Advance(milliseconds(60000));  // Twelve heartbeat timeouts without a beat.
+  CHECK_FALSE(h.Sink(0).closed.has_value());
+  CHECK_FALSE(h.Sink(1).closed.has_value());
+  CHECK(h.Sink(0).messages.empty());
+  h.coordinator.OnDisconnect(h.agents[1].id, h.now, "its etcd lease ended");
+  v1::CoordinatorMessage m = h.Sink(0).Pop();
+  CHECK(m.round_ended().reason() == v1::RoundEnded::NODE_LOST);
+  CHECK(m.round_ended().detail().find("its etcd lease ended") != std::string::npos);
 }
 
 TEST_CASE("jobs are isolated by run id") {
