@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "agent/agent_channel.h"
 #include "agent/transport.h"
 #include "proto/rendezvous.pb.h"
 
@@ -37,7 +38,7 @@ struct ClientOptions {
 // coordinator's server accepts.
 std::chrono::milliseconds KeepaliveInterval(std::chrono::milliseconds silence_timeout);
 
-class RendezvousClient {
+class RendezvousClient : public AgentChannel {
  public:
   // Starts connecting in the background (up to connect_timeout: the coordinator may start
   // after this node) and then opens the stream. Errors: unreadable TLS files, eventfd failure.
@@ -45,21 +46,21 @@ class RendezvousClient {
   // shows up as the stream's end with UNAVAILABLE.
   static absl::StatusOr<std::unique_ptr<RendezvousClient>> Open(const ClientOptions& options);
   // Cancels the stream and joins the reader thread.
-  ~RendezvousClient();
+  ~RendezvousClient() override;
 
   // Queues one message for the writer thread (sent once the stream is open); never blocks on
   // the network. False when the stream is broken.
-  bool Write(const v1::AgentMessage& message);
+  bool Write(const v1::AgentMessage& message) override;
 
   // Readable (level-triggered) while messages are queued or after the stream ended.
-  int event_fd() const { return event_fd_; }
+  int event_fd() const override { return event_fd_; }
 
   // Takes the queued messages (any thread). Clears event_fd's readiness.
-  std::deque<v1::CoordinatorMessage> Take();
+  std::deque<v1::CoordinatorMessage> Take() override;
 
   // Set once the stream has ended: the coordinator's status (e.g. UNAUTHENTICATED, or
   // UNAVAILABLE when it cannot be reached or died).
-  std::optional<absl::Status> ended() const;
+  std::optional<absl::Status> ended() const override;
 
   class Stream;
 

@@ -11,7 +11,9 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "agent/coordinator_server.h"
+#include "agent/etcd_rendezvous.h"
 #include "agent/rendezvous_client.h"
 #include "agent/wire_checks.h"
 #include "launcher/attempt_builder.h"
@@ -24,17 +26,40 @@ namespace {
 
 namespace v1 = rdzv::v1;
 
-// The agent's session over the gRPC client: sends only queue (the client's writer thread sends).
+// The agent's session over its channel: sends only queue (the channel's writer thread sends).
 class ClientSession : public RendezvousSession {
  public:
-  explicit ClientSession(rdzv::RendezvousClient& client) : client_(client) {}
+  explicit ClientSession(rdzv::AgentChannel& channel) : channel_(channel) {}
   void Send(const v1::AgentMessage& message) override {
-    client_.Write(message);  // A broken stream shows up as the client's end.
+    channel_.Write(message);  // A broken session shows up as the channel's end.
   }
 
  private:
-  rdzv::RendezvousClient& client_;
+  rdzv::AgentChannel& channel_;
 };
+
+// The etcd-v3 backend's channel: this node's replica of the job's log in etcd.
+absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> OpenEtcd(const JobSpec& spec, const RdzvSettings& rdzv,
+                                                             const std::string& node_id) {
+  rdzv::EtcdRendezvousOptions options;
+  options.etcd.endpoints = rdzv.etcd_endpoints;
+  options.etcd.tls = {rdzv.tls_cert, rdzv.tls_key, rdzv.tls_ca};
+  options.etcd.https = rdzv.etcd_https;
+  options.etcd.user = rdzv.etcd_user;
+  options.etcd.password = rdzv.etcd_password;
+  options.prefix = rdzv.etcd_prefix;
+  options.run_id = spec.rdzv_id;
+  options.node_id = node_id;
+  options.lease_ttl = rdzv.heartbeat_timeout;
+  options.token = rdzv.token;
+  auto opened = rdzv::EtcdRendezvous::Open(options);
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(), absl::StrCat("cannot join the rendezvous in etcd at ",
+                                                             absl::StrJoin(rdzv.etcd_endpoints, ","), ": ",
+                                                             opened.status().message()));
+  }
+  return std::unique_ptr<rdzv::AgentChannel>(*std::move(opened));
+}
 
 // gRPC's own log lines (e.g. a failed bind while probing for the coordinator's port) would
 // clutter the user's console; show them only with LOGLEVEL=DEBUG.
@@ -63,7 +88,8 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
   JobRuntime& rt = **runtime;
   // The coordinator, embedded when the endpoint is this machine and its port is free.
   std::unique_ptr<rdzv::CoordinatorServer> server;
-  bool want_host = rdzv.is_host.value_or(IsLocalHost(rdzv.host));
+  const bool etcd = spec.rdzv_backend == "etcd-v3";
+  bool want_host = !etcd && rdzv.is_host.value_or(IsLocalHost(rdzv.host));
   if (want_host) {
     rdzv::ServerOptions options;
     options.listen = rdzv.Endpoint();
@@ -80,12 +106,20 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
     }
   }
 
-  rdzv::ClientOptions client_options;
-  client_options.endpoint = rdzv.Endpoint();
-  client_options.tls = {rdzv.tls_cert, rdzv.tls_key, rdzv.tls_ca};
-  client_options.connect_timeout = rdzv.join_timeout;
-  client_options.silence_timeout = rdzv.heartbeat_timeout;
-  auto client = rdzv::RendezvousClient::Open(client_options);
+  const std::string node_id = absl::StrCat(HostName(), ":", ::getpid(), ":", RandomRunId().substr(0, 6));
+  absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> client;
+  if (etcd) {
+    client = OpenEtcd(spec, rdzv, node_id);
+  } else {
+    rdzv::ClientOptions client_options;
+    client_options.endpoint = rdzv.Endpoint();
+    client_options.tls = {rdzv.tls_cert, rdzv.tls_key, rdzv.tls_ca};
+    client_options.connect_timeout = rdzv.join_timeout;
+    client_options.silence_timeout = rdzv.heartbeat_timeout;
+    auto opened = rdzv::RendezvousClient::Open(client_options);
+    if (opened.ok()) client = std::unique_ptr<rdzv::AgentChannel>(*std::move(opened));
+    else client = opened.status();
+  }
   if (!client.ok()) {
     PrintError(std::string(client.status().message()));
     return kExitJobFailed;
@@ -105,14 +139,12 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
   rt.PrepareBuilder(builder);
   ClientSession session(**client);
   RealClock clock;
-  ElasticAgent agent(spec, rdzv, rt.table(), clock, session, builder, master_addr,
-                     absl::StrCat(HostName(), ":", ::getpid(), ":", RandomRunId().substr(0, 6)),
-                     PickFreePort);
+  ElasticAgent agent(spec, rdzv, rt.table(), clock, session, builder, master_addr, node_id, PickFreePort);
   agent_ptr = &agent;
   rt.OnWatchdogSignal([&agent](int pid, const std::string& why) { agent.OnWorkerSignalled(pid, why); });
 
   absl::Status status = rt.HandleSignals([&](int signo) { agent.OnSignal(signo); });
-  rdzv::RendezvousClient& stream = **client;
+  rdzv::AgentChannel& stream = **client;
   auto on_client_event = [&] {
     for (const v1::CoordinatorMessage& message : stream.Take()) agent.OnMessage(message);
     if (std::optional<absl::Status> ended = stream.ended()) agent.OnSessionEnded(*ended);

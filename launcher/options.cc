@@ -45,9 +45,11 @@ constexpr OptionDef kOptions[] = {
      "Single-node job with a generated run id and a free port; ignores rdzv options."},
     {"rdzv-backend", "", false, "NAME", "static",
      "static (node 0's store at --rdzv-endpoint or --master-addr:--master-port, as torchrun), "
-     "or grpc (c10d is an alias): elrun's elastic rendezvous, the default with --nnodes MIN:MAX."},
+     "grpc (c10d is an alias): elrun's elastic rendezvous, the default with --nnodes MIN:MAX, "
+     "or etcd-v3: the same rendezvous with its state in an etcd cluster (no single point of failure)."},
     {"rdzv-endpoint", "", false, "HOST[:PORT]", "",
-     "grpc/c10d: the coordinator, HOST[:PORT]; static: node 0's store, HOST:PORT."},
+     "grpc/c10d: the coordinator, HOST[:PORT]; static: node 0's store, HOST:PORT; "
+     "etcd-v3: the etcd members, HOST[:PORT],... (port 2379 by default)."},
     {"rdzv-id", "", false, "ID", "none", "Job id shared by all nodes of the job."},
     {"rdzv-conf", "", false, "K=V,...", "", "Rendezvous settings key=value,... (join_timeout, token, ...)."},
     {"max-restarts", "", false, "N", "0", "Restarts of the worker group after a failure."},
@@ -278,9 +280,11 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest,
       return Invalid(r, "node-rank", absl::InvalidArgumentError(absl::StrCat(
                                          "must be below --nnodes=", spec->max_nodes)));
     }
-  } else if (spec->rdzv_backend != "c10d" && spec->rdzv_backend != "grpc") {
+  } else if (spec->rdzv_backend == "etcd" || spec->rdzv_backend == "etcd-v2") {
     return Invalid(r, "rdzv-backend",
-                   absl::InvalidArgumentError("expected static, grpc or c10d (etcd is not supported)"));
+                   absl::InvalidArgumentError("elrun speaks etcd's v3 API only: use --rdzv-backend etcd-v3"));
+  } else if (spec->rdzv_backend != "c10d" && spec->rdzv_backend != "grpc" && spec->rdzv_backend != "etcd-v3") {
+    return Invalid(r, "rdzv-backend", absl::InvalidArgumentError("expected static, grpc, c10d or etcd-v3"));
   }
 
   // The entrypoint and its arguments.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "launcher/value_parsers.h"
 
 namespace elrun {
@@ -13,7 +14,8 @@ namespace {
 constexpr const char* kKnownKeys =
     "join_timeout, last_call_timeout, close_timeout, heartbeat_interval, heartbeat_timeout, "
     "keep_alive_interval, keep_alive_max_attempt, is_host, token, token_file, run_token, "
-    "run_token_file, tls_cert, tls_key, tls_ca, "
+    "run_token_file, tls_cert, tls_key, tls_ca, etcd_prefix, etcd_user, etcd_password_file, "
+    "protocol, cacert, cert, key, "
     "timeout, read_timeout, store_type";
 
 absl::Status Bad(const std::string& key, const std::string& value, absl::string_view why) {
@@ -54,12 +56,26 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec,
         "--rdzv-backend=", spec.rdzv_backend, " with --nnodes=", spec.min_nodes, ":", spec.max_nodes,
         " needs --rdzv-endpoint HOST[:PORT] (the same on every node)"));
   }
-  auto parsed = ParseEndpoint(endpoint);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--rdzv-endpoint=", endpoint, ": ", parsed.status().message()));
+  const bool etcd = spec.rdzv_backend == "etcd-v3";
+  for (absl::string_view member : absl::StrSplit(endpoint, ',')) {
+    auto parsed = ParseEndpoint(member);
+    if (!parsed.ok() || (!etcd && !settings.host.empty())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--rdzv-endpoint=", endpoint, ": ",
+          parsed.ok() ? "one coordinator only (a list is for --rdzv-backend etcd-v3)" : parsed.status().message()));
+    }
+    if (settings.host.empty()) {
+      settings.host = parsed->host;
+      settings.port = parsed->port.value_or(etcd ? 2379 : settings.port);
+    }
+    if (etcd) {
+      int port = parsed->port.value_or(2379);
+      if (port == 0) return absl::InvalidArgumentError(absl::StrCat("--rdzv-endpoint=", endpoint, ": port 0"));
+      settings.etcd_endpoints.push_back(parsed->host.find(':') != std::string::npos
+                                            ? absl::StrCat("[", parsed->host, "]:", port)
+                                            : absl::StrCat(parsed->host, ":", port));
+    }
   }
-  settings.host = parsed->host;
-  settings.port = parsed->port.value_or(settings.port);
 
   std::optional<std::chrono::milliseconds> keep_alive_interval;
   std::optional<int> keep_alive_attempts;
@@ -108,6 +124,27 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec,
       settings.tls_key = value;
     } else if (key == "tls_ca") {
       settings.tls_ca = value;
+    } else if (key == "cacert") {
+      settings.tls_ca = value;
+    } else if (key == "cert") {
+      settings.tls_cert = value;
+    } else if (key == "key") {
+      settings.tls_key = value;
+    } else if (key == "protocol") {
+      std::string p = absl::AsciiStrToLower(value);
+      if (p != "http" && p != "https") status = Bad(key, value, "expected http or https");
+      settings.etcd_https = p == "https";
+    } else if (key == "etcd_prefix") {
+      if (value.empty() || value.front() != '/' || value.back() != '/') {
+        status = Bad(key, value, "expected a key prefix that starts and ends with /");
+      }
+      settings.etcd_prefix = value;
+    } else if (key == "etcd_user") {
+      settings.etcd_user = value;
+    } else if (key == "etcd_password_file") {
+      auto secret = ReadSecretFile(value);
+      if (!secret.ok()) status = Bad(key, value, secret.status().message());
+      else settings.etcd_password = *secret;
     } else if (key != "timeout" && key != "read_timeout" && key != "store_type") {
       status = absl::InvalidArgumentError(
           absl::StrCat("--rdzv-conf: unknown key '", key, "' (known: ", kKnownKeys, ")"));
@@ -130,6 +167,14 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec,
   if (settings.run_token.empty()) {
     auto token = env.find("ELRUN_RUN_TOKEN");
     if (token != env.end()) settings.run_token = token->second;
+  }
+  if (!settings.etcd_user.empty() && settings.etcd_password.empty()) {
+    auto password = env.find("ELRUN_ETCD_PASSWORD");
+    if (password == env.end() || password->second.empty()) {
+      return absl::InvalidArgumentError(
+          "--rdzv-conf etcd_user needs a password: etcd_password_file=PATH or ELRUN_ETCD_PASSWORD");
+    }
+    settings.etcd_password = password->second;
   }
   if (settings.tls_cert.empty() != settings.tls_key.empty()) {
     return absl::InvalidArgumentError("--rdzv-conf: tls_cert and tls_key go together");

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "launcher/job_spec.h"
@@ -26,6 +27,14 @@ struct RdzvSettings {
   // The run's own credential on a coordinator that serves many runs; empty: the token is.
   std::string run_token;  // Never logged.
   std::string tls_cert, tls_key, tls_ca;
+  // --rdzv-backend etcd-v3: the members (host:port each, IPv6 in brackets), the key prefix,
+  // etcd's user and password (never logged), TLS to etcd (tls_* above, or torchrun's cacert,
+  // cert, key; protocol=https alone trusts the system's CAs).
+  std::vector<std::string> etcd_endpoints;
+  std::string etcd_prefix = "/elrun/rdzv/";
+  std::string etcd_user;
+  std::string etcd_password;
+  bool etcd_https = false;
 
   std::string Endpoint() const;  // "host:port", IPv6 in brackets.
 };

@@ -133,15 +133,16 @@ class RdzvTestCase(ElrunTestCase):
                          "expected --port-file to hold the port elrun-rdzv printed")
 
     def start_agent(self, node, port, run_id="job", nnodes=4, nproc=2, rule=EXIT_0, conf=None,
-                    args=(), worker=None, env=None):
+                    args=(), worker=None, env=None, backend="c10d", endpoint=None):
         """Starts the elrun agent of node `node` (an int; --local-addr 127.0.0.<node>) for
         run_id against the coordinator at 127.0.0.1:port, with LOGLEVEL=info. Workers run
         WORKER with $RULE=rule unless `worker` gives other arguments. conf: --rdzv-conf keys
-        over the default join_timeout=30. env: extra variables (None removes one)."""
+        over the default join_timeout=30. env: extra variables (None removes one). backend and
+        endpoint (over 127.0.0.1:port): e.g. etcd-v3 and an etcd cluster's members."""
         settings = {"join_timeout": "30"}
         settings.update(conf or {})
-        argv = ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", "127.0.0.1:%d" % port, "--rdzv-id", run_id,
+        argv = ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--rdzv-backend", backend,
+                "--rdzv-endpoint", endpoint or "127.0.0.1:%d" % port, "--rdzv-id", run_id,
                 "--local-addr", "127.0.0.%d" % node,
                 "--rdzv-conf", ",".join("%s=%s" % kv for kv in settings.items())]
         argv += list(args) + list(worker or self.worker_args)

@@ -174,6 +174,8 @@ TEST_CASE("bad input gives one line naming the input") {
   CHECK(ErrorOf({"--shutdown-timeout=-1", "t.py"}).rfind("--shutdown-timeout=-1:", 0) == 0);
   CHECK(ErrorOf({"--start-method=thread", "t.py"}).rfind("--start-method=thread:", 0) == 0);
   CHECK(ErrorOf({"--rdzv-backend=etcd", "t.py"}).rfind("--rdzv-backend=etcd:", 0) == 0);
+  CHECK(ErrorOf({"--rdzv-backend=etcd-v2", "t.py"}).find("use --rdzv-backend etcd-v3") != std::string::npos);
+  CHECK(ErrorOf({"--rdzv-backend=zookeeper", "t.py"}).rfind("--rdzv-backend=zookeeper:", 0) == 0);
   CHECK(ErrorOf({"--node-rank=2", "--nnodes=2", "t.py"}).rfind("--node-rank=2:", 0) == 0);
 }
 

@@ -123,5 +123,39 @@ TEST_CASE("run_token: from --rdzv-conf, run_token_file or ELRUN_RUN_TOKEN; apart
   std::remove(path.c_str());
 }
 
+TEST_CASE("etcd-v3: a list of members, port 2379 by default, and etcd's own keys") {
+  JobSpec spec = Spec("e1,10.0.0.2:2479,[::1]", {{"etcd_prefix", "/jobs/"}, {"cacert", "ca.pem"},
+                                                 {"cert", "c.pem"}, {"key", "c.key"}, {"protocol", "https"}});
+  spec.rdzv_backend = "etcd-v3";
+  auto s = ParseRdzvSettings(spec, {});
+  REQUIRE(s.ok());
+  CHECK(s->etcd_endpoints == std::vector<std::string>{"e1:2379", "10.0.0.2:2479", "[::1]:2379"});
+  CHECK(s->host == "e1");
+  CHECK(s->port == 2379);
+  CHECK(s->etcd_prefix == "/jobs/");
+  CHECK(s->tls_ca == "ca.pem");
+  CHECK(s->tls_cert == "c.pem");
+  CHECK(s->tls_key == "c.key");
+  CHECK(s->etcd_https);
+}
+
+TEST_CASE("etcd-v3: bad members, prefixes and passwords are one-line errors") {
+  auto etcd = [](const std::string& endpoint, std::map<std::string, std::string> conf = {}) {
+    JobSpec spec = Spec(endpoint, std::move(conf));
+    spec.rdzv_backend = "etcd-v3";
+    return spec;
+  };
+  CHECK(ErrorOf(etcd("e1,,e2")).rfind("--rdzv-endpoint=e1,,e2:", 0) == 0);
+  CHECK(ErrorOf(etcd("e1:0")).find("port 0") != std::string::npos);
+  CHECK(ErrorOf(etcd("e1", {{"etcd_prefix", "jobs"}})).rfind("--rdzv-conf etcd_prefix=jobs:", 0) == 0);
+  CHECK(ErrorOf(etcd("e1", {{"protocol", "ftp"}})).rfind("--rdzv-conf protocol=ftp:", 0) == 0);
+  CHECK(ErrorOf(etcd("e1", {{"etcd_user", "root"}})).find("needs a password") != std::string::npos);
+  auto with_env = ParseRdzvSettings(etcd("e1", {{"etcd_user", "root"}}), {{"ELRUN_ETCD_PASSWORD", "pw"}});
+  REQUIRE(with_env.ok());
+  CHECK(with_env->etcd_password == "pw");
+  // A list is for etcd only: the grpc backend has one coordinator.
+  CHECK(ErrorOf(Spec("a:1,b:2")).find("one coordinator only") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace elrun

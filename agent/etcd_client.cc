@@ -1,0 +1,275 @@
+#include "agent/etcd_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace elrun::rdzv {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+// A member that cannot answer now: try the next one.
+bool Unreachable(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+bool TokenExpired(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAUTHENTICATED &&
+         status.error_message().find("invalid auth token") != std::string::npos;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(const TlsFiles& tls, bool https) {
+  if (!tls.enabled() && !https) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  if (!tls.ca.empty()) {
+    auto ca = ReadFileToString(tls.ca);
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *ca;
+  }
+  if (!tls.cert.empty()) {
+    auto cert = ReadFileToString(tls.cert);
+    if (!cert.ok()) return cert.status();
+    auto key = ReadFileToString(tls.key);
+    if (!key.ok()) return key.status();
+    ssl.pem_cert_chain = *cert;
+    ssl.pem_private_key = *key;
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+}  // namespace
+
+struct EtcdClient::Member {
+  std::string endpoint;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<etcdpb::KV::Stub> kv;
+  std::unique_ptr<etcdpb::Lease::Stub> lease;
+  std::unique_ptr<etcdpb::Watch::Stub> watch;
+  std::unique_ptr<etcdpb::Auth::Stub> auth;
+};
+
+std::string PrefixEnd(const std::string& prefix) {
+  std::string end = prefix;
+  while (!end.empty()) {
+    if (static_cast<unsigned char>(end.back()) < 0xff) {
+      end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');  // Every key.
+}
+
+EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {}
+EtcdClient::~EtcdClient() = default;
+
+absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(const EtcdOptions& options) {
+  if (options.endpoints.empty()) return absl::InvalidArgumentError("no etcd endpoint");
+  auto credentials = Credentials(options.tls, options.https);
+  if (!credentials.ok()) return credentials.status();
+  std::unique_ptr<EtcdClient> client(new EtcdClient(options));
+  for (const std::string& endpoint : options.endpoints) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);  // A page of a big job's log.
+    // A member that comes back is used again within a second.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    auto member = std::make_unique<Member>();
+    member->endpoint = endpoint;
+    member->channel = grpc::CreateCustomChannel(endpoint, *credentials, args);
+    member->kv = etcdpb::KV::NewStub(member->channel);
+    member->lease = etcdpb::Lease::NewStub(member->channel);
+    member->watch = etcdpb::Watch::NewStub(member->channel);
+    member->auth = etcdpb::Auth::NewStub(member->channel);
+    client->members_.push_back(std::move(member));
+  }
+  if (!options.user.empty()) {
+    // Any member will do; Retry moves on from unreachable ones.
+    absl::Status status = client->Retry("authenticate", [&](Member& member, grpc::ClientContext&) {
+      absl::Status s = client->Authenticate(member);
+      return s.ok() ? grpc::Status::OK
+                    : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+    });
+    if (!status.ok()) return status;
+  }
+  return client;
+}
+
+absl::Status EtcdClient::Authenticate(Member& member) {
+  etcdpb::AuthenticateRequest request;
+  request.set_name(options_.user);
+  request.set_password(options_.password);
+  etcdpb::AuthenticateResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + options_.call_timeout);
+  grpc::Status status = member.auth->Authenticate(&context, request, &response);
+  if (!status.ok()) {
+    if (Unreachable(status)) return FromGrpc(status);
+    return absl::UnauthenticatedError(
+        absl::StrCat("etcd refused user '", options_.user, "': ", status.error_message()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  token_ = response.token();
+  return absl::OkStatus();
+}
+
+void EtcdClient::SetUp(grpc::ClientContext& context, bool deadline) {
+  if (deadline) context.set_deadline(std::chrono::system_clock::now() + options_.call_timeout);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!token_.empty()) context.AddMetadata("token", token_);
+}
+
+template <typename Call>
+absl::Status EtcdClient::Retry(const char* what, Call call) {
+  auto give_up = std::chrono::steady_clock::now() + options_.retry_for;
+  size_t index;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    index = current_;
+  }
+  bool reauthenticated = false;
+  grpc::Status last;
+  for (size_t tries = 0;; ++tries) {
+    Member& member = *members_[index];
+    grpc::ClientContext context;
+    SetUp(context, true);
+    last = call(member, context);
+    if (last.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      current_ = index;
+      return absl::OkStatus();
+    }
+    if (TokenExpired(last) && !options_.user.empty() && !reauthenticated) {
+      reauthenticated = true;
+      if (Authenticate(member).ok()) continue;
+    }
+    if (!Unreachable(last) && last.error_message().find("leader changed") == std::string::npos &&
+        last.error_message().find("no leader") == std::string::npos) {
+      break;
+    }
+    if (std::chrono::steady_clock::now() >= give_up) break;
+    index = (index + 1) % members_.size();
+    // A whole turn of the members found none: give an election or a restart a moment.
+    if ((tries + 1) % members_.size() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::string where = members_.size() == 1 ? members_[0]->endpoint : absl::StrCat(members_.size(), " members");
+  return absl::Status(static_cast<absl::StatusCode>(last.error_code()),
+                      absl::StrCat("etcd ", what, " (", where, "): ", last.error_message()));
+}
+
+absl::StatusOr<etcdpb::RangeResponse> EtcdClient::Range(const etcdpb::RangeRequest& request) {
+  etcdpb::RangeResponse response;
+  absl::Status status = Retry("range", [&](Member& member, grpc::ClientContext& context) {
+    return member.kv->Range(&context, request, &response);
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<etcdpb::TxnResponse> EtcdClient::Txn(const etcdpb::TxnRequest& request) {
+  etcdpb::TxnResponse response;
+  absl::Status status = Retry("txn", [&](Member& member, grpc::ClientContext& context) {
+    return member.kv->Txn(&context, request, &response);
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<int64_t> EtcdClient::GrantLease(int64_t ttl_seconds) {
+  etcdpb::LeaseGrantRequest request;
+  request.set_ttl(ttl_seconds);
+  etcdpb::LeaseGrantResponse response;
+  absl::Status status = Retry("lease grant", [&](Member& member, grpc::ClientContext& context) {
+    return member.lease->LeaseGrant(&context, request, &response);
+  });
+  if (!status.ok()) return status;
+  if (!response.error().empty()) return absl::InternalError(absl::StrCat("etcd lease grant: ", response.error()));
+  return response.id();
+}
+
+absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease_id) {
+  etcdpb::LeaseKeepAliveResponse response;
+  absl::Status status = Retry("lease keepalive", [&](Member& member, grpc::ClientContext& context) {
+    auto stream = member.lease->LeaseKeepAlive(&context);
+    etcdpb::LeaseKeepAliveRequest request;
+    request.set_id(lease_id);
+    if (stream->Write(request)) stream->WritesDone();
+    bool got = stream->Read(&response);
+    grpc::Status finished = stream->Finish();
+    if (got) return grpc::Status::OK;
+    return finished.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "keepalive stream ended") : finished;
+  });
+  if (!status.ok()) return status;
+  if (response.ttl() <= 0) return absl::NotFoundError("etcd lease expired");
+  return response.ttl();
+}
+
+absl::Status EtcdClient::RevokeLease(int64_t lease_id) {
+  etcdpb::LeaseRevokeRequest request;
+  request.set_id(lease_id);
+  etcdpb::LeaseRevokeResponse response;
+  return Retry("lease revoke", [&](Member& member, grpc::ClientContext& context) {
+    return member.lease->LeaseRevoke(&context, request, &response);
+  });
+}
+
+absl::StatusOr<std::unique_ptr<EtcdWatch>> EtcdClient::Watch(const std::string& key, const std::string& range_end,
+                                                             int64_t start_revision) {
+  std::unique_ptr<EtcdWatch> watch;
+  absl::Status status = Retry("watch", [&](Member& member, grpc::ClientContext& unused) {
+    (void)unused;
+    auto opened = std::unique_ptr<EtcdWatch>(new EtcdWatch());
+    opened->context_ = std::make_unique<grpc::ClientContext>();
+    SetUp(*opened->context_, false);
+    opened->stream_ = member.watch->Watch(opened->context_.get());
+    etcdpb::WatchRequest request;
+    auto* create = request.mutable_create_request();
+    create->set_key(key);
+    create->set_range_end(range_end);
+    create->set_start_revision(start_revision);
+    etcdpb::WatchResponse created;
+    if (!opened->stream_->Write(request) || !opened->stream_->Read(&created)) {
+      opened->context_->TryCancel();
+      grpc::Status finished = opened->stream_->Finish();
+      return finished.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "watch stream ended") : finished;
+    }
+    if (!created.created() || created.canceled()) {
+      opened->context_->TryCancel();
+      opened->stream_->Finish();
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("watch refused: ", created.cancel_reason(),
+                                       created.compact_revision() > 0 ? " (history compacted)" : ""));
+    }
+    watch = std::move(opened);
+    return grpc::Status::OK;
+  });
+  if (!status.ok()) return status;
+  return watch;
+}
+
+EtcdWatch::~EtcdWatch() {
+  if (context_) {
+    context_->TryCancel();
+    stream_->Finish();
+  }
+}
+
+bool EtcdWatch::Read(etcdpb::WatchResponse* response) { return stream_->Read(response); }
+
+absl::Status EtcdWatch::Finish() {
+  grpc::Status status = stream_->Finish();
+  context_.reset();
+  return FromGrpc(status);
+}
+
+void EtcdWatch::Cancel() { context_->TryCancel(); }
+
+}  // namespace elrun::rdzv

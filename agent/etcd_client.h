@@ -1,0 +1,101 @@
+// A small synchronous client of etcd's v3 gRPC API for the etcd-v3 rendezvous backend: KV
+// ranges and transactions, leases, watch streams, over every member of a cluster. A call that
+// finds its member unreachable (UNAVAILABLE, or no answer within the call timeout) moves on to
+// the next member, so the death of one member - the leader included - costs a retry, not the
+// job. With a user, the client authenticates and sends etcd's token on every call, and
+// authenticates again when etcd says the token expired. TLS to etcd with TlsFiles.
+// Thread-safe: any thread may call any method; a Watch belongs to one reader thread.
+#ifndef ELRUN_AGENT_ETCD_CLIENT_H_
+#define ELRUN_AGENT_ETCD_CLIENT_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "agent/transport.h"
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+
+namespace elrun::rdzv {
+
+namespace etcdpb = ::etcdserverpb;
+
+struct EtcdOptions {
+  std::vector<std::string> endpoints;  // host:port of each member.
+  TlsFiles tls;                        // enabled(): https to etcd.
+  bool https = false;                  // https even without TlsFiles: the system's CAs.
+  std::string user;                    // etcd authentication; empty: none.
+  std::string password;                // Never logged.
+  // One call's limit on one member before the next is tried.
+  std::chrono::milliseconds call_timeout{2000};
+  // How long a call keeps trying the members (all down, or electing a leader) before failing.
+  std::chrono::milliseconds retry_for{10000};
+};
+
+// The key just past every key that starts with `prefix` (etcd's range_end for a prefix).
+std::string PrefixEnd(const std::string& prefix);
+
+class EtcdWatch;
+
+class EtcdClient {
+ public:
+  // Makes one channel per member and authenticates when a user is set (retrying for
+  // retry_for). Errors: no endpoint, unreadable TLS files, wrong user or password
+  // (Unauthenticated), no member reachable (Unavailable).
+  static absl::StatusOr<std::unique_ptr<EtcdClient>> Connect(const EtcdOptions& options);
+  ~EtcdClient();
+
+  absl::StatusOr<etcdpb::RangeResponse> Range(const etcdpb::RangeRequest& request);
+  absl::StatusOr<etcdpb::TxnResponse> Txn(const etcdpb::TxnRequest& request);
+  absl::StatusOr<int64_t> GrantLease(int64_t ttl_seconds);
+  // The lease's remaining TTL in seconds after renewing it; NotFound when it has expired.
+  absl::StatusOr<int64_t> KeepAlive(int64_t lease_id);
+  absl::Status RevokeLease(int64_t lease_id);
+
+  // Opens a watch of [key, range_end) from `start_revision` on a reachable member.
+  absl::StatusOr<std::unique_ptr<EtcdWatch>> Watch(const std::string& key, const std::string& range_end,
+                                                   int64_t start_revision);
+
+  const EtcdOptions& options() const { return options_; }
+
+ private:
+  struct Member;
+  explicit EtcdClient(EtcdOptions options);
+
+  // Runs `call` on members in turn until one answers, re-authenticating once on an expired
+  // token; gives up after retry_for.
+  template <typename Call>
+  absl::Status Retry(const char* what, Call call);
+  absl::Status Authenticate(Member& member);
+  void SetUp(grpc::ClientContext& context, bool deadline);
+
+  const EtcdOptions options_;
+  std::vector<std::unique_ptr<Member>> members_;
+  std::mutex mu_;
+  size_t current_ = 0;     // The member that answered last. Guarded by mu_.
+  std::string token_;      // etcd's auth token. Guarded by mu_.
+};
+
+// One watch stream. Read blocks for the next response; Cancel (any thread) makes it return.
+class EtcdWatch {
+ public:
+  ~EtcdWatch();
+  // False when the stream ended (the member died, or Cancel); then Finish gives why.
+  bool Read(etcdpb::WatchResponse* response);
+  absl::Status Finish();
+  void Cancel();
+
+ private:
+  friend class EtcdClient;
+  EtcdWatch() = default;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<etcdpb::WatchRequest, etcdpb::WatchResponse>> stream_;
+};
+
+}  // namespace elrun::rdzv
+
+#endif  // ELRUN_AGENT_ETCD_CLIENT_H_

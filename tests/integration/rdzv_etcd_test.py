@@ -1,0 +1,149 @@
+"""The etcd-v3 rendezvous backend against a real 3-member etcd cluster on loopback
+(etcd_cluster.py): a job forms with the grpc backend's ranks and leaves no key behind; the etcd
+leader killed with SIGKILL mid-job costs no restart; an agent killed with SIGKILL is lost when
+its lease expires and the survivors form a new round, and a node that arrives scales the job up;
+two jobs on one cluster stay apart; etcd's user and password, and TLS to etcd, are honoured;
+a wrong password or an unreachable cluster is a one-line error."""
+import time
+import unittest
+
+import harness
+from etcd_cluster import EtcdCluster, make_tls_files
+from rdzv_harness import GATED, RdzvTestCase
+
+# The agents' lease TTL (heartbeat_timeout): a node killed with SIGKILL is lost this long after
+# its last renewal; the survivors' new round must start within LOSS_BOUND_S of the kill.
+LEASE_S = 2
+LOSS_BOUND_S = LEASE_S + 4.0
+PREFIX = "/elrun/rdzv/"
+
+
+@harness.elrun_only("elrun's etcd-v3 rendezvous backend")
+class EtcdRendezvousTest(RdzvTestCase):
+
+    def cluster(self, **kwargs):
+        cluster = EtcdCluster(self.tmp, members=3, **kwargs)
+        self.addCleanup(cluster.close)  # Before the harness's leak check (cleanups run LIFO).
+        return cluster
+
+    def agent(self, cluster, node, run_id="job", nnodes=2, nproc=2, rule=GATED, conf=None, env=None):
+        settings = {"heartbeat_timeout": str(LEASE_S), "last_call_timeout": "1"}
+        settings.update(conf or {})
+        return self.start_agent(node, 0, run_id=run_id, nnodes=nnodes, nproc=nproc, rule=rule,
+                                conf=settings, env=env, backend="etcd-v3", endpoint=cluster.endpoints)
+
+    def hold(self, seconds, alive):
+        """Watches for `seconds` that every agent in `alive` keeps running and no worker starts."""
+        try:
+            self.pump(lambda: len(self.ready.lines) > self.seen, "a worker start", seconds, alive)
+        except AssertionError as e:
+            if "did not happen" in str(e):
+                return
+            raise
+        self.fail("expected no new round while holding\n%s" % self.summary())
+
+    def check_round(self, records, world, nodes, restarts=0):
+        self.assertEqual(sorted(r["rank"] for r in records), list(range(world)), self.summary())
+        self.assertEqual({(r["world"], r["groups"], r["restarts"]) for r in records},
+                         {(world, nodes, restarts)}, self.summary())
+
+    def test_job_forms_and_leaves_no_key(self):
+        cluster = self.cluster()
+        agents = [self.agent(cluster, node, rule="exit 0") for node in (1, 2)]
+        records = self.wait_workers(4, what="both nodes' 4 workers")
+        self.check_round(records, 4, 2)
+        self.assertEqual(sorted({(r["node"], r["group"]) for r in records}) in
+                         ([(1, 0), (2, 1)], [(1, 1), (2, 0)]), True, self.summary())
+        self.assertAllExit(agents, 0)
+        self.assertEqual(cluster.keys(PREFIX), [], "expected the job's keys removed at its end")
+
+    def test_leader_killed_mid_job_costs_no_restart(self):
+        cluster = self.cluster()
+        agents = [self.agent(cluster, node) for node in (1, 2)]
+        self.check_round(self.wait_workers(4, alive=agents, what="round 1's 4 workers"), 4, 2)
+        leader = cluster.leader()
+        cluster.kill(leader)
+        cluster.wait_for_leader(exclude=leader)
+        # Longer than two lease TTLs with one member gone: the leases were renewed through the
+        # new leader, or the agents would have lost each other and started round 2.
+        self.hold(2.5 * LEASE_S, agents)
+        self.assertNoMoreWorkers()
+        self.release(4)
+        self.assertAllExit(agents, 0)
+        for agent in agents:
+            self.assertNotIn("round 1 ended", agent.result().err)
+        self.assertEqual(cluster.keys(PREFIX), [])
+
+    def test_agent_killed_survivors_form_a_new_round_and_a_newcomer_scales_up(self):
+        cluster = self.cluster()
+        agents = [self.agent(cluster, node, nnodes="2:3", nproc=1) for node in (1, 2)]
+        self.check_round(self.wait_workers(2, alive=agents, what="round 1's 2 workers"), 2, 2)
+        newcomer = self.agent(cluster, 3, nnodes="2:3", nproc=1)
+        agents.append(newcomer)
+        second = self.wait_workers(3, alive=agents, what="round 2 with the newcomer (scale-up)")
+        self.check_round(second, 3, 3)
+        victim = [a for a in agents if a.node == [r["node"] for r in second if r["group"] == 1][0]][0]
+        survivors = [a for a in agents if a is not victim]
+        victim.proc.kill()
+        killed_at = time.monotonic()
+        third = self.wait_workers(2, alive=survivors, what="round 3 of the 2 survivors",
+                                  timeout=LOSS_BOUND_S)
+        lost_after = time.monotonic() - killed_at
+        self.check_round(third, 2, 2)
+        self.assertEqual(sorted(r["node"] for r in third), sorted(a.node for a in survivors))
+        self.release(2)
+        self.assertAllExit(survivors, 0)
+        stderr = survivors[0].result().err
+        self.assertIn("a node was lost", stderr)
+        self.assertIn("etcd lease ended", stderr)
+        print("node lost %.2f s after kill -9 (lease TTL %d s)" % (lost_after, LEASE_S))
+        self.assertEqual(cluster.keys(PREFIX), [])
+
+    def test_two_jobs_on_one_cluster_stay_apart(self):
+        cluster = self.cluster()
+        agents = [self.agent(cluster, node, run_id=run, rule="exit 0")
+                  for run, nodes in (("job-a", (1, 2)), ("job-b", (3, 4))) for node in nodes]
+        records = self.wait_workers(8, what="both jobs' 8 workers")
+        for run, nodes in (("job-a", {1, 2}), ("job-b", {3, 4})):
+            mine = [r for r in records if r["run"] == run]
+            self.check_round(mine, 4, 2)
+            self.assertEqual({r["node"] for r in mine}, nodes, self.summary())
+        self.assertAllExit(agents, 0)
+        self.assertEqual(cluster.keys(PREFIX), [])
+
+    def test_etcd_user_and_password(self):
+        cluster = self.cluster(auth=("root", "pw"))
+        good = [self.agent(cluster, node, rule="exit 0", conf={"etcd_user": "root"},
+                           env={"ELRUN_ETCD_PASSWORD": "pw"}) for node in (1, 2)]
+        self.check_round(self.wait_workers(4, what="the authenticated job's workers"), 4, 2)
+        self.assertAllExit(good, 0)
+        bad = self.agent(cluster, 3, run_id="other", conf={"etcd_user": "root"},
+                         env={"ELRUN_ETCD_PASSWORD": "wrong"})
+        self.assertAllExit([bad], 1)
+        lines = [l for l in bad.result().err.splitlines() if l.startswith("elrun:")]
+        self.assertEqual(len(lines), 1, bad.result().err)
+        self.assertIn("etcd refused user 'root'", lines[0])
+        self.assertNotIn("wrong", bad.result().err)
+
+    def test_unreachable_etcd_is_a_one_line_error(self):
+        # A port nothing listens on: every member is tried for 10 s (etcd may be electing).
+        agent = self.start_agent(1, 0, backend="etcd-v3", nnodes=2,
+                                 endpoint="127.0.0.1:%d" % harness.free_port())
+        self.assertAllExit([agent], 1)
+        lines = [l for l in agent.result().err.splitlines() if l.startswith("elrun:")]
+        self.assertEqual(len(lines), 1, agent.result().err)
+        self.assertIn("cannot join the rendezvous in etcd at 127.0.0.1:", lines[0])
+
+    def test_tls_to_etcd(self):
+        tls = make_tls_files(self.tmp)
+        cluster = self.cluster(tls=tls)
+        # etcd 3.4 asks for a client certificate whenever it has a trusted CA: mutual TLS.
+        conf = {"protocol": "https", "cacert": tls.ca, "cert": tls.client_cert, "key": tls.client_key}
+        agents = [self.agent(cluster, node, rule="exit 0", conf=conf) for node in (1, 2)]
+        self.check_round(self.wait_workers(4, what="the TLS job's workers"), 4, 2)
+        self.assertAllExit(agents, 0)
+        self.assertEqual(cluster.keys(PREFIX), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
