@@ -59,6 +59,7 @@ std::vector<std::string> BuildWorkerEnv(const JobSpec& spec, const NodeAssignmen
   set("TORCHELASTIC_SIGNALS_TO_HANDLE", absl::StrJoin(signals, ","));
   env.erase("ELRUN_RDZV_TOKEN");  // The rendezvous tokens are elrun's, never a worker's.
   env.erase("ELRUN_RUN_TOKEN");
+  env.erase("ELRUN_ETCD_PASSWORD");  // The etcd backend's, likewise.
   env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
   env.emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   if (DefaultsOmpThreads(spec, parent_env)) set("OMP_NUM_THREADS", "1");

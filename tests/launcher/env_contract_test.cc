@@ -116,9 +116,11 @@ namespace {
 TEST_CASE("the rendezvous token never reaches a worker") {
   JobSpec spec;
   auto env = AsMap(BuildWorkerEnv(spec, StaticAssignment(spec, "a", 1), {"r", 0}, 0, "e",
-                                  {{"ELRUN_RDZV_TOKEN", "s3cret"}, {"ELRUN_RUN_TOKEN", "r"}, {"HOME", "/root"}}));
+                                  {{"ELRUN_RDZV_TOKEN", "s3cret"}, {"ELRUN_RUN_TOKEN", "r"},
+                                   {"ELRUN_ETCD_PASSWORD", "pw"}, {"HOME", "/root"}}));
   CHECK(env.count("ELRUN_RDZV_TOKEN") == 0);
   CHECK(env.count("ELRUN_RUN_TOKEN") == 0);
+  CHECK(env.count("ELRUN_ETCD_PASSWORD") == 0);
   CHECK(env["HOME"] == "/root");
 }
 
