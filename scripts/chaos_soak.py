@@ -13,6 +13,8 @@ ends at the same point of the same schedule as an uninterrupted one. A seeded dr
   sigstop_worker SIGSTOP one (elrun's heartbeat watchdog must kill it)
   kill9_agent    SIGKILL an elrun agent (its node is lost; only while more than MIN nodes live)
   add_node       start a new agent (only while fewer than MAX nodes live)
+  kill9_etcd_leader  with --rdzv-backend etcd-v3 (a real 3-member etcd cluster on loopback):
+                 SIGKILL the etcd leader (the member killed before it is restarted first)
 
 The first faults go through every kind once, in a seeded order. Then an uninterrupted run of
 the same job (the same nodes at the start, the same epochs) gives the reference accuracy.
@@ -28,6 +30,7 @@ running at the end exited 0. Exit 1 when a check fails.
   /usr/bin/python3 scripts/chaos_soak.py --seed 1 [--duration 600 --epochs 20]   # the soak
   /usr/bin/python3 scripts/chaos_soak.py --seed 1 --duration 100 --interval 6:12 --epochs 5
                                                                                    # CI variant
+  ... --rdzv-backend etcd-v3                           # the same on the etcd backend
 (Debian's Python for matplotlib; --python, default .venv/bin/python3, loads the checkpoint.)
 """
 import argparse
@@ -52,6 +55,7 @@ import bench_common  # noqa: E402
 
 TAG_VAR = "ELRUN_SOAK_TAG"
 KINDS = ("kill9_worker", "sigstop_worker", "kill9_agent", "add_node")
+ETCD_KINDS = KINDS + ("kill9_etcd_leader",)
 PROGRESS = re.compile(r"epoch \d+\s+step (\d+)\s+loss .* ETA (\d+) s")
 RESUMED = re.compile(r"resumed from \S+: epoch \d+, step (\d+)")
 DONE = re.compile(r"done: (\d+) steps, .* test accuracy ([0-9.]+)")
@@ -66,7 +70,7 @@ class Agent:
         self.lines = []  # (monotonic time, stream, text)
         args = soak.args
         argv = [soak.elrun, "--nnodes", "%d:%d" % (args.min_nodes, args.max_nodes), "--nproc-per-node", "1",
-                "--rdzv-backend", "grpc", "--rdzv-endpoint", "127.0.0.1:%d" % soak.port, "--rdzv-id", soak.run_id,
+                "--rdzv-backend", args.rdzv_backend, "--rdzv-endpoint", soak.endpoint, "--rdzv-id", soak.run_id,
                 "--local-addr", "127.0.0.%d" % node, "--max-restarts", "1000", "--worker-timeout",
                 str(args.worker_timeout), "--shutdown-timeout", "5",
                 "--rdzv-conf", "join_timeout=60,last_call_timeout=2,heartbeat_timeout=3",
@@ -107,10 +111,20 @@ class Soak:
         self.agents = []
         self.faults = []  # {t, kind, target, step}
         self.daemon = None
-        self.port = None
+        self.etcd = None
+        self.etcd_down = None  # The member kill9_etcd_leader killed last, until restarted.
+        self.endpoint = None
+        self.kinds = ETCD_KINDS if args.rdzv_backend == "etcd-v3" else KINDS
         self.t0 = time.monotonic()
 
     def start(self):
+        if self.args.rdzv_backend == "etcd-v3":
+            self.etcd = etcd_cluster().EtcdCluster(self.env["TMPDIR"], members=3)
+            self.endpoint = self.etcd.endpoints
+            self.t0 = time.monotonic()
+            for _ in range(self.args.start_nodes):
+                self.add_agent()
+            return
         port_file = os.path.join(self.env["TMPDIR"], "rdzv.port")
         self.daemon = subprocess.Popen([self.rdzv, "--listen", "127.0.0.1:0", "--port-file", port_file],
                                        env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -120,7 +134,7 @@ class Soak:
             if self.daemon.poll() is not None:
                 raise bench_common.RunError("elrun-rdzv exited with %s" % self.daemon.returncode)
             time.sleep(0.05)
-        self.port = int(open(port_file).read())
+        self.endpoint = "127.0.0.1:%d" % int(open(port_file).read())
         self.t0 = time.monotonic()
         for _ in range(self.args.start_nodes):
             self.add_agent()
@@ -179,6 +193,12 @@ class Soak:
             pid = rng.choice(pids)
             os.kill(pid, signal.SIGKILL if kind == "kill9_worker" else signal.SIGSTOP)
             return "pid %d" % pid
+        if kind == "kill9_etcd_leader":
+            if self.etcd_down is not None:
+                self.etcd.restart(self.etcd_down)
+            self.etcd_down = self.etcd.leader()
+            self.etcd.kill(self.etcd_down)
+            return "etcd member %d" % self.etcd_down
         if kind == "kill9_agent":
             if len(live) <= self.args.min_nodes:
                 return None
@@ -205,6 +225,8 @@ class Soak:
             agent.proc.wait()
             for reader in agent.readers:
                 reader.join(timeout=5)
+        if self.etcd is not None:
+            self.etcd.close()
         if self.daemon and self.daemon.poll() is None:
             self.daemon.send_signal(signal.SIGTERM)
             try:
@@ -246,8 +268,19 @@ class Soak:
         return max((r for r, _ in seen), default=0), max((c for _, c in seen), default=0)
 
 
+def etcd_cluster():
+    """tests/integration/etcd_cluster.py (a real etcd cluster on loopback). It imports the test
+    harness, which makes this process a child subreaper; the soak finds orphans by their tag
+    instead, and must not collect them as zombies, so that is undone."""
+    sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
+    import ctypes
+    import etcd_cluster as module
+    ctypes.CDLL(None, use_errno=True).prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER, off.
+    return module
+
+
 def chaos(soak, args, rng):
-    kinds = list(KINDS)
+    kinds = list(soak.kinds)
     rng.shuffle(kinds)
     end = time.monotonic() + args.duration
     lo, hi = args.interval
@@ -259,7 +292,7 @@ def chaos(soak, args, rng):
             break  # The job is about to finish: a fault now would only test its end.
         # The kinds not yet injected first; otherwise any kind that applies now (no node to add
         # at MAX nodes, no agent to kill at MIN, no worker between rounds).
-        pending = kinds + rng.sample([k for k in KINDS if k not in kinds], len(KINDS) - len(kinds))
+        pending = kinds + rng.sample([k for k in soak.kinds if k not in kinds], len(soak.kinds) - len(kinds))
         for kind in pending:
             target = soak.inject(kind, rng)
             if target is not None:
@@ -305,7 +338,7 @@ def run(args, label, with_chaos):
     shm_before = set(glob.glob("/dev/shm/*"))
     soak = Soak(args, workdir, label)
     rng = random.Random(args.seed)
-    result = {"label": label}
+    result = {"label": label, "backend": args.rdzv_backend}
     try:
         soak.start()
         if with_chaos:
@@ -359,7 +392,7 @@ def plot(result, path):
         ts, ss = zip(*result["progress"])
         ax.plot(ts, ss, ".", markersize=3, color="#1f78b4", label="rank 0's step")
     colours = {"kill9_worker": "#e31a1c", "sigstop_worker": "#ff7f00", "kill9_agent": "#6a3d9a",
-               "add_node": "#33a02c"}
+               "add_node": "#33a02c", "kill9_etcd_leader": "#000000"}
     seen = set()
     for fault in result["faults"]:
         ax.axvline(fault["t"], color=colours[fault["kind"]], linewidth=1,
@@ -367,19 +400,20 @@ def plot(result, path):
         seen.add(fault["kind"])
     ax.set_xlabel("seconds since the job started")
     ax.set_ylabel("training step")
-    ax.set_title("elrun chaos soak: progress and faults")
+    ax.set_title("elrun chaos soak (%s): progress and faults" % result.get("backend", "grpc"))
     ax.legend(fontsize=8, loc="upper left")
     bench_common.save_figure(fig, path)
 
 
 def report(args, chaos_result, reference):
     out = ["## elrun chaos soak", "",
-           "- seed %d, nodes %d:%d (started with %d), %d epochs (cosine schedule), checkpoint every %d steps, "
+           "- seed %d, %s rendezvous, nodes %d:%d (started with %d), %d epochs (cosine schedule), checkpoint every %d steps, "
            "--worker-timeout %g, faults every %g-%g s for %g s"
-           % (args.seed, args.min_nodes, args.max_nodes, args.start_nodes, args.epochs,
+           % (args.seed, args.rdzv_backend, args.min_nodes, args.max_nodes, args.start_nodes, args.epochs,
                                        args.checkpoint_every, args.worker_timeout, args.interval[0],
                                        args.interval[1], args.duration), ""]
-    counts = {k: sum(1 for f in chaos_result["faults"] if f["kind"] == k) for k in KINDS}
+    kinds = ETCD_KINDS if args.rdzv_backend == "etcd-v3" else KINDS
+    counts = {k: sum(1 for f in chaos_result["faults"] if f["kind"] == k) for k in kinds}
     out.append("- faults: " + ", ".join("%s %d" % kv for kv in counts.items()) +
                "; rounds: %d; restarts spent (worker failures; membership changes spend none): %d"
                % (chaos_result["rounds"], chaos_result["restarts"]))
@@ -425,6 +459,8 @@ def main():
     ap.add_argument("--max-nodes", type=int, default=4)
     ap.add_argument("--start-nodes", type=int, default=3)
     ap.add_argument("--worker-timeout", type=float, default=5)
+    ap.add_argument("--rdzv-backend", choices=("grpc", "etcd-v3"), default="grpc",
+                    help="grpc: elrun-rdzv; etcd-v3: a 3-member etcd cluster, and etcd leader kills")
     ap.add_argument("--accuracy-points", type=float, default=0.5)
     ap.add_argument("--timeout", type=float, default=900, help="seconds for the job to finish after the faults")
     ap.add_argument("--no-reference", action="store_true", help="skip the uninterrupted run")

@@ -1,7 +1,8 @@
 """The chaos soak's CI variant: scripts/chaos_soak.py with a fixed seed, 5 epochs, faults every
 6-12 s for up to 100 s (at least one of each kind: a worker SIGKILLed, a worker SIGSTOPped, an agent
 SIGKILLed, a node added) on an elastic 2:4-node elrun-train job, then an uninterrupted run of the
-same job. The script's own checks must all pass: every resume from a committed step, the final
+same job; once on the grpc backend (elrun-rdzv), once on the etcd-v3 backend with a real
+3-member etcd cluster, where the etcd leader is SIGKILLed too. The script's own checks must all pass: every resume from a committed step, the final
 checkpoint loads, no process left, nothing new in /dev/shm, surviving agents exit 0, accuracy
 within 0.5 points of the uninterrupted run."""
 import json
@@ -19,9 +20,17 @@ SCRIPT = os.path.join(harness.HERE, "..", "..", "scripts", "chaos_soak.py")
 class ChaosSoakTest(ElrunTestCase):
 
     def test_the_job_finishes_whatever_happens_to_it(self):
+        self.soak("grpc", {"kill9_worker", "sigstop_worker", "kill9_agent", "add_node"})
+
+    def test_on_the_etcd_backend_too_with_the_etcd_leader_killed(self):
+        self.soak("etcd-v3", {"kill9_worker", "sigstop_worker", "kill9_agent", "add_node",
+                              "kill9_etcd_leader"})
+
+    def soak(self, backend, kinds):
         report = self.path("soak.json")
         # Debian's Python runs the script (matplotlib); the torch environment loads the checkpoint.
         command = ["/usr/bin/python3", SCRIPT, "--seed", "1", "--duration", "100", "--interval", "6:12",
+                   "--rdzv-backend", backend,
                    "--epochs", "5", "--checkpoint-every", "20", "--timeout", "400",
                    "--elrun", harness.bazel_binary("launcher", "elrun", "ELRUN_BIN")[0],
                    "--elrun-rdzv", harness.bazel_binary("agent", "elrun-rdzv", "ELRUN_RDZV_BIN")[0],
@@ -33,8 +42,7 @@ class ChaosSoakTest(ElrunTestCase):
                          % (result.stdout, result.stderr[-4000:]))
         with open(report) as f:
             data = json.load(f)
-        kinds = {fault["kind"] for fault in data["chaos"]["faults"]}
-        self.assertEqual(kinds, {"kill9_worker", "sigstop_worker", "kill9_agent", "add_node"},
+        self.assertEqual({fault["kind"] for fault in data["chaos"]["faults"]}, kinds,
                          "expected at least one fault of each kind")
         self.assertEqual(data["chaos"]["checks"], [])
         self.assertIsNotNone(data["chaos"]["steps"], "expected rank 0 to finish its 5 epochs")
