@@ -163,6 +163,7 @@ absl::Status Coordinator::HandleMessage(SessionId id, const v1::AgentMessage& me
   node.last_seen = now;
   if (message.has_heartbeat()) return absl::OkStatus();
   if (message.has_workers_ended()) return HandleWorkersEnded(*job, node, message.workers_ended());
+  if (message.has_paces()) return HandlePaces(id, *job, node, message.paces());
   return absl::InvalidArgumentError("empty message");
 }
 
@@ -267,6 +268,47 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
     waiting.mutable_waiting()->set_nodes_joined(Count(*job, NodeState::kPending));
     Send(id, waiting);
   }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::HandlePaces(SessionId id, Job& job, Node& node, const v1::Paces& paces) {
+  if (job.phase != Phase::kRunning || node.state != NodeState::kActive || paces.round() != job.round) {
+    return absl::OkStatus();  // About a round that is over: nothing to judge.
+  }
+  if (paces.ranks_size() > node.nproc) {
+    return absl::InvalidArgumentError(absl::StrCat("paces of ", paces.ranks_size(), " ranks from a node of ",
+                                                   node.nproc));
+  }
+  for (const v1::RankPace& pace : paces.ranks()) {
+    if (pace.rank() < node.rank_offset || pace.rank() >= node.rank_offset + node.nproc) {
+      return absl::InvalidArgumentError(absl::StrCat("pace of rank ", pace.rank(), ", not a rank of this node"));
+    }
+    if (!(pace.median_step_ms() > 0 && pace.median_step_ms() < 1e9)) {
+      return absl::InvalidArgumentError("pace outside (0, 1e9) ms");
+    }
+    if (pace.host().size() > 255) return absl::InvalidArgumentError("pace host over 255 bytes");
+  }
+  node.paces.assign(paces.ranks().begin(), paces.ranks().end());
+  // The job's median over every active node's last report: O(ranks) per report, which comes
+  // every few seconds per node and only with --straggler-factor.
+  std::vector<const v1::RankPace*> all;
+  for (const auto& [other_id, other] : job.nodes) {
+    if (other.state != NodeState::kActive) continue;
+    for (const v1::RankPace& pace : other.paces) all.push_back(&pace);
+  }
+  if (all.empty()) return absl::OkStatus();
+  std::sort(all.begin(), all.end(), [](const v1::RankPace* a, const v1::RankPace* b) {
+    return a->median_step_ms() > b->median_step_ms();
+  });
+  const size_t n = all.size();
+  v1::CoordinatorMessage answer;
+  v1::JobPace* pace = answer.mutable_job_pace();
+  pace->set_round(job.round);
+  pace->set_median_step_ms(n % 2 ? all[n / 2]->median_step_ms()
+                                 : (all[n / 2 - 1]->median_step_ms() + all[n / 2]->median_step_ms()) / 2);
+  pace->set_ranks(static_cast<int>(n));
+  for (size_t i = 0; i < n && i < 3; ++i) *pace->add_slowest() = *all[i];
+  Send(id, answer);
   return absl::OkStatus();
 }
 
@@ -378,6 +420,8 @@ void Coordinator::CompleteRound(Job& job, TimePoint now) {
     started->set_master_addr(by_rank[0]->master_addr);
     started->set_master_port(by_rank[0]->master_port);
     started->set_restart_count(job.restart_count);
+    node->rank_offset = offset;
+    node->paces.clear();
     offset += node->nproc;
     role_offsets[node->role] += node->nproc;
     SetState(job, *node, NodeState::kActive);

@@ -31,7 +31,8 @@ using SessionId = uint64_t;
 
 // 2: JobSettings.close_timeout_ms. 3: Challenge/Welcome, the token proven, never sent.
 // 4: each run bound to its first node's run key (Join.run_key, Join.run_signature).
-inline constexpr uint32_t kProtocolVersion = 4;
+// 5: Paces and JobPace (stragglers judged across nodes).
+inline constexpr uint32_t kProtocolVersion = 5;
 
 // Where the coordinator's messages to one agent go. Implementations must not block and must
 // not call back into the Coordinator.
@@ -155,6 +156,8 @@ class Coordinator {
     bool succeeded = false;
     uint64_t join_order = 0;
     TimePoint last_seen;
+    int rank_offset = 0;  // Of the round it is active in.
+    std::vector<v1::RankPace> paces;  // Its workers' last reported paces, this round.
   };
 
   struct Job {
@@ -199,6 +202,7 @@ class Coordinator {
   absl::Status HandleMessage(SessionId id, const v1::AgentMessage& message, TimePoint now);
   absl::Status HandleJoin(SessionId id, Session& session, const v1::Join& join, TimePoint now);
   absl::Status HandleWorkersEnded(Job& job, Node& node, const v1::WorkersEnded& ended);
+  absl::Status HandlePaces(SessionId id, Job& job, Node& node, const v1::Paces& paces);
   void MaybeCompleteRound(Job& job, TimePoint now);
   void CompleteRound(Job& job, TimePoint now);
   void EndRound(Job& job, v1::RoundEnded::Reason reason, const std::string& detail, TimePoint now);

@@ -75,6 +75,12 @@ void ElasticAgent::OnMessage(const v1::CoordinatorMessage& message) {
   }
   if (message.has_round_started()) OnRoundStarted(message.round_started());
   if (message.has_round_ended()) OnRoundEnded(message.round_ended());
+  // Only a pace of every rank of the round: a median of the first few to report would judge
+  // the others against a part of the job.
+  if (message.has_job_pace() && on_job_pace_ && message.job_pace().round() == round_ &&
+      message.job_pace().ranks() == builder_.node().world_size) {
+    on_job_pace_(message.job_pace());
+  }
   if (message.has_job_ended()) OnJobEnded(message.job_ended());
   if (message.has_waiting()) {
     spdlog::info(message.waiting().wait_listed()
@@ -107,6 +113,14 @@ void ElasticAgent::OnDeadline() {
     heartbeat.mutable_heartbeat();
     session_.Send(heartbeat);
     next_heartbeat_ = now + rdzv_.heartbeat_interval;
+    if (paces_ && phase_ == Phase::kRunning && now >= next_pace_) {
+      next_pace_ = now + kPaceInterval;
+      v1::AgentMessage message;
+      v1::Paces* paces = message.mutable_paces();
+      paces->set_round(round_);
+      for (v1::RankPace& pace : paces_()) *paces->add_ranks() = std::move(pace);
+      if (paces->ranks_size() > 0) session_.Send(message);
+    }
   }
   if (phase_ == Phase::kJoining && now >= join_deadline_ && !exit_code_) {
     Report(absl::StrCat("no rendezvous round formed at ", rdzv_.Endpoint(), " within join_timeout (",

@@ -10,9 +10,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "launcher/attempt_builder.h"
@@ -47,6 +49,16 @@ class ElasticAgent {
 
   // Waits for the coordinator's Challenge, which the first Join answers.
   void Start();
+
+  // With --straggler-factor: while a round runs, every kPaceInterval (at a heartbeat) the agent
+  // sends `paces()` (this node's workers' paces) and gives the coordinator's answer, the job's
+  // pace, to `on_job_pace` once it covers every rank of the round.
+  static constexpr std::chrono::seconds kPaceInterval{2};
+  void SetPaceSource(std::function<std::vector<rdzv::v1::RankPace>()> paces,
+                     std::function<void(const rdzv::v1::JobPace&)> on_job_pace) {
+    paces_ = std::move(paces);
+    on_job_pace_ = std::move(on_job_pace);
+  }
 
   // One message from the coordinator, in the order received.
   void OnMessage(const rdzv::v1::CoordinatorMessage& message);
@@ -113,6 +125,9 @@ class ElasticAgent {
   std::string server_nonce_;
   std::string client_nonce_;
   std::chrono::steady_clock::time_point next_heartbeat_;
+  std::chrono::steady_clock::time_point next_pace_;
+  std::function<std::vector<rdzv::v1::RankPace>()> paces_;
+  std::function<void(const rdzv::v1::JobPace&)> on_job_pace_;
   std::chrono::steady_clock::time_point join_deadline_;
 };
 

@@ -142,6 +142,30 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
   ElasticAgent agent(spec, rdzv, rt.table(), clock, session, builder, master_addr, node_id, PickFreePort);
   agent_ptr = &agent;
   rt.OnWatchdogSignal([&agent](int pid, const std::string& why) { agent.OnWorkerSignalled(pid, why); });
+  if (HeartbeatServer* heartbeat = rt.heartbeat(); heartbeat != nullptr && spec.straggler_factor) {
+    // Stragglers judged against the whole job: this node's paces go to the rendezvous, and the
+    // job's pace comes back (its hosts are other nodes' words: escaped).
+    agent.SetPaceSource(
+        [heartbeat] {
+          std::vector<v1::RankPace> paces;
+          for (const auto& [rank, ms] : heartbeat->RankPaces()) {
+            v1::RankPace& pace = paces.emplace_back();
+            pace.set_rank(rank);
+            pace.set_median_step_ms(ms);
+            pace.set_host(heartbeat->host().substr(0, 255));
+          }
+          return paces;
+        },
+        [heartbeat](const v1::JobPace& job) {
+          if (!(job.median_step_ms() > 0 && job.median_step_ms() < 1e9)) return;
+          std::vector<HeartbeatServer::RemotePace> slowest;
+          for (const v1::RankPace& pace : job.slowest()) {
+            if (slowest.size() == 3) break;
+            slowest.push_back({pace.rank(), rdzv::EscapeForConsole(pace.host(), 255), pace.median_step_ms()});
+          }
+          heartbeat->SetJobPace(job.median_step_ms(), job.ranks(), std::move(slowest));
+        });
+  }
 
   absl::Status status = rt.HandleSignals([&](int signo) { agent.OnSignal(signo); });
   rdzv::AgentChannel& stream = **client;

@@ -97,13 +97,13 @@ std::vector<Pace> HeartbeatTable::Paces() const {
   return paces;
 }
 
-std::vector<Straggler> HeartbeatTable::TakeStragglers() {
+std::vector<Straggler> HeartbeatTable::TakeStragglers(std::optional<double> job_median_ms) {
   std::vector<Straggler> stragglers;
   const std::vector<Pace> paces = Paces();
-  if (!limits_.straggler_factor || paces.size() < 2) return stragglers;
+  if (!limits_.straggler_factor || paces.size() < (job_median_ms ? 1u : 2u)) return stragglers;
   std::vector<double> medians;
   for (const Pace& pace : paces) medians.push_back(pace.median_ms);
-  const double job = Median(medians);
+  const double job = job_median_ms.value_or(Median(medians));
   for (const Pace& pace : paces) {
     Worker& w = workers_[pace.group];
     const bool slow = pace.median_ms > *limits_.straggler_factor * job;
@@ -177,7 +177,30 @@ std::string HeartbeatServer::Name(int group) const {
                       group, ")");
 }
 
+std::vector<std::pair<int, double>> HeartbeatServer::RankPaces() const {
+  std::vector<std::pair<int, double>> paces;
+  for (const Pace& pace : table_.Paces()) {
+    auto it = known_.find(pace.group);
+    if (it != known_.end()) paces.emplace_back(it->second.rank, pace.median_ms);
+  }
+  return paces;
+}
+
+void HeartbeatServer::SetJobPace(double median_ms, int ranks, std::vector<RemotePace> slowest) {
+  job_median_ms_ = median_ms;
+  job_ranks_ = ranks;
+  job_slowest_ = std::move(slowest);
+}
+
 std::string HeartbeatServer::PaceSummary() const {
+  if (!job_slowest_.empty()) {
+    std::string line = absl::StrCat("slowest ranks of the job (", job_ranks_, " ranks) by median step time:");
+    for (size_t i = 0; i < job_slowest_.size(); ++i) {
+      absl::StrAppend(&line, i ? ", " : " ", "rank ", job_slowest_[i].rank, " (host ", job_slowest_[i].host, ")",
+                      absl::StrFormat(" %.1f ms", job_slowest_[i].median_ms));
+    }
+    return line;
+  }
   std::vector<std::pair<double, int>> slowest;
   for (const auto& [group, ms] : last_pace_ms_) slowest.emplace_back(ms, group);
   if (slowest.empty()) return "";
@@ -215,12 +238,13 @@ void HeartbeatServer::OnTick() {
   }
   table_.Track(live, now);
   for (const Pace& pace : table_.Paces()) last_pace_ms_[pace.group] = pace.median_ms;
-  for (const Straggler& s : table_.TakeStragglers()) {
+  for (const Straggler& s : table_.TakeStragglers(job_median_ms_)) {
     saw_stragglers_ = true;
     spdlog::warn("{} is a straggler: median step {:.1f} ms over its last {} beats, {:.2f}x the job's median of "
-                 "{:.1f} ms (--straggler-factor {:g})",
+                 "{:.1f} ms{} (--straggler-factor {:g})",
                  Name(s.pace.group), s.pace.median_ms, s.pace.beats, s.pace.median_ms / s.job_median_ms,
-                 s.job_median_ms, *limits_.straggler_factor);
+                 s.job_median_ms, job_median_ms_ ? absl::StrCat(" over ", job_ranks_, " ranks") : std::string(),
+                 *limits_.straggler_factor);
   }
   for (Hung& hung : table_.TakeHung(now)) {
     spdlog::error("{}: {}{}", Name(hung.group), hung.why,

@@ -16,7 +16,10 @@
 // are judged only by --worker-start-timeout, so without it scripts that do not beat are never
 // judged. Beats from a pid outside this job's workers are dropped. The beats' step times also
 // give each worker's pace (the median of its last kPaceWindow); one slower than
-// --straggler-factor times the median of all workers' paces is logged as a straggler.
+// --straggler-factor times the median of all workers' paces is logged as a straggler. In a
+// multi-node job the agent sends its workers' paces through the rendezvous, which answers with
+// the median of every rank of the job (SetJobPace): each worker is then judged against the
+// whole job, and the end summary names the job's slowest ranks, wherever they ran.
 //
 // HeartbeatTable holds the logic and is pure (times in seconds of one clock). HeartbeatServer
 // adds the FIFO and a periodic timer on the event loop. Thread-compatible: the loop's thread.
@@ -93,8 +96,10 @@ class HeartbeatTable {
   // Every worker with enough beats, slowest first.
   std::vector<Pace> Paces() const;
   // The workers that became stragglers since the last call (each again only after it caught
-  // up); none unless straggler_factor is set and two or more workers have a pace.
-  std::vector<Straggler> TakeStragglers();
+  // up); none unless straggler_factor is set and two or more workers have a pace. With
+  // `job_median_ms` (the whole job's, from the rendezvous) workers are judged against it, and
+  // one worker with a pace is enough.
+  std::vector<Straggler> TakeStragglers(std::optional<double> job_median_ms = std::nullopt);
 
  private:
   struct Worker {
@@ -134,6 +139,18 @@ class HeartbeatServer {
   HeartbeatServer& operator=(const HeartbeatServer&) = delete;
 
   const std::string& path() const { return fifo_->path(); }
+
+  // This node's workers that have a pace: (global rank, median step ms), for the rendezvous.
+  std::vector<std::pair<int, double>> RankPaces() const;
+  // The job's pace as the rendezvous computed it: the median over `ranks` ranks and the job's
+  // slowest (rank, host, median ms). Stragglers are judged against it from the next tick on.
+  struct RemotePace {
+    int rank = 0;
+    std::string host;
+    double median_ms = 0;
+  };
+  void SetJobPace(double median_ms, int ranks, std::vector<RemotePace> slowest);
+  const std::string& host() const { return host_; }
   // One line naming the slowest workers by their last known pace (empty without beats):
   // "slowest ranks by median step time: rank 2 (local_rank 2, host h) 201.3 ms, ...".
   std::string PaceSummary() const;
@@ -157,6 +174,9 @@ class HeartbeatServer {
   std::map<int, std::pair<double, std::string>> dying_;  // Group -> (kill time, why).
   std::map<int, Worker> known_;                          // Every worker seen, by group.
   std::map<int, double> last_pace_ms_;                   // Their last known pace, by group.
+  std::optional<double> job_median_ms_;                  // The job's, from the rendezvous.
+  int job_ranks_ = 0;
+  std::vector<RemotePace> job_slowest_;
   std::string host_;
   bool saw_stragglers_ = false;
   int64_t dropped_ = 0;

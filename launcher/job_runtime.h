@@ -52,6 +52,9 @@ class JobRuntime {
   PosixProcessTable& table() { return *table_; }
   const LogLayout& layout() const { return *layout_; }
   const std::string& run_id() const { return run_id_; }
+  // The progress heartbeats' server; null without --worker-timeout, --worker-start-timeout or
+  // --straggler-factor.
+  HeartbeatServer* heartbeat() { return heartbeat_.get(); }
   // Gives `builder` what this runtime adds to every worker: --numa-binding's CPUs and memory
   // node, TORCHELASTIC_TIMER_FILE when the FileTimer watchdog runs, and ELRUN_HEARTBEAT_FILE
   // with --worker-timeout or --worker-start-timeout.

@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
+
 #include <deque>
 #include <memory>
 #include <thread>
@@ -392,6 +394,75 @@ TEST_CASE("without heartbeats (the etcd backend's replicas) silence evicts nobod
   v1::CoordinatorMessage m = h.Sink(0).Pop();
   CHECK(m.round_ended().reason() == v1::RoundEnded::NODE_LOST);
   CHECK(m.round_ended().detail().find("its etcd lease ended") != std::string::npos);
+}
+
+TEST_CASE("paces: each report is answered with the job's median over every active rank and its slowest") {
+  Harness h;
+  REQUIRE(h.Join(0, 2).ok());
+  REQUIRE(h.Join(1, 1).ok());
+  const int offset0 = h.Started(0).rank_offset();
+  const int offset1 = h.Started(1).rank_offset();
+  const uint64_t round = h.Started(0).round();
+  h.Clear();
+  auto paces = [&](int n, std::vector<std::pair<int, double>> ranks, uint64_t r) {
+    v1::AgentMessage m;
+    m.mutable_paces()->set_round(r);
+    for (auto [rank, ms] : ranks) {
+      v1::RankPace* pace = m.mutable_paces()->add_ranks();
+      pace->set_rank(rank);
+      pace->set_median_step_ms(ms);
+      pace->set_host("host" + std::to_string(n));
+    }
+    return h.Send(n, m);
+  };
+  REQUIRE(paces(0, {{offset0, 30}, {offset0 + 1, 32}}, round).ok());
+  v1::JobPace first = h.Sink(0).Pop().job_pace();
+  CHECK(first.ranks() == 2);
+  CHECK(first.median_step_ms() == doctest::Approx(31));
+  REQUIRE(paces(1, {{offset1, 120}}, round).ok());
+  v1::JobPace job = h.Sink(1).Pop().job_pace();
+  CHECK(job.round() == round);
+  CHECK(job.ranks() == 3);
+  CHECK(job.median_step_ms() == doctest::Approx(32));
+  REQUIRE(job.slowest_size() == 3);
+  CHECK(job.slowest(0).rank() == offset1);
+  CHECK(job.slowest(0).host() == "host1");
+  CHECK(h.Sink(0).messages.empty());  // Answered to the reporter only.
+  // A report about another round is ignored; one about ranks that are not the node's is refused.
+  CHECK(paces(1, {{offset1, 10}}, round + 1).ok());
+  CHECK(h.Sink(1).messages.empty());
+  CHECK(paces(1, {{offset0, 10}}, round).code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("malformed paces are refused") {
+  Harness h;
+  REQUIRE(h.Join(0, 1).ok());
+  REQUIRE(h.Join(1, 1).ok());
+  const uint64_t round = h.Started(0).round();
+  const int rank = h.Started(0).rank_offset();
+  auto send = [&](auto fill) {
+    v1::AgentMessage m;
+    m.mutable_paces()->set_round(round);
+    fill(*m.mutable_paces());
+    return h.Send(0, m).code();
+  };
+  auto one = [&](double ms, std::string host) {
+    return [=](v1::Paces& p) {
+      v1::RankPace* pace = p.add_ranks();
+      pace->set_rank(rank);
+      pace->set_median_step_ms(ms);
+      pace->set_host(host);
+    };
+  };
+  CHECK(send(one(std::nan(""), "h")) == absl::StatusCode::kInvalidArgument);
+  CHECK(send(one(-1, "h")) == absl::StatusCode::kInvalidArgument);
+  CHECK(send(one(1e12, "h")) == absl::StatusCode::kInvalidArgument);
+  CHECK(send(one(10, std::string(300, 'x'))) == absl::StatusCode::kInvalidArgument);
+  CHECK(send([&](v1::Paces& p) {
+          one(10, "h")(p);
+          one(11, "h")(p);
+        }) == absl::StatusCode::kInvalidArgument);  // Two paces from a node of one worker.
+  CHECK(send(one(10, "h")) == absl::StatusCode::kOk);
 }
 
 TEST_CASE("jobs are isolated by run id") {

@@ -134,6 +134,12 @@ TEST_CASE("no straggler without the factor or without a second worker to compare
   alone.Track({1}, 0.0);
   for (size_t i = 0; i < kPaceWindow; ++i) alone.Record(1, Timed(1, i, 1000), i);
   CHECK(alone.TakeStragglers().empty());
+  // With the whole job's median from the rendezvous, one worker is judged against it.
+  auto judged = alone.TakeStragglers(400.0);
+  REQUIRE(judged.size() == 1);
+  CHECK(judged[0].pace.group == 1);
+  CHECK(judged[0].job_median_ms == doctest::Approx(400));
+  CHECK(alone.TakeStragglers(400.0).empty());  // The same episode: once.
 }
 
 }  // namespace
