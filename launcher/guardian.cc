@@ -16,8 +16,8 @@
 namespace elrun {
 namespace {
 
-// The guardian's whole life: ignore the signals meant for the launcher, read "+pgid\n" and
-// "-pgid\n" records until EOF, then kill what is registered.
+// The guardian's whole life: ignore the signals meant for the launcher, read "+pgid\n",
+// "-pgid\n" and "!path\n" records until EOF, then kill what is registered and unlink the paths.
 [[noreturn]] void GuardianMain(int read_fd) {
   for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2}) {
     ::signal(signo, SIG_IGN);
@@ -30,6 +30,7 @@ namespace {
   for (int fd = 0; fd < 3; ++fd) ::dup2(null_fd, fd);
 
   std::set<int> groups;
+  std::set<std::string> paths;
   char buffer[4096];
   std::string pending;
   for (;;) {
@@ -42,6 +43,10 @@ namespace {
       std::string record = pending.substr(0, newline);
       pending.erase(0, newline + 1);
       if (record.size() < 2) continue;
+      if (record[0] == '!') {
+        paths.insert(record.substr(1));
+        continue;
+      }
       int pgid = std::atoi(record.c_str() + 1);
       if (pgid <= 1) continue;
       if (record[0] == '+') groups.insert(pgid);
@@ -49,6 +54,7 @@ namespace {
     }
   }
   for (int pgid : groups) ::kill(-pgid, SIGKILL);
+  for (const std::string& path : paths) ::unlink(path.c_str());
   ::_exit(0);
 }
 
@@ -86,5 +92,11 @@ void Guardian::Send(char op, int pgid) {
 }
 
 void Guardian::Unregister(int pgid) { Send('-', pgid); }
+
+bool Guardian::RemoveOnDeath(const std::string& path) {
+  if (path.empty() || path.size() > 4000 || path.find('\n') != std::string::npos) return false;
+  std::string record = absl::StrCat("!", path, "\n");  // Below PIPE_BUF: one atomic write.
+  return ::write(write_fd_, record.data(), record.size()) == static_cast<ssize_t>(record.size());
+}
 
 }  // namespace elrun

@@ -2,11 +2,13 @@
 // PR_SET_PDEATHSIG reaches only a worker itself, not the processes it started; the guardian is
 // a small forked process that holds the read end of a pipe whose write end only the launcher
 // has. When the launcher dies the kernel closes the pipe, the guardian reads EOF and SIGKILLs
-// every process group still registered, then exits. Thread-compatible.
+// every process group still registered, removes the files registered for removal (the
+// watchdogs' FIFOs), then exits. Thread-compatible.
 #ifndef ELRUN_LAUNCHER_GUARDIAN_H_
 #define ELRUN_LAUNCHER_GUARDIAN_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 
@@ -39,6 +41,9 @@ class Guardian : public GroupRegistry {
   // unregisters. The guardian reads every record before the EOF of the launcher's death.
   void Unregister(int pgid) override;
   int fd() const override { return write_fd_; }
+  // `path` (a FIFO elrun made) is unlinked when the launcher dies; a clean exit removes it
+  // first. False for a path the record cannot carry (empty, a newline, over 4000 bytes).
+  bool RemoveOnDeath(const std::string& path);
 
   int pid() const { return pid_; }
 

@@ -148,6 +148,7 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(
         });
     if (!server.ok()) return server.status();
     runtime->file_timer_ = *std::move(server);
+    runtime->guardian_->RemoveOnDeath(runtime->file_timer_->path());  // Even after a kill -9.
   }
   const HeartbeatLimits limits{spec.worker_timeout_s, spec.worker_start_timeout_s, spec.straggler_factor};
   if (limits.any()) {
@@ -166,6 +167,7 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(
         });
     if (!server.ok()) return server.status();
     runtime->heartbeat_ = *std::move(server);
+    runtime->guardian_->RemoveOnDeath(runtime->heartbeat_->path());
   }
   return runtime;
 }

@@ -77,8 +77,8 @@ constexpr OptionDef kOptions[] = {
      "its stacks are asked for, it is killed and the group restarts within --max-restarts."},
     {"worker-start-timeout", "", false, "SECONDS", "",
      "The same for a worker's first heartbeat, counted from its start."},
-    {"straggler-factor", "", false, "F", "",
-     "Log a heartbeating worker whose median step time exceeds F times the job's median (e.g. 1.5)."},
+    {"straggler-factor", "", false, "F", "1.5",
+     "Log a heartbeating worker whose median step time exceeds F times the job's median; 0 turns it off."},
     {"duplicate-stdout-filters", "", false, "A,B", "",
      "Also write tee'd stdout lines holding any of these strings to <attempt>/filtered_stdout.log "
      "(',,' is a comma)."},
@@ -211,10 +211,10 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest,
   }
   if (!r["straggler-factor"].empty()) {
     double factor = 0;
-    if (!absl::SimpleAtod(r["straggler-factor"], &factor) || !(factor > 1.0) || factor > 1e6) {
-      return Invalid(r, "straggler-factor", absl::InvalidArgumentError("expected a number above 1"));
+    if (!absl::SimpleAtod(r["straggler-factor"], &factor) || !(factor > 1.0 || factor == 0) || factor > 1e6) {
+      return Invalid(r, "straggler-factor", absl::InvalidArgumentError("expected a number above 1, or 0 for off"));
     }
-    spec->straggler_factor = factor;
+    if (factor > 0) spec->straggler_factor = factor;
   }
   spec->duplicate_stdout_filters = ParseFilterList(r["duplicate-stdout-filters"]);
   spec->duplicate_stderr_filters = ParseFilterList(r["duplicate-stderr-filters"]);

@@ -80,7 +80,8 @@ class HeartbeatTest(ElrunTestCase):
 
     def test_a_straggler_is_named_with_its_pace_and_in_the_end_summary(self):
         before = set(glob.glob(os.path.join(self.tmp, "elrun_heartbeat_*")))
-        result = self.elrun(["--straggler-factor", "1.5", "--nproc-per-node", "3", HEARTBEAT_WORKER, "pace"],
+        # The default --straggler-factor (1.5): a script that beats is judged without any flag.
+        result = self.elrun(["--nproc-per-node", "3", HEARTBEAT_WORKER, "pace"],
                             env=self.env(TMPDIR=self.tmp))
         self.assertExit(result, 0)
         self.assertEqual(set(glob.glob(os.path.join(self.tmp, "elrun_heartbeat_*"))), before)
@@ -90,6 +91,27 @@ class HeartbeatTest(ElrunTestCase):
         self.assertNotRegex(result.err, r"rank [01] \(local_rank [01].*straggler")
         self.assertRegex(result.err, r"\[elrun\] warning: slowest ranks by median step time: rank 2 \(local_rank 2, "
                          r"host [^,]+, pid \d+\) 1[23]\d\.\d ms, ")
+
+    def test_straggler_factor_0_opens_no_heartbeat_channel(self):
+        result = self.elrun(["--straggler-factor", "0", "--no-python", "sh", "-c",
+                             'echo "hb=${ELRUN_HEARTBEAT_FILE-unset}"'])
+        self.assertExit(result, 0)
+        self.assertIn("hb=unset", result.out, result)
+
+    def test_kill9_of_elrun_leaves_no_heartbeat_fifo(self):
+        # The guardian, which outlives elrun, removes the FIFO elrun made.
+        proc = self.start(["--log-dir", self.path("logs"), HEARTBEAT_WORKER, "silent", "60"],
+                          env=self.env(TMPDIR=self.tmp))
+        self.assertIn("silent pid", proc.stdout.readline().decode())  # Workers start after the FIFO.
+        fifos = lambda: glob.glob(os.path.join(self.tmp, "elrun_heartbeat_*"))  # noqa: E731
+        self.assertEqual(len(fifos()), 1, "expected elrun to make its heartbeat FIFO")
+        guardians = [pid for pid in harness.descendants(proc.pid)
+                     if open("/proc/%d/comm" % pid).read().strip() == "elrun-guardian"]
+        self.assertEqual(len(guardians), 1)
+        proc.kill()
+        proc.wait()
+        self.assertEqual(harness.wait_dead(guardians), [], "expected the guardian to exit after elrun's death")
+        self.assertEqual(fifos(), [], "expected the guardian to remove the FIFO after elrun's kill -9")
 
     def test_bad_limits_are_one_line_and_exit_2(self):
         for option, value in (("--worker-timeout", "-1"), ("--worker-timeout", "0"), ("--worker-timeout", "soon"),

@@ -59,6 +59,14 @@ TEST_CASE("defaults match torchrun") {
   CHECK(spec.training_script_args.empty());
 }
 
+TEST_CASE("stragglers are judged by default at 1.5; 0 turns it off") {
+  CHECK(MustParse({"train.py"}).straggler_factor == 1.5);
+  CHECK(MustParse({"--straggler-factor", "3", "train.py"}).straggler_factor == 3.0);
+  CHECK_FALSE(MustParse({"--straggler-factor", "0", "train.py"}).straggler_factor.has_value());
+  CHECK(ErrorOf({"--straggler-factor=1", "t.py"}).rfind("--straggler-factor=1:", 0) == 0);
+  CHECK(ErrorOf({"--straggler-factor=-2", "t.py"}).rfind("--straggler-factor=-2:", 0) == 0);
+}
+
 TEST_CASE("--numa-binding takes torchrun's four modes, under both spellings and PET_NUMA_BINDING") {
   CHECK(MustParse({"x.py"}).numa_binding.empty());
   CHECK(MustParse({"--numa-binding", "node", "x.py"}).numa_binding == "node");
