@@ -82,6 +82,13 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(const EtcdOption
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    // A member that stops answering (SIGSTOP, a dead host without a RST) must end the watch
+    // streams on it, or an agent would wait on it forever: HTTP/2 pings while a call is open,
+    // every 5 s, the least etcd accepts (--grpc-keepalive-min-time).
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     auto member = std::make_unique<Member>();
     member->endpoint = endpoint;
     member->channel = grpc::CreateCustomChannel(endpoint, *credentials, args);

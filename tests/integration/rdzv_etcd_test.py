@@ -1,9 +1,11 @@
 """The etcd-v3 rendezvous backend against a real 3-member etcd cluster on loopback
 (etcd_cluster.py): a job forms with the grpc backend's ranks and leaves no key behind; the etcd
-leader killed with SIGKILL mid-job costs no restart; an agent killed with SIGKILL is lost when
+leader killed with SIGKILL mid-job costs no restart, and one stopped with SIGSTOP does not stall
+the job; an agent killed with SIGKILL is lost when
 its lease expires and the survivors form a new round, and a node that arrives scales the job up;
 two jobs on one cluster stay apart; etcd's user and password, and TLS to etcd, are honoured;
 a wrong password or an unreachable cluster is a one-line error."""
+import signal
 import time
 import unittest
 
@@ -73,6 +75,20 @@ class EtcdRendezvousTest(RdzvTestCase):
         for agent in agents:
             self.assertNotIn("round 1 ended", agent.result().err)
         self.assertEqual(cluster.keys(PREFIX), [])
+
+    def test_leader_stopped_mid_job_the_job_still_finishes(self):
+        # A SIGSTOPped member keeps its connections open: the agents' calls on it time out and
+        # move on, and their watches on it end by HTTP/2 keepalive (5 s pings, 2 s to answer).
+        cluster = self.cluster()
+        agents = [self.agent(cluster, node) for node in (1, 2)]
+        self.check_round(self.wait_workers(4, alive=agents, what="round 1's 4 workers"), 4, 2)
+        leader = cluster.leader()
+        cluster.kill(leader, signal.SIGSTOP, wait=False)
+        cluster.wait_for_leader(exclude=leader)
+        self.release(4)  # Their ends must reach every agent through the surviving members.
+        self.assertAllExit(agents, 0)
+        self.assertNoMoreWorkers()
+        cluster.kill(leader, signal.SIGCONT, wait=False)
 
     def test_agent_killed_survivors_form_a_new_round_and_a_newcomer_scales_up(self):
         cluster = self.cluster()
