@@ -543,23 +543,26 @@ void Coordinator::TickJob(const std::string& run_id, TimePoint now) {
     }
     return;
   }
-  // Hung or cut-off agents: evicted, as if their stream had closed.
-  std::vector<SessionId> hung;
-  std::optional<TimePoint> floor;
-  for (const auto& [id, node] : job->nodes) {
-    if (heartbeats_ && now - node.last_seen > Ms(job->settings.heartbeat_timeout_ms())) {
-      hung.push_back(id);
-    } else if (!floor || node.last_seen < *floor) {
-      floor = node.last_seen;
+  // Hung or cut-off agents: evicted, as if their stream had closed. (Without heartbeats there
+  // is nothing to walk: the etcd replicas tick often, and O(nodes) per tick adds up.)
+  if (heartbeats_) {
+    std::vector<SessionId> hung;
+    std::optional<TimePoint> floor;
+    for (const auto& [id, node] : job->nodes) {
+      if (now - node.last_seen > Ms(job->settings.heartbeat_timeout_ms())) {
+        hung.push_back(id);
+      } else if (!floor || node.last_seen < *floor) {
+        floor = node.last_seen;
+      }
     }
+    job->seen_floor = floor.value_or(now);
+    Evict(run_id, hung,
+          absl::UnavailableError(absl::StrCat("no heartbeat for ", job->settings.heartbeat_timeout_ms(),
+                                              " ms: removed from run ", run_id)),
+          "no heartbeat", "no_heartbeat", now);
+    job = FindJob(run_id);
+    if (job == nullptr) return;
   }
-  job->seen_floor = floor.value_or(now);
-  Evict(run_id, hung,
-        absl::UnavailableError(absl::StrCat("no heartbeat for ", job->settings.heartbeat_timeout_ms(),
-                                            " ms: removed from run ", run_id)),
-        "no heartbeat", "no_heartbeat", now);
-  job = FindJob(run_id);
-  if (job == nullptr) return;
   if (job->phase == Phase::kRunning) {
     if (job->scale_up_at && now >= *job->scale_up_at) {
       job->scale_up_at.reset();

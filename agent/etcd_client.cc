@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -75,6 +76,8 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(const EtcdOption
   auto credentials = Credentials(options.tls, options.https);
   if (!credentials.ok()) return credentials.status();
   std::unique_ptr<EtcdClient> client(new EtcdClient(options));
+  // Agents start on different members, so that a big job does not load one member alone.
+  client->current_ = static_cast<size_t>(std::random_device{}()) % options.endpoints.size();
   for (const std::string& endpoint : options.endpoints) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);  // A page of a big job's log.

@@ -125,7 +125,7 @@ EtcdRendezvous::EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<Et
       lease_(lease),
       session_(session),
       coordinator_(Coordinator::Options{
-          std::chrono::milliseconds(10000), options_.token,
+          options_.first_join_timeout, options_.token,
           // Every replica must give each session the same Challenge: a count, not a random.
           [this] {
             std::string nonce(kNonceBytes, '\0');
@@ -198,12 +198,6 @@ void EtcdRendezvous::End(const absl::Status& status) {
   wake_.notify_all();
 }
 
-void EtcdRendezvous::Enqueue(std::string key, v1::LogEntry entry) {
-  std::lock_guard<std::mutex> lock(mu_);
-  outbox_.push_back({std::move(key), std::move(entry)});
-  wake_.notify_all();
-}
-
 // ------------------------------------------------------------------------- the reader
 
 void EtcdRendezvous::ReadLoop() {
@@ -247,6 +241,7 @@ void EtcdRendezvous::ReadLoop() {
           OnPresenceGone(key.substr(base_.size() + 6));
         }
       }
+      Applied();
     }
     std::lock_guard<std::mutex> lock(mu_);
     watch_->Cancel();
@@ -272,6 +267,7 @@ absl::StatusOr<int64_t> EtcdRendezvous::CatchUp() {
     if (!read.ok()) return read.status();
     if (at == 0) at = read->header().revision();
     for (const mvccpb::KeyValue& kv : read->kvs()) Apply(kv);
+    Applied();
     if (!read->more()) break;
   }
   // Nodes whose lease ended while this replica was not watching.
@@ -296,15 +292,45 @@ void EtcdRendezvous::OnPresenceGone(const std::string& node_id) {
   auto it = live_.find(node_id);
   if (it == live_.end()) return;
   uint64_t session = it->second;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!disconnects_asked_.insert(session).second) return;
+  // One agent logs it at once, the lowest live session but the lost one; the others only as
+  // staggered backups, so that a loss costs one write, not one per survivor.
+  int place = 0;
+  for (const auto& [id, node] : sessions_) {
+    if (id == session_ || place >= 10) break;
+    if (id != session) ++place;
   }
   v1::LogEntry entry;
   entry.set_time_ms(WallMs());
   entry.set_session(session);
   entry.set_disconnect("its etcd lease ended (the agent left, died or stalled)");
-  Enqueue(LogKey(absl::StrCat("d/", session)), std::move(entry));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!disconnects_asked_.insert(session).second) return;
+  Write_ write{LogKey(absl::StrCat("d/", session)), std::move(entry)};
+  if (place == 0) {
+    outbox_.push_back(std::move(write));
+  } else {
+    write.not_before = std::chrono::steady_clock::now() + place * options_.backup_delay;
+    backups_.push_back(std::move(write));
+  }
+  wake_.notify_all();
+}
+
+void EtcdRendezvous::Applied() {
+  std::lock_guard<std::mutex> lock(mu_);
+  applied_time_ms_ = log_time_ms_;
+  place_ = 0;
+  for (const auto& [id, node] : sessions_) {
+    if (id == session_ || place_ >= 10) break;
+    ++place_;
+  }
+  replica_changed_ = true;
+  wake_.notify_all();
+}
+
+bool EtcdRendezvous::StillNeeded(const Write_& write) const {
+  if (write.entry.has_disconnect()) return closed_.count(write.entry.session()) == 0;
+  if (write.entry.has_tick()) return applied_time_ms_ < write.entry.time_ms();
+  return true;
 }
 
 void EtcdRendezvous::CloseSession(uint64_t session, const absl::Status& status) {
@@ -312,6 +338,10 @@ void EtcdRendezvous::CloseSession(uint64_t session, const absl::Status& status) 
   if (it == sessions_.end()) return;
   live_.erase(it->second);
   sessions_.erase(it);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_.insert(session);
+  }
   coordinator_.OnDisconnect(session, LogTime(log_time_ms_), std::string(status.message()));
   if (session == session_) End(status);
 }
@@ -350,15 +380,13 @@ void EtcdRendezvous::Apply(const mvccpb::KeyValue& kv) {
     default:  // A tick, or an entry of a later version: time moves on.
       break;
   }
-  coordinator_.Tick(now);
+  // Timeouts due by this entry's time, in the same place on every replica.
+  if (std::optional<TimePoint> due = coordinator_.NextDeadline(); due && *due <= now) coordinator_.Tick(now);
   while (!closing_.empty()) {
     auto [id, status] = closing_.front();
     closing_.erase(closing_.begin());
     CloseSession(id, status);  // Once: a session already closed is no longer known.
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  replica_changed_ = true;
-  wake_.notify_all();
 }
 
 // ------------------------------------------------------------------------- the writer
@@ -371,46 +399,86 @@ absl::Status EtcdRendezvous::Append(const std::string& key, const v1::LogEntry& 
 void EtcdRendezvous::WriteLoop() {
   const auto renew_every = std::max(std::chrono::milliseconds(200), options_.lease_ttl / 3);
   auto next_renewal = std::chrono::steady_clock::now() + renew_every;
-  int64_t ticked_for = -1;  // The deadline last logged, not logged again.
+  auto renewed_at = std::chrono::steady_clock::now();
+  int64_t ticked_for = -1;  // The deadline last logged (or backed up), not again.
   std::unique_lock<std::mutex> lock(mu_);
+  // Renews the lease when due (mu_ held; released around the call). A busy or electing cluster
+  // fails a renewal now and then: only a lease that expired, or one not renewed for its whole
+  // TTL, ends the session.
+  auto renew_if_due = [&] {
+    if (std::chrono::steady_clock::now() < next_renewal) return false;
+    lock.unlock();
+    auto renewed = client_->KeepAlive(lease_);
+    lock.lock();
+    next_renewal = std::chrono::steady_clock::now() + renew_every;
+    if (renewed.ok()) renewed_at = std::chrono::steady_clock::now();
+    if (!renewed.ok() && !stop_ &&
+        (renewed.status().code() == absl::StatusCode::kNotFound ||
+         std::chrono::steady_clock::now() - renewed_at >= options_.lease_ttl)) {
+      lock.unlock();
+      End(absl::UnavailableError(
+          renewed.status().code() == absl::StatusCode::kNotFound
+              ? absl::StrCat("this node's etcd lease expired (stalled or cut off for longer than the ",
+                             options_.lease_ttl.count() / 1000.0, " s heartbeat_timeout)")
+              : absl::StrCat("cannot renew the etcd lease: ", renewed.status().message())));
+      lock.lock();
+    }
+    return true;
+  };
+  // An entry is retried until it is written, the lease is lost (renewals go on meanwhile) or
+  // the node leaves: a busy cluster only delays the job.
+  auto append = [&](const Write_& write) {
+    absl::Status status;
+    while (!stop_ && !ended_) {
+      lock.unlock();
+      status = Append(write.key, write.entry);
+      lock.lock();
+      if (status.ok()) return;
+      if (status.code() != absl::StatusCode::kUnavailable && status.code() != absl::StatusCode::kDeadlineExceeded) {
+        break;  // Refused (permissions, a bad request): no retry will do.
+      }
+      renew_if_due();
+    }
+    if (!status.ok() && !stop_ && !ended_) {
+      lock.unlock();
+      End(absl::UnavailableError(absl::StrCat("cannot write to etcd: ", status.message())));
+      lock.lock();
+    }
+  };
   while (!stop_) {
+    auto now = std::chrono::steady_clock::now();
+    // The lease first: renewals must not queue behind a burst of entries.
+    if (renew_if_due()) continue;
     if (!outbox_.empty()) {
       Write_ next = std::move(outbox_.front());
       outbox_.pop_front();
-      lock.unlock();
-      absl::Status status = Append(next.key, next.entry);
-      lock.lock();
-      if (!status.ok() && !stop_) {
-        lock.unlock();
-        End(absl::UnavailableError(absl::StrCat("cannot write to etcd: ", status.message())));
-        lock.lock();
-      }
+      append(next);
       continue;
     }
-    auto now = std::chrono::steady_clock::now();
-    if (now >= next_renewal) {
-      lock.unlock();
-      auto renewed = client_->KeepAlive(lease_);
-      lock.lock();
-      next_renewal = std::chrono::steady_clock::now() + renew_every;
-      if (!renewed.ok() && !stop_) {
-        lock.unlock();
-        End(absl::UnavailableError(
-            renewed.status().code() == absl::StatusCode::kNotFound
-                ? absl::StrCat("this node's etcd lease expired (stalled or cut off for longer than the ",
-                               options_.lease_ttl.count() / 1000.0, " s heartbeat_timeout)")
-                : absl::StrCat("cannot renew the etcd lease: ", renewed.status().message())));
-        lock.lock();
+    auto wait_until = next_renewal;
+    // Backups of another agent's write that has not appeared in time.
+    bool wrote = false;
+    for (auto it = backups_.begin(); it != backups_.end();) {
+      if (!StillNeeded(*it)) {
+        it = backups_.erase(it);
+      } else if (it->not_before <= now) {
+        Write_ next = std::move(*it);
+        backups_.erase(it);
+        append(next);
+        wrote = true;
+        break;
+      } else {
+        wait_until = std::min(wait_until, it->not_before);
+        ++it;
       }
-      continue;
     }
+    if (wrote) continue;
     // A timeout due in log time: log a tick so that every replica applies it at that time.
     // (The coordinator's lock is taken without mu_: the reader holds it while delivering.)
     replica_changed_ = false;
     lock.unlock();
     std::optional<TimePoint> deadline = coordinator_.NextDeadline();
     lock.lock();
-    auto wait_until = next_renewal;
     if (deadline) {
       int64_t due = std::chrono::duration_cast<std::chrono::milliseconds>(deadline->time_since_epoch()).count();
       int64_t wall = WallMs();
@@ -419,7 +487,13 @@ void EtcdRendezvous::WriteLoop() {
         v1::LogEntry tick;
         tick.set_time_ms(due);
         tick.set_tick(true);
-        outbox_.push_back({LogKey(absl::StrCat("t/", due)), std::move(tick)});
+        Write_ write{LogKey(absl::StrCat("t/", due)), std::move(tick)};
+        if (place_ == 0) {
+          outbox_.push_back(std::move(write));
+        } else {
+          write.not_before = now + place_ * options_.backup_delay;
+          backups_.push_back(std::move(write));
+        }
         continue;
       }
       if (due > wall) wait_until = std::min(wait_until, now + std::chrono::milliseconds(due - wall));

@@ -44,6 +44,13 @@ struct EtcdRendezvousOptions {
   // The lease's TTL: how long after an agent stops renewing it the others see it lost.
   std::chrono::milliseconds lease_ttl{5000};
   std::string token;  // The rendezvous token, checked on every Join as the grpc backend does.
+  // A session that sends no Join this long (in log time) after its arrival is closed. Long:
+  // a node that arrives late first replays the job's log, and a dead one loses its lease.
+  std::chrono::milliseconds first_join_timeout{600000};
+  // A disconnect or a timeout is logged at once by one agent (the live one with the lowest
+  // session); the k-th next one logs it after k times this (at most 10 times) if it has not
+  // appeared by then, so that an overloaded cluster is not sent one write per agent.
+  std::chrono::milliseconds backup_delay{1000};
 };
 
 class EtcdRendezvous : public AgentChannel {
@@ -70,6 +77,8 @@ class EtcdRendezvous : public AgentChannel {
   struct Write_ {
     std::string key;
     v1::LogEntry entry;
+    // A backup of another agent's write: not before this, and not once the entry is applied.
+    std::chrono::steady_clock::time_point not_before{};
   };
 
   EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<EtcdClient> client, int event_fd,
@@ -82,12 +91,15 @@ class EtcdRendezvous : public AgentChannel {
   absl::StatusOr<int64_t> CatchUp();
   void Apply(const mvccpb::KeyValue& kv);
   void OnPresenceGone(const std::string& node_id);
+  // After a batch of entries: lets the writer see the replica's new deadline and designation.
+  void Applied();
+  // Whether a backup write is still needed (its entry not applied yet). Writer thread, mu_ held.
+  bool StillNeeded(const Write_& write) const;
   void CloseSession(uint64_t session, const absl::Status& status);
 
   // Writer thread: appends entries, renews the lease, logs due timeouts.
   void WriteLoop();
   absl::Status Append(const std::string& key, const v1::LogEntry& entry);
-  void Enqueue(std::string key, v1::LogEntry entry);
   void End(const absl::Status& status);
   void Deliver(const v1::CoordinatorMessage& message);
 
@@ -113,6 +125,10 @@ class EtcdRendezvous : public AgentChannel {
   std::deque<v1::CoordinatorMessage> inbox_;    // Guarded by mu_.
   std::optional<absl::Status> ended_;           // Guarded by mu_.
   std::deque<Write_> outbox_;                   // Guarded by mu_.
+  std::deque<Write_> backups_;                  // Guarded by mu_.
+  std::set<uint64_t> closed_;                   // Sessions applied as closed. Guarded by mu_.
+  int64_t applied_time_ms_ = 0;                 // log_time_ms_ for the writer. Guarded by mu_.
+  int place_ = 0;  // This node's place among the live sessions (0: logs timeouts at once). mu_.
   std::set<uint64_t> disconnects_asked_;        // Guarded by mu_.
   bool stop_ = false;                           // Guarded by mu_.
   bool replica_changed_ = false;                // Guarded by mu_.

@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> OpenEtcd(const JobSpec& spec
   options.run_id = spec.rdzv_id;
   options.node_id = node_id;
   options.lease_ttl = rdzv.heartbeat_timeout;
+  options.first_join_timeout = rdzv.join_timeout;
   options.token = rdzv.token;
   auto opened = rdzv::EtcdRendezvous::Open(options);
   if (!opened.ok()) {
