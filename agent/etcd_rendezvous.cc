@@ -72,11 +72,21 @@ class EtcdRendezvous::Sink : public SessionSink {
 };
 
 absl::StatusOr<std::unique_ptr<EtcdRendezvous>> EtcdRendezvous::Open(const EtcdRendezvousOptions& options) {
+  // The run id is a part of every key: a '/' would reach into another run's keys (the Join's
+  // own checks, which refuse it too, come only after the keys exist).
+  if (options.run_id.empty() || options.run_id.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("run id '", options.run_id, "' must be non-empty, without '/'"));
+  }
   auto client = EtcdClient::Connect(options.etcd);
   if (!client.ok()) return client.status();
   int64_t ttl_s = std::max<int64_t>(2, (options.lease_ttl.count() + 999) / 1000);
   auto lease = (*client)->GrantLease(ttl_s);
   if (!lease.ok()) return lease.status();
+  // On a failure below, this node's presence goes at once rather than after the lease's TTL.
+  auto fail = [&](const absl::Status& status) {
+    (void)(*client)->RevokeLease(*lease);
+    return status;
+  };
 
   const std::string base = options.prefix + options.run_id + "/";
   const std::string nodes = base + "nodes/";
@@ -95,20 +105,20 @@ absl::StatusOr<std::unique_ptr<EtcdRendezvous>> EtcdRendezvous::Open(const EtcdR
     presence->set_lease(*lease);
   }
   auto present = (*client)->Txn(txn);
-  if (!present.ok()) return present.status();
+  if (!present.ok()) return fail(present.status());
   // (A transaction may not delete a range and put a key inside it: the entry comes second.)
   auto joined = (*client)->Txn(CreateOnce(base + "log/c/" + options.node_id, connect.SerializeAsString()));
-  if (!joined.ok()) return joined.status();
+  if (!joined.ok()) return fail(joined.status());
   // The connect entry's create revision is the session id every replica gives this node.
   etcdpb::RangeRequest own;
   own.set_key(base + "log/c/" + options.node_id);
   auto read = (*client)->Range(own);
-  if (!read.ok()) return read.status();
-  if (read->kvs_size() != 1) return absl::InternalError("etcd lost this node's connect entry");
+  if (!read.ok()) return fail(read.status());
+  if (read->kvs_size() != 1) return fail(absl::InternalError("etcd lost this node's connect entry"));
   uint64_t session = static_cast<uint64_t>(read->kvs(0).create_revision());
 
   int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (fd < 0) return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+  if (fd < 0) return fail(absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno))));
   std::unique_ptr<EtcdRendezvous> rendezvous(
       new EtcdRendezvous(options, *std::move(client), fd, *lease, session));
   rendezvous->reader_ = std::thread([r = rendezvous.get()] { r->ReadLoop(); });

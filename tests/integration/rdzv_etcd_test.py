@@ -150,6 +150,12 @@ class EtcdRendezvousTest(RdzvTestCase):
         self.assertEqual(len(lines), 1, agent.result().err)
         self.assertIn("cannot join the rendezvous in etcd at 127.0.0.1:", lines[0])
 
+    def test_a_run_id_that_would_reach_into_other_keys_is_refused(self):
+        agent = self.start_agent(1, 0, run_id="job/log", backend="etcd-v3", nnodes=2,
+                                 endpoint="127.0.0.1:%d" % harness.free_port())
+        self.assertAllExit([agent], 1)
+        self.assertIn("run id 'job/log' must be non-empty, without '/'", agent.result().err)
+
     def test_tls_to_etcd(self):
         tls = make_tls_files(self.tmp)
         cluster = self.cluster(tls=tls)
