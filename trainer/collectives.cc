@@ -89,21 +89,40 @@ void ReduceScatterOp::Finish(const torch::Tensor& output, double scale, bool acc
 }
 
 void BroadcastFromRank0(c10d::Backend& pg, const std::vector<torch::Tensor>& tensors, CommBytes* bytes) {
-  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_type;
-  for (const auto& t : tensors) by_type[t.scalar_type()].push_back(t);
   torch::NoGradGuard no_grad;
-  for (auto& [type, group] : by_type) {
-    std::vector<torch::Tensor> flats;
-    for (const auto& t : group) flats.push_back(t.detach().reshape({-1}));
-    std::vector<torch::Tensor> flat{torch::cat(flats)};
-    c10d::BroadcastOptions options;
-    options.rootRank = 0;
-    pg.broadcast(flat, options)->wait();
-    if (bytes && pg.getRank() == 0) bytes->broadcast += Bytes(flat[0]) * (pg.getSize() - 1);
-    int64_t offset = 0;
-    for (auto& t : group) {
-      t.detach().copy_(flat[0].narrow(0, offset, t.numel()).view_as(t));
-      offset += t.numel();
+  c10d::BroadcastOptions options;
+  options.rootRank = 0;
+  auto broadcast = [&](torch::Tensor t) {
+    std::vector<torch::Tensor> one{std::move(t)};
+    pg.broadcast(one, options)->wait();
+    if (bytes && pg.getRank() == 0) bytes->broadcast += Bytes(one[0]) * (pg.getSize() - 1);
+  };
+  // Every rank walks the same tensors in the same order, so the collectives match.
+  std::map<c10::ScalarType, std::vector<torch::Tensor>> small;
+  for (const auto& t : tensors) {
+    if (t.is_contiguous() && Bytes(t) >= kBroadcastBucketBytes) {
+      broadcast(t.detach());  // In place: no copy of a big tensor.
+    } else {
+      small[t.scalar_type()].push_back(t);
+    }
+  }
+  for (auto& [type, group] : small) {
+    for (size_t begin = 0; begin < group.size();) {
+      size_t end = begin;
+      int64_t size = 0;
+      while (end < group.size() && (end == begin || size + Bytes(group[end]) <= kBroadcastBucketBytes)) {
+        size += Bytes(group[end++]);
+      }
+      std::vector<torch::Tensor> flats;
+      for (size_t i = begin; i < end; ++i) flats.push_back(group[i].detach().reshape({-1}));
+      torch::Tensor flat = torch::cat(flats);
+      broadcast(flat);
+      int64_t offset = 0;
+      for (size_t i = begin; i < end; ++i) {
+        group[i].detach().copy_(flat.narrow(0, offset, group[i].numel()).view_as(group[i]));
+        offset += group[i].numel();
+      }
+      begin = end;
     }
   }
 }

@@ -64,7 +64,11 @@ class ReduceScatterOp {
   torch::Tensor received_;
 };
 
-// Broadcasts `tensors` from rank 0 in place, coalesced into one flat buffer per dtype.
+// Broadcasts `tensors` from rank 0 in place. A contiguous tensor of at least
+// kBroadcastBucketBytes goes as itself (no copy); smaller ones are coalesced per dtype into
+// buckets of at most that size. So no copy of the whole model is ever made: the largest
+// temporary is one bucket.
+inline constexpr int64_t kBroadcastBucketBytes = 16 << 20;
 void BroadcastFromRank0(c10d::Backend& pg, const std::vector<torch::Tensor>& tensors,
                         CommBytes* bytes = nullptr);
 

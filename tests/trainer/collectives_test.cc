@@ -96,5 +96,23 @@ TEST_CASE("BroadcastFromRank0 overwrites every rank's tensors with rank 0's, per
   });
 }
 
+TEST_CASE("BroadcastFromRank0 sends big contiguous tensors in place and buckets the small ones") {
+  RunRanks(2, [](int rank, PG pg) {
+    const int64_t big = kBroadcastBucketBytes / 4 + 5;  // Floats: just over one bucket.
+    torch::Tensor large = torch::full({big}, static_cast<float>(rank + 1));
+    const void* storage = large.data_ptr();
+    torch::Tensor strided = torch::full({4, 6}, static_cast<float>(rank + 1)).t();  // Not contiguous.
+    std::vector<torch::Tensor> smalls;
+    for (int i = 0; i < 5; ++i) smalls.push_back(torch::full({i + 1}, static_cast<float>(rank * 100 + i)));
+    std::vector<torch::Tensor> all{large, strided};
+    all.insert(all.end(), smalls.begin(), smalls.end());
+    BroadcastFromRank0(*pg, all);
+    CHECK(large.data_ptr() == storage);
+    CHECK(torch::equal(large, torch::ones({big})));
+    CHECK(torch::equal(strided, torch::ones({6, 4})));
+    for (int i = 0; i < 5; ++i) CHECK(torch::equal(smalls[i], torch::full({i + 1}, static_cast<float>(i))));
+  });
+}
+
 }  // namespace
 }  // namespace elrun::trainer
