@@ -7,6 +7,7 @@
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <dirent.h>
 #include <unistd.h>
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -322,10 +323,27 @@ void PosixProcessTable::OnExit(int pid) {
   ::kill(-pid, SIGKILL);
   for (auto& pump : it->second.pumps) pump->Drain();
   guardian_->Unregister(pid);  // Before the reap frees the id for reuse.
+  RemoveSharedMemoryOf(pid);   // Likewise: no other process can have this pid yet.
   ::waitid(P_PID, pid, &info, WEXITED);
   Forget(it->second);
   workers_.erase(it);
   on_exit_(pid, StatusFrom(info));
+}
+
+void RemoveSharedMemoryOf(int pid) {
+  // Names are elrun-<what>-<pid>-<suffix> (elrun-train's shared-memory all-reduce); a worker
+  // killed between creating one and unlinking it would leave it in /dev/shm for good.
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return;
+  const std::string middle = absl::StrCat("-", pid, "-");
+  while (const dirent* entry = ::readdir(dir)) {
+    std::string name = entry->d_name;
+    if (name.rfind("elrun-", 0) != 0) continue;
+    size_t what_end = name.find('-', 6);
+    if (what_end == std::string::npos || name.compare(what_end, middle.size(), middle) != 0) continue;
+    ::unlinkat(::dirfd(dir), name.c_str(), 0);
+  }
+  ::closedir(dir);
 }
 
 void PosixProcessTable::Forget(Worker& worker) {

@@ -20,6 +20,11 @@
 
 namespace elrun {
 
+// Unlinks the POSIX shared memory a worker named after its pid, /dev/shm/elrun-<what>-<pid>-*
+// (elrun-train's shared-memory all-reduce), which a worker killed at the wrong moment leaves
+// behind. Called with the worker a zombie, so the pid cannot be anyone else's yet.
+void RemoveSharedMemoryOf(int pid);
+
 class PosixProcessTable : public ProcessTable {
  public:
   using ExitCallback = std::function<void(int pid, ExitStatus status)>;

@@ -37,6 +37,22 @@ class ExitCodesTest(ElrunTestCase):
         pid = int(self.read_text(self.path("pid.0")))
         self.assertAllDead([pid], what="the surviving worker (rank 0)")
 
+    @harness.elrun_only("elrun removes the shared memory a killed worker named after its pid")
+    def test_a_killed_worker_leaves_no_elrun_shared_memory(self):
+        # Named as elrun-train's shared-memory all-reduce names its segment; killed before it
+        # could unlink it. Another process's segment (not a worker's pid) is left alone.
+        other = "/dev/shm/elrun-test-1-%d" % os.getpid()
+        with open(other, "w"):
+            pass
+        self.addCleanup(lambda: os.path.exists(other) and os.unlink(other))
+        script = 'touch "/dev/shm/elrun-test-$$-$LOCAL_RANK"; echo "$$" > "$OUT_DIR/pid.$LOCAL_RANK"; kill -9 $$\n'
+        result = self.elrun(["--nproc_per_node", "2"] + self.sh_file(script))
+        self.assertExit(result, 1)
+        for rank in (0, 1):
+            pid = self.read_text(self.path("pid.%d" % rank)).strip()
+            self.assertFalse(os.path.exists("/dev/shm/elrun-test-%s-%d" % (pid, rank)), result)
+        self.assertTrue(os.path.exists(other), "expected a segment of no worker's pid to stay")
+
     def test_all_workers_fail_exit_1(self):
         result = self.elrun(["--nproc_per_node", "2"] + sh("exit 1"))
         self.assertExit(result, 1)
