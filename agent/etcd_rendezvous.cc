@@ -304,11 +304,7 @@ void EtcdRendezvous::OnPresenceGone(const std::string& node_id) {
   uint64_t session = it->second;
   // One agent logs it at once, the lowest live session but the lost one; the others only as
   // staggered backups, so that a loss costs one write, not one per survivor.
-  int place = 0;
-  for (const auto& [id, node] : sessions_) {
-    if (id == session_ || place >= 10) break;
-    if (id != session) ++place;
-  }
+  const int place = Place(session);
   v1::LogEntry entry;
   entry.set_time_ms(WallMs());
   entry.set_session(session);
@@ -325,14 +321,20 @@ void EtcdRendezvous::OnPresenceGone(const std::string& node_id) {
   wake_.notify_all();
 }
 
+int EtcdRendezvous::Place(uint64_t excluding) const {
+  int place = 0;
+  for (const auto& [id, node] : sessions_) {
+    if (id == session_ || place >= 10) break;
+    if (id != excluding) ++place;
+  }
+  return place;
+}
+
 void EtcdRendezvous::Applied() {
+  const int place = Place(0);  // Sessions are etcd revisions, never 0.
   std::lock_guard<std::mutex> lock(mu_);
   applied_time_ms_ = log_time_ms_;
-  place_ = 0;
-  for (const auto& [id, node] : sessions_) {
-    if (id == session_ || place_ >= 10) break;
-    ++place_;
-  }
+  place_ = place;
   replica_changed_ = true;
   wake_.notify_all();
 }

@@ -91,6 +91,9 @@ class EtcdRendezvous : public AgentChannel {
   absl::StatusOr<int64_t> CatchUp();
   void Apply(const mvccpb::KeyValue& kv);
   void OnPresenceGone(const std::string& node_id);
+  // This node's place among the live sessions but `excluding`, at most 10 (reader thread): 0
+  // logs a disconnect or a tick at once, place k as a backup after k * backup_delay.
+  int Place(uint64_t excluding) const;
   // After a batch of entries: lets the writer see the replica's new deadline and designation.
   void Applied();
   // Whether a backup write is still needed (its entry not applied yet). Writer thread, mu_ held.

@@ -112,24 +112,19 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec,
       else settings.is_host = *b;
     } else if (key == "token") {
       settings.token = value;
-    } else if (key == "token_file" || key == "run_token_file") {
+    } else if (key == "token_file" || key == "run_token_file" || key == "etcd_password_file") {
       auto secret = ReadSecretFile(value);
       if (!secret.ok()) status = Bad(key, value, secret.status().message());
-      else (key == "token_file" ? settings.token : settings.run_token) = *secret;
+      else (key == "token_file" ? settings.token
+            : key == "run_token_file" ? settings.run_token : settings.etcd_password) = *secret;
     } else if (key == "run_token") {
       settings.run_token = value;
-    } else if (key == "tls_cert") {
+    } else if (key == "tls_cert" || key == "cert") {  // cert, key, cacert: torchrun's etcd names.
       settings.tls_cert = value;
-    } else if (key == "tls_key") {
+    } else if (key == "tls_key" || key == "key") {
       settings.tls_key = value;
-    } else if (key == "tls_ca") {
+    } else if (key == "tls_ca" || key == "cacert") {
       settings.tls_ca = value;
-    } else if (key == "cacert") {
-      settings.tls_ca = value;
-    } else if (key == "cert") {
-      settings.tls_cert = value;
-    } else if (key == "key") {
-      settings.tls_key = value;
     } else if (key == "protocol") {
       std::string p = absl::AsciiStrToLower(value);
       if (p != "http" && p != "https") status = Bad(key, value, "expected http or https");
@@ -141,10 +136,6 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec,
       settings.etcd_prefix = value;
     } else if (key == "etcd_user") {
       settings.etcd_user = value;
-    } else if (key == "etcd_password_file") {
-      auto secret = ReadSecretFile(value);
-      if (!secret.ok()) status = Bad(key, value, secret.status().message());
-      else settings.etcd_password = *secret;
     } else if (key != "timeout" && key != "read_timeout" && key != "store_type") {
       status = absl::InvalidArgumentError(
           absl::StrCat("--rdzv-conf: unknown key '", key, "' (known: ", kKnownKeys, ")"));

@@ -102,6 +102,11 @@ TEST_CASE("token_file: the token from a file, kept off the command line") {
         "from-file");
   CHECK(ErrorOf(Spec("h", {{"token_file", "/nonexistent/t"}})) ==
         "--rdzv-conf token_file=/nonexistent/t: cannot read a token from this file");
+  // The etcd backend's password file goes by the same rule, into its own field.
+  auto etcd = ParseRdzvSettings(Spec("h", {{"etcd_user", "root"}, {"etcd_password_file", path}}), {});
+  REQUIRE(etcd.ok());
+  CHECK(etcd->etcd_password == "from-file");
+  CHECK(etcd->token.empty());
   std::remove(path.c_str());
 }
 
