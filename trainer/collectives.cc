@@ -19,9 +19,31 @@ torch::Device CommDevice(const c10d::Backend& pg) {
 }
 
 ReduceScatterAlgorithm DefaultReduceScatter(const c10d::Backend& pg) {
-  const std::string name = pg.getBackendName();
-  return name == "gloo" || name == "nccl" ? ReduceScatterAlgorithm::kNative : ReduceScatterAlgorithm::kAllToAll;
+  return pg.getBackendName() == "nccl" ? ReduceScatterAlgorithm::kNative : ReduceScatterAlgorithm::kAllToAll;
 }
+
+namespace {
+
+// Several works in flight as one: wait() waits for each, in order.
+class WorkGroup final : public c10d::Work {
+ public:
+  explicit WorkGroup(std::vector<c10::intrusive_ptr<c10d::Work>> works) : works_(std::move(works)) {}
+  bool wait(std::chrono::milliseconds timeout) override {
+    for (auto& work : works_) work->wait(timeout);
+    return true;
+  }
+  bool isCompleted() override {
+    for (auto& work : works_) {
+      if (!work->isCompleted()) return false;
+    }
+    return true;
+  }
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+};
+
+}  // namespace
 
 c10::intrusive_ptr<c10d::Work> StartAllGather(c10d::Backend& pg, const torch::Tensor& shard,
                                               const torch::Tensor& full, CommBytes* bytes) {
@@ -31,24 +53,55 @@ c10::intrusive_ptr<c10d::Work> StartAllGather(c10d::Backend& pg, const torch::Te
   TORCH_CHECK(full.numel() == n * shard.numel(), "all-gather: full buffer has ", full.numel(),
               " elements, expected ", n, " x ", shard.numel());
   if (bytes) bytes->all_gather += Bytes(shard) * (n - 1);
-  torch::Tensor output = full, input = shard;
-  return pg._allgather_base(output, input);
+  if (pg.getBackendName() != "gloo") {
+    torch::Tensor output = full, input = shard;
+    return pg._allgather_base(output, input);
+  }
+  const int64_t s = shard.numel();
+  torch::Tensor mine = full.narrow(0, pg.getRank() * s, s);
+  if (mine.data_ptr() != shard.data_ptr()) {
+    torch::NoGradGuard no_grad;
+    mine.copy_(shard);
+  }
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (int r = 0; r < n; ++r) {
+    c10d::BroadcastOptions options;
+    options.rootRank = r;
+    std::vector<torch::Tensor> chunk{full.narrow(0, r * s, s)};
+    works.push_back(pg.broadcast(chunk, options));
+  }
+  return c10::make_intrusive<WorkGroup>(std::move(works));
 }
 
 ReduceScatterOp ReduceScatterOp::Start(c10d::Backend& pg, const torch::Tensor& input, CommBytes* bytes) {
   return Start(pg, input, bytes, DefaultReduceScatter(pg));
 }
 
+int64_t ReduceScatterOp::ReceiveNumel(ReduceScatterAlgorithm algorithm, int64_t input_numel, int n) {
+  return algorithm == ReduceScatterAlgorithm::kNative ? input_numel / n : input_numel;
+}
+
 ReduceScatterOp ReduceScatterOp::Start(c10d::Backend& pg, const torch::Tensor& input, CommBytes* bytes,
                                        ReduceScatterAlgorithm algorithm) {
+  return Start(pg, input, bytes, algorithm,
+               torch::empty({ReceiveNumel(algorithm, input.numel(), pg.getSize())}, input.options()));
+}
+
+ReduceScatterOp ReduceScatterOp::Start(c10d::Backend& pg, const torch::Tensor& input, CommBytes* bytes,
+                                       ReduceScatterAlgorithm algorithm, const torch::Tensor& receive) {
   const int n = pg.getSize();
   TORCH_CHECK(input.is_contiguous() && input.dim() == 1, "reduce-scatter: input must be a contiguous 1-d tensor");
   TORCH_CHECK(input.numel() % n == 0, "reduce-scatter: ", input.numel(),
               " elements do not split evenly over ", n, " ranks");
+  const int64_t needed = ReceiveNumel(algorithm, input.numel(), n);
+  TORCH_CHECK(receive.is_contiguous() && receive.numel() >= needed && receive.scalar_type() == input.scalar_type() &&
+                  receive.device() == input.device(),
+              "reduce-scatter: the receive buffer must be contiguous ", input.scalar_type(), " on ", input.device(),
+              " with at least ", needed, " elements");
   ReduceScatterOp op;
   op.input_ = input;
   const bool native = algorithm == ReduceScatterAlgorithm::kNative;
-  op.received_ = torch::empty({native ? 1 : n, input.numel() / n}, input.options());
+  op.received_ = receive.reshape({-1}).narrow(0, 0, needed).view({native ? 1 : n, input.numel() / n});
   op.started_ = true;
   if (n == 1) {
     op.received_.view({-1}).copy_(input);

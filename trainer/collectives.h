@@ -1,9 +1,14 @@
-// The sharding collectives over flat buffers, with the bytes each one sends counted:
-//   all-gather into one flat buffer: the backend's _allgather_base (Gloo and NCCL in torch 2.11);
-//   reduce-scatter: the backend's _reduce_scatter_base (Gloo and NCCL), or, for a backend without
-//     one, one alltoall_base (rank r receives every rank's chunk r) and a local sum in rank order:
-//     each rank sends (n-1)/n of the buffer, the bandwidth optimum, and the result is deterministic
-//     (the same summation order on every rank and every run).
+// The sharding collectives over flat buffers, with the bytes each one sends counted, and with no
+// hidden flat temporaries: every byte received lands in a buffer the caller gave.
+//   all-gather into one flat buffer: NCCL's _allgather_base (in place); on Gloo, whose
+//     _allgather_base receives into a fresh [n, s] tensor and copies out of it, one broadcast per
+//     rank, each in place into that rank's chunk of the output (same bytes sent in all).
+//   reduce-scatter: NCCL's _reduce_scatter_base; on Gloo and other backends one alltoall_base
+//     (rank r receives every rank's chunk r, in place into the receive buffer) and a local sum in
+//     rank order: each rank sends (n-1)/n of the buffer, the bandwidth optimum, and the result is
+//     deterministic (the same summation order on every rank and every run). Gloo's own
+//     _reduce_scatter_base all-reduces a full-size copy of the input: twice the traffic and a
+//     hidden buffer as large as the input.
 // Both are asynchronous; Wait() (or Finish) completes them. On CUDA (NCCL) the wait orders the
 // caller's current stream after the collective's stream without blocking the host. The tensors
 // live on the backend's device (CommDevice). Thread-compatible.
@@ -24,7 +29,7 @@ enum class ReduceScatterAlgorithm {
   kNative,    // The backend's _reduce_scatter_base.
   kAllToAll,  // alltoall_base and a rank-ordered local sum.
 };
-// kNative for Gloo and NCCL, kAllToAll for any other backend.
+// kNative for NCCL, kAllToAll for Gloo and any other backend.
 ReduceScatterAlgorithm DefaultReduceScatter(const c10d::Backend& pg);
 
 // Bytes this rank sent, by collective (the algorithms' traffic, not counting protocol headers):
@@ -39,7 +44,7 @@ struct CommBytes {
 
 // All-gathers `shard` ([s], contiguous) of every rank into `full` ([n*s], contiguous): chunk r of
 // full is rank r's shard. `shard` may be a view of `full`. Returns the work to wait on; the
-// tensors must stay alive until then.
+// tensors must stay alive until then. Nothing is allocated but the works.
 c10::intrusive_ptr<c10d::Work> StartAllGather(c10d::Backend& pg, const torch::Tensor& shard,
                                               const torch::Tensor& full, CommBytes* bytes);
 
@@ -51,6 +56,12 @@ class ReduceScatterOp {
   static ReduceScatterOp Start(c10d::Backend& pg, const torch::Tensor& input, CommBytes* bytes);
   static ReduceScatterOp Start(c10d::Backend& pg, const torch::Tensor& input, CommBytes* bytes,
                                ReduceScatterAlgorithm algorithm);
+  // Receives into `receive` (contiguous, same dtype and device, at least ReceiveNumel elements):
+  // no allocation of its own.
+  static ReduceScatterOp Start(c10d::Backend& pg, const torch::Tensor& input, CommBytes* bytes,
+                               ReduceScatterAlgorithm algorithm, const torch::Tensor& receive);
+  // Elements of receive space Start needs for `input_numel` on `n` ranks.
+  static int64_t ReceiveNumel(ReduceScatterAlgorithm algorithm, int64_t input_numel, int n);
 
   bool active() const { return started_; }
   // Waits, then writes (or, with accumulate, adds) scale x sum of the chunks into `output` ([s]).

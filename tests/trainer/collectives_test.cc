@@ -1,5 +1,6 @@
 // The reduce-scatter and all-gather over flat buffers, on 1, 2 and 3 ranks (threads, real Gloo
-// over loopback): Gloo's native ones and the all-to-all fallback; values, byte counts, misuse.
+// over loopback): Gloo's native reduce-scatter and the all-to-all one (the default on Gloo), the
+// in-place all-gather; values, byte counts, caller-given receive buffers, misuse.
 #include "trainer/collectives.h"
 
 #include <doctest/doctest.h>
@@ -57,7 +58,8 @@ TEST_CASE("The all-to-all reduce-scatter gives what the backend's own gives") {
   for (int world : {2, 3}) {
     CAPTURE(world);
     RunRanks(world, [&](int rank, PG pg) {
-      CHECK(DefaultReduceScatter(*pg) == ReduceScatterAlgorithm::kNative);
+      // Gloo's _reduce_scatter_base all-reduces a full copy: all-to-all is the default there.
+      CHECK(DefaultReduceScatter(*pg) == ReduceScatterAlgorithm::kAllToAll);
       CHECK(CommDevice(*pg) == torch::Device(torch::kCPU));
       torch::Tensor input = RankInput(rank, world * 6);
       torch::Tensor native = torch::zeros({6}), fallback = torch::zeros({6});
@@ -71,6 +73,40 @@ TEST_CASE("The all-to-all reduce-scatter gives what the backend's own gives") {
       torch::Tensor again = torch::zeros({6});
       ReduceScatterOp::Start(*pg, input, nullptr, ReduceScatterAlgorithm::kAllToAll).Finish(again, 1.0, false);
       CHECK(torch::equal(again, fallback));
+    });
+  }
+}
+
+TEST_CASE("Receive buffers and gathers: results land in the caller's memory, nothing else changes") {
+  for (int world : {1, 2, 3}) {
+    CAPTURE(world);
+    RunRanks(world, [&](int rank, PG pg) {
+      const int64_t shard = 7;
+      torch::Tensor input = RankInput(rank, world * shard);
+      const int64_t needed = ReduceScatterOp::ReceiveNumel(ReduceScatterAlgorithm::kAllToAll, input.numel(), world);
+      CHECK(needed == world * shard);
+      CHECK(ReduceScatterOp::ReceiveNumel(ReduceScatterAlgorithm::kNative, input.numel(), world) == shard);
+      // A larger buffer: only its first `needed` elements are written.
+      torch::Tensor receive = torch::full({needed + 3}, 42.0);
+      const void* where = receive.data_ptr();
+      ReduceScatterOp op = ReduceScatterOp::Start(*pg, input, nullptr, ReduceScatterAlgorithm::kAllToAll, receive);
+      torch::Tensor out = torch::zeros({shard});
+      op.Finish(out, 1.0, false);
+      torch::Tensor expected = torch::zeros({world * shard});
+      for (int r = 0; r < world; ++r) expected += RankInput(r, world * shard);
+      CHECK(torch::equal(out, expected.narrow(0, rank * shard, shard)));
+      CHECK(receive.data_ptr() == where);
+      CHECK(torch::equal(receive.narrow(0, needed, 3), torch::full({3}, 42.0)));
+      CHECK_THROWS_WITH_AS(
+          ReduceScatterOp::Start(*pg, input, nullptr, ReduceScatterAlgorithm::kAllToAll, torch::zeros({needed - 1})),
+          doctest::Contains("at least"), c10::Error);
+
+      // A separate shard is gathered into `full` without touching anything past it.
+      torch::Tensor backing = torch::full({world * shard + 2}, -7.0);
+      torch::Tensor full = backing.narrow(0, 0, world * shard);
+      AllGather(*pg, out, full);
+      CHECK(torch::equal(full, expected));
+      CHECK(torch::equal(backing.narrow(0, world * shard, 2), torch::full({2}, -7.0)));
     });
   }
 }
