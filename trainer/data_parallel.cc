@@ -68,6 +68,8 @@ class Fsdp final : public DataParallel {
  public:
   Fsdp(std::shared_ptr<Classifier> model, c10::intrusive_ptr<c10d::Backend> pg, ShardingStrategy strategy)
       : fsdp_(std::move(model), std::move(pg), FsdpOptions{strategy}) {}
+  Fsdp(std::shared_ptr<Classifier> model, FullyShardedDataParallel::Builder built)
+      : fsdp_(std::move(model), std::move(built)) {}
 
   torch::Tensor Forward(const torch::Tensor& input) override { return fsdp_.forward(input); }
 
@@ -118,23 +120,37 @@ class Fsdp final : public DataParallel {
 
 }  // namespace
 
+namespace {
+
+std::optional<ShardingStrategy> Sharding(Strategy strategy) {
+  switch (strategy) {
+    case Strategy::kDdp: return std::nullopt;
+    case Strategy::kNoShard: return ShardingStrategy::kNoShard;
+    case Strategy::kZero1: return ShardingStrategy::kShardOptimizer;
+    case Strategy::kZero2: return ShardingStrategy::kShardGradOp;
+    case Strategy::kFsdp: break;
+  }
+  return ShardingStrategy::kFullShard;
+}
+
+}  // namespace
+
+std::unique_ptr<ChildSink> DataParallel::ShardingSink(Strategy strategy, c10::intrusive_ptr<c10d::Backend> pg,
+                                                      torch::Device device) {
+  const std::optional<ShardingStrategy> sharding = Sharding(strategy);
+  if (!sharding) return nullptr;
+  return std::make_unique<FullyShardedDataParallel::Builder>(std::move(pg), FsdpOptions{*sharding}, device);
+}
+
 std::unique_ptr<DataParallel> DataParallel::Create(Strategy strategy, std::shared_ptr<Classifier> model,
                                                    c10::intrusive_ptr<c10d::Backend> pg,
-                                                   const DdpOptions& ddp_options) {
-  switch (strategy) {
-    case Strategy::kDdp:
-      return std::unique_ptr<DataParallel>(new Ddp(std::move(model), std::move(pg), ddp_options));
-    case Strategy::kNoShard:
-      return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(pg), ShardingStrategy::kNoShard));
-    case Strategy::kZero1:
-      return std::unique_ptr<DataParallel>(
-          new Fsdp(std::move(model), std::move(pg), ShardingStrategy::kShardOptimizer));
-    case Strategy::kZero2:
-      return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(pg), ShardingStrategy::kShardGradOp));
-    case Strategy::kFsdp:
-      break;
+                                                   const DdpOptions& ddp_options, std::unique_ptr<ChildSink> sink) {
+  const std::optional<ShardingStrategy> sharding = Sharding(strategy);
+  if (!sharding) return std::unique_ptr<DataParallel>(new Ddp(std::move(model), std::move(pg), ddp_options));
+  if (auto* built = dynamic_cast<FullyShardedDataParallel::Builder*>(sink.get())) {
+    return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(*built)));
   }
-  return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(pg), ShardingStrategy::kFullShard));
+  return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(pg), *sharding));
 }
 
 }  // namespace elrun::trainer

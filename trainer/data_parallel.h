@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "trainer/checkpoint.h"
 #include "trainer/ddp.h"
+#include "trainer/fsdp.h"
 #include "trainer/memory.h"
 #include "trainer/models.h"
 #include "trainer/train_options.h"
@@ -26,10 +27,16 @@ namespace elrun::trainer {
 class DataParallel {
  public:
   // `ddp_options` apply to Strategy::kDdp. Throws c10::Error when the first collective fails.
-  static std::unique_ptr<DataParallel> Create(Strategy strategy,
-                                                              std::shared_ptr<Classifier> model,
-                                                              c10::intrusive_ptr<c10d::Backend> pg,
-                                                              const DdpOptions& ddp_options);
+  // With a `sink` from ShardingSink, the model was built through it (sharded as it was built).
+  static std::unique_ptr<DataParallel> Create(Strategy strategy, std::shared_ptr<Classifier> model,
+                                              c10::intrusive_ptr<c10d::Backend> pg, const DdpOptions& ddp_options,
+                                              std::unique_ptr<ChildSink> sink = nullptr);
+  // For the sharded strategies (no_shard, zero1, zero2, fsdp): a sink for MakeModel that shards
+  // each child as soon as it is built and moves it to `device`, so no rank ever holds the whole
+  // model (FullyShardedDataParallel::Builder); hand it to Create afterwards. nullptr for ddp.
+  // Every rank must seed alike before MakeModel (checked by Create).
+  static std::unique_ptr<ChildSink> ShardingSink(Strategy strategy, c10::intrusive_ptr<c10d::Backend> pg,
+                                                 torch::Device device);
   virtual ~DataParallel() = default;
 
   virtual torch::Tensor Forward(const torch::Tensor& input) = 0;

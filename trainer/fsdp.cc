@@ -13,9 +13,10 @@ namespace elrun::trainer {
 struct FullyShardedDataParallel::Unit {
   std::vector<torch::Tensor> params;  // The module's parameters: views of `full`.
   std::vector<int64_t> offsets;       // Of each parameter in `full`.
-  torch::Tensor full;                 // [padded]; storage released while resharded.
+  torch::Tensor full;                 // [padded]; kFullShard: lent by the pool while gathered.
   torch::Tensor shard;                // [shard_numel]: a view of `full` unless kFullShard.
-  torch::Tensor flat_grad;            // [padded]; the parameters' .grad are views of it.
+  torch::Tensor flat_grad;            // [padded]; the parameters' .grad are views of it; lent by
+                                      // the pool while needed when separate_grad.
   bool separate_shard = false;        // kFullShard: shard is not a view of full.
   bool separate_grad = false;         // kShardGradOp/kFullShard: the gradient shard has its own memory.
   bool gathered = false;              // kFullShard: full holds the current parameters.
@@ -27,6 +28,7 @@ struct FullyShardedDataParallel::Unit {
   bool grad_pending = false;  // flat_grad holds NoSync gradients not reduced yet.
   int64_t grad_version = -1;  // kShardOptimizer: the gradient shard's version after a reduction.
   ReduceScatterOp reduce_scatter;
+  BufferPool::Loan receive;  // The reduce-scatter's receive space while it is active.
   c10::intrusive_ptr<c10d::Work> all_reduce;
 };
 
@@ -36,25 +38,19 @@ int64_t Bytes(const torch::Tensor& t) { return t.numel() * t.element_size(); }
 
 c10::StorageImpl* StorageOf(const torch::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
 
-bool Allocated(const torch::Tensor& t) { return t.defined() && StorageOf(t)->nbytes() > 0; }
+bool Allocated(const torch::Tensor& t) { return BufferPool::HasMemory(t); }
 
-// Gives the storage of `t` (and of every view of it) its memory back, or takes it away. Views
-// keep their offsets, so parameters and the tensors autograd saved are valid again after Allocate.
-// The storage's own allocator serves it, so this works for CPU and CUDA (caching allocator) alike;
-// the old contents are not kept (every caller overwrites them). On CUDA a released block is
-// reused only by work ordered after what was queued on its stream, and the NCCL backend records
-// its own streams' use of the tensors it was given.
-void Allocate(const torch::Tensor& t) {
-  if (Allocated(t)) return;
-  c10::StorageImpl* storage = StorageOf(t);
-  const size_t bytes = static_cast<size_t>(Bytes(t) + t.storage_offset() * t.element_size());
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-  storage->set_nbytes(bytes);
-}
-void Release(const torch::Tensor& t) {
-  c10::StorageImpl* storage = StorageOf(t);
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
-  storage->set_nbytes(0);
+// A flat [numel] tensor whose storage has no memory yet: the pool lends it some while needed
+// (BufferPool::LendTo). Views of it can be taken at once; they are valid while it is lent.
+torch::Tensor UnbackedFlat(int64_t numel, const torch::TensorOptions& options) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, c10::GetAllocator(options.device().type()),
+                       /*resizable=*/false);
+  const c10::ScalarType dtype = options.dtype().toScalarType();
+  auto t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::computeDispatchKey(dtype, options.layout(), options.device())),
+      options.dtype());
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
+  return t;
 }
 
 }  // namespace
@@ -78,103 +74,237 @@ std::string ShardingStrategyName(ShardingStrategy strategy) {
   return "?";
 }
 
+namespace {
+
+using NamedParams = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// The trainable parameters of `child`, named "<child_name>.<parameter>", and their count.
+NamedParams ChildParams(const std::string& child_name, torch::nn::Module& child, int64_t* count) {
+  NamedParams params;
+  *count = 0;
+  for (const auto& p : child.named_parameters()) {
+    if (!p.value().requires_grad()) continue;
+    params.emplace_back(child_name + "." + p.key(), p.value());
+    *count += p.value().numel();
+  }
+  return params;
+}
+
+// FNV-1a over the bytes of `tensors` (CPU), in order: equal on every rank that built the same
+// values, whatever its thread count.
+uint64_t HashValues(const std::vector<torch::Tensor>& tensors) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& t : tensors) {
+    torch::Tensor c = t.detach().contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
+    const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+    for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+// One unit: the parameters become views of a flat buffer, and the shard is kept as the strategy
+// says. The parameters' values are copied once (into the pool's buffer for kFullShard, which is
+// then returned: only the shard stays).
+std::unique_ptr<FullyShardedDataParallel::Unit> FullyShardedDataParallel::MakeUnit(
+    BufferPool& pool, ShardingStrategy strategy, int rank, int n, const std::string& name,
+    const NamedParamList& params, FsdpUnitInfo* info_out) {
+  torch::NoGradGuard no_grad;
+  auto unit = std::make_unique<Unit>();
+  FsdpUnitInfo info;
+  info.name = name;
+  for (const auto& [param_name, p] : params) {
+    info.param_names.push_back(param_name);
+    info.shapes.push_back(p.sizes().vec());
+    unit->offsets.push_back(info.numel);
+    unit->params.push_back(p);
+    info.numel += p.numel();
+  }
+  info.padded = (info.numel + n - 1) / n * n;
+  info.shard_numel = info.padded / n;
+  const auto options = params.front().second.options().requires_grad(false);
+  // kFullShard's gathered parameters and kShardGradOp/kFullShard's unsharded gradients are lent
+  // by the pool while needed; the other strategies keep them.
+  const bool pooled_full = strategy == ShardingStrategy::kFullShard;
+  const bool pooled_grad = strategy == ShardingStrategy::kFullShard || strategy == ShardingStrategy::kShardGradOp;
+  unit->full = pooled_full ? UnbackedFlat(info.padded, options) : torch::empty({info.padded}, options);
+  unit->flat_grad = pooled_grad ? UnbackedFlat(info.padded, options) : torch::zeros({info.padded}, options);
+  // Views are checked against their storage's size when taken: take them while lent.
+  if (pooled_full) pool.LendTo(unit->full);
+  if (pooled_grad) pool.LendTo(unit->flat_grad);
+  unit->full.narrow(0, info.numel, info.padded - info.numel).zero_();  // The padding.
+  for (size_t i = 0; i < unit->params.size(); ++i) {
+    torch::Tensor& p = unit->params[i];
+    auto slot = unit->full.narrow(0, unit->offsets[i], p.numel()).view(p.sizes());
+    slot.copy_(p);
+    p.set_data(slot);
+    p.mutable_grad() = unit->flat_grad.narrow(0, unit->offsets[i], p.numel()).view(p.sizes());
+  }
+  const int64_t s = info.shard_numel;
+  switch (strategy) {
+    case ShardingStrategy::kNoShard:
+      unit->shard = unit->full;
+      unit->shard.mutable_grad() = unit->flat_grad;
+      break;
+    case ShardingStrategy::kShardOptimizer:
+      unit->shard = unit->full.narrow(0, rank * s, s);
+      // Aliases the flat gradient's memory without being an autograd view of it: optimizers'
+      // zero_grad() detach_()es gradients, which views refuse.
+      unit->shard.mutable_grad() = torch::empty({0}, options).set_(unit->flat_grad.storage(), rank * s, {s}, {1});
+      break;
+    case ShardingStrategy::kShardGradOp:
+      unit->shard = unit->full.narrow(0, rank * s, s);
+      unit->shard.mutable_grad() = torch::zeros({s}, options);
+      unit->separate_grad = true;
+      break;
+    case ShardingStrategy::kFullShard:
+      unit->shard = unit->full.narrow(0, rank * s, s).clone();
+      unit->shard.mutable_grad() = torch::zeros({s}, options);
+      unit->separate_shard = true;
+      unit->separate_grad = true;
+      pool.TakeFrom(unit->full);
+      break;
+  }
+  pool.TakeFrom(unit->flat_grad);
+  unit->gathered_version = unit->full._version();
+  unit->ready.assign(unit->params.size(), false);
+  unit->pending = unit->params.size();
+  *info_out = std::move(info);
+  return unit;
+}
+
+struct FullyShardedDataParallel::Builder::Built {
+  std::string child;
+  std::unique_ptr<Unit> unit;
+  FsdpUnitInfo info;
+  uint64_t hash = 0;
+};
+
+FullyShardedDataParallel::Builder::Builder(c10::intrusive_ptr<c10d::Backend> pg, FsdpOptions options,
+                                           torch::Device device, torch::Dtype dtype)
+    : pg_(std::move(pg)), options_(options), device_(device),
+      pool_(std::make_unique<BufferPool>(torch::TensorOptions().dtype(dtype).device(device))) {}
+
+FullyShardedDataParallel::Builder::~Builder() = default;
+FullyShardedDataParallel::Builder::Builder(Builder&&) = default;
+
+void FullyShardedDataParallel::Builder::TakeChild(const std::string& name, torch::nn::Module& child) {
+  int64_t count = 0;
+  NamedParamList params = ChildParams(name, child, &count);
+  // The wrap policy, as the constructor applies it: smaller children stay whole, for the root unit.
+  if (params.empty() || count < options_.min_unit_params) return;
+  std::vector<torch::Tensor> values;
+  for (const auto& p : params) values.push_back(p.second);
+  auto built = std::make_unique<Built>();
+  built->child = name;
+  built->hash = HashValues(values);
+  child.to(device_);  // One child's parameters at a time on the device.
+  params = ChildParams(name, child, &count);
+  const int n = options_.strategy == ShardingStrategy::kNoShard ? 1 : pg_->getSize();
+  built->unit = MakeUnit(*pool_, options_.strategy, pg_->getRank(), n, name, params, &built->info);
+  built_.push_back(std::move(built));
+}
+
 FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> module,
                                                    c10::intrusive_ptr<c10d::Backend> pg,
                                                    FsdpOptions options)
-    : module_(std::move(module)), pg_(std::move(pg)), options_(options), rank_(pg_->getRank()),
+    : FullyShardedDataParallel(std::move(module), Builder(std::move(pg), options, torch::kCPU, torch::kFloat),
+                               /*broadcast_all=*/true) {}
+
+FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> module, Builder built)
+    : FullyShardedDataParallel(std::move(module), std::move(built), /*broadcast_all=*/false) {}
+
+FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> module, Builder built,
+                                                   bool broadcast_all)
+    : module_(std::move(module)), pg_(built.pg_), options_(built.options_), rank_(pg_->getRank()),
       world_(pg_->getSize()) {
   const ShardingStrategy strategy = options_.strategy;
   shards_per_unit_ = strategy == ShardingStrategy::kNoShard ? 1 : world_;
+  std::map<std::string, Builder::Built*> built_children;
+  for (auto& b : built.built_) built_children[b->child] = b.get();
+
+  // Units built as the model was constructed hold values every rank drew from the same seed:
+  // check that with one small all-reduce instead of broadcasting them.
+  if (!built.built_.empty() && world_ > 1) {
+    const int64_t count = static_cast<int64_t>(built.built_.size());
+    torch::Tensor bounds = torch::empty({2 * count}, torch::kInt64);
+    for (int64_t u = 0; u < count; ++u) {
+      const int64_t h = static_cast<int64_t>(built.built_[u]->hash & 0x3fffffffffffffffull);
+      bounds[u] = h;
+      bounds[count + u] = -h;
+    }
+    bounds = bounds.to(CommDevice(*pg_));
+    std::vector<torch::Tensor> one{bounds};
+    c10d::AllreduceOptions max;
+    max.reduceOp = c10d::ReduceOp::MAX;
+    pg_->allreduce(one, max)->wait();
+    bounds = bounds.cpu();
+    for (int64_t u = 0; u < count; ++u) {
+      const int64_t h = static_cast<int64_t>(built.built_[u]->hash & 0x3fffffffffffffffull);
+      TORCH_CHECK(bounds[u].item<int64_t>() == h && bounds[count + u].item<int64_t>() == -h,
+                  "FullyShardedDataParallel: the ranks initialised different values for '", built.built_[u]->child,
+                  "' (every rank must seed its generator alike before building the model)");
+    }
+  }
   {
     std::vector<torch::Tensor> state;
-    for (const auto& p : module_->parameters()) state.push_back(p);
+    for (const auto& child : module_->named_children()) {
+      if (built_children.count(child.key())) continue;
+      for (const auto& p : child.value()->parameters()) state.push_back(p);
+    }
+    for (const auto& p : module_->parameters(/*recurse=*/false)) state.push_back(p);
     for (const auto& b : module_->buffers()) state.push_back(b);
-    BroadcastFromRank0(*pg_, state, &bytes_);
+    if (broadcast_all || !state.empty()) BroadcastFromRank0(*pg_, state, &bytes_);
   }
 
   // Wrap policy: children with enough parameters are units; the rest is the root unit.
-  std::vector<std::pair<std::string, std::vector<std::pair<std::string, torch::Tensor>>>> groups;
+  std::vector<std::pair<std::string, NamedParamList>> groups;
   std::set<const void*> claimed;
   for (const auto& child : module_->named_children()) {
-    std::vector<std::pair<std::string, torch::Tensor>> params;
-    int64_t count = 0;
-    for (const auto& p : child.value()->named_parameters()) {
-      if (!p.value().requires_grad()) continue;
-      params.emplace_back(child.key() + "." + p.key(), p.value());
-      count += p.value().numel();
+    if (built_children.count(child.key())) {
+      for (const auto& p : child.value()->parameters()) claimed.insert(p.unsafeGetTensorImpl());
+      groups.emplace_back(child.key(), NamedParamList{});
+      continue;
     }
+    int64_t count = 0;
+    NamedParamList params = ChildParams(child.key(), *child.value(), &count);
     if (params.empty() || count < options_.min_unit_params) continue;
     for (const auto& p : params) claimed.insert(p.second.unsafeGetTensorImpl());
-    unit_of_child_[child.key()] = groups.size();
     groups.emplace_back(child.key(), std::move(params));
   }
-  std::vector<std::pair<std::string, torch::Tensor>> rest;
+  NamedParamList rest;
   for (const auto& p : module_->named_parameters()) {
     if (p.value().requires_grad() && !claimed.count(p.value().unsafeGetTensorImpl())) {
       rest.emplace_back(p.key(), p.value());
     }
   }
-  if (!rest.empty()) {
-    root_ = static_cast<int>(groups.size());
-    groups.emplace_back("", std::move(rest));
-  }
+  if (!rest.empty()) groups.emplace_back("", std::move(rest));
+  TORCH_CHECK(!groups.empty(), "FullyShardedDataParallel: the module has no trainable parameters");
 
-  torch::NoGradGuard no_grad;
-  const int n = shards_per_unit_;
+  if (built.built_.empty()) {
+    // Not built by the builder: the pool lends what the module's parameters are.
+    const auto first = groups.front().second.front().second.options();
+    pool_ = std::make_unique<BufferPool>(torch::TensorOptions().dtype(first.dtype()).device(first.device()));
+  } else {
+    pool_ = std::move(built.pool_);
+  }
   for (auto& [name, params] : groups) {
-    auto unit = std::make_unique<Unit>();
+    std::unique_ptr<Unit> unit;
     FsdpUnitInfo info;
-    info.name = name;
-    for (const auto& [param_name, p] : params) {
-      info.param_names.push_back(param_name);
-      info.shapes.push_back(p.sizes().vec());
-      unit->offsets.push_back(info.numel);
-      unit->params.push_back(p);
-      info.numel += p.numel();
+    auto b = built_children.find(name);
+    if (b != built_children.end()) {
+      unit = std::move(b->second->unit);
+      info = std::move(b->second->info);
+    } else {
+      unit = MakeUnit(*pool_, strategy, rank_, shards_per_unit_, name, params, &info);
     }
-    info.padded = (info.numel + n - 1) / n * n;
-    info.shard_numel = info.padded / n;
-    const auto options = params.front().second.options().requires_grad(false);
-    unit->full = torch::zeros({info.padded}, options);
-    unit->flat_grad = torch::zeros({info.padded}, options);
-    for (size_t i = 0; i < unit->params.size(); ++i) {
-      torch::Tensor& p = unit->params[i];
-      auto slot = unit->full.narrow(0, unit->offsets[i], p.numel()).view(p.sizes());
-      slot.copy_(p);
-      p.set_data(slot);
-      p.mutable_grad() = unit->flat_grad.narrow(0, unit->offsets[i], p.numel()).view(p.sizes());
+    if (name.empty()) {
+      root_ = static_cast<int>(units_.size());
+    } else {
+      unit_of_child_[name] = units_.size();
     }
-    const int64_t s = info.shard_numel;
-    switch (strategy) {
-      case ShardingStrategy::kNoShard:
-        unit->shard = unit->full;
-        unit->shard.mutable_grad() = unit->flat_grad;
-        break;
-      case ShardingStrategy::kShardOptimizer:
-        unit->shard = unit->full.narrow(0, rank_ * s, s);
-        // Aliases the flat gradient's memory without being an autograd view of it: optimizers'
-        // zero_grad() detach_()es gradients, which views refuse.
-        unit->shard.mutable_grad() =
-            torch::empty({0}, options).set_(unit->flat_grad.storage(), rank_ * s, {s}, {1});
-        break;
-      case ShardingStrategy::kShardGradOp:
-        unit->shard = unit->full.narrow(0, rank_ * s, s);
-        unit->shard.mutable_grad() = torch::zeros({s}, options);
-        unit->separate_grad = true;
-        Release(unit->flat_grad);
-        break;
-      case ShardingStrategy::kFullShard:
-        unit->shard = unit->full.narrow(0, rank_ * s, s).clone();
-        unit->shard.mutable_grad() = torch::zeros({s}, options);
-        unit->separate_shard = true;
-        unit->separate_grad = true;
-        Release(unit->flat_grad);
-        Release(unit->full);
-        break;
-    }
-    unit->gathered_version = unit->full._version();
-    unit->ready.assign(unit->params.size(), false);
-    unit->pending = unit->params.size();
     shards_.push_back(unit->shard);
     infos_.push_back(std::move(info));
     units_.push_back(std::move(unit));
@@ -201,7 +331,11 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   for (auto& unit : units_) {
     if (unit->gather_work) unit->gather_work->wait();
     if (unit->reduce_scatter.active()) unit->reduce_scatter.Finish(unit->shard.grad(), 1.0, true);
+    if (unit->receive.index >= 0) pool_->Return(unit->receive);
     if (unit->all_reduce) unit->all_reduce->wait();
+    // The module outlives this wrapper: leave no parameter pointing into the pool's memory.
+    pool_->TakeFrom(unit->full);
+    pool_->TakeFrom(unit->flat_grad);
   }
 }
 
@@ -214,9 +348,19 @@ FsdpMemory FullyShardedDataParallel::memory() const {
     if (Allocated(unit->flat_grad)) m.grads += Bytes(unit->flat_grad);
     if (unit->separate_shard) m.params += Bytes(unit->shard);
     if (unit->separate_grad && unit->shard.grad().defined()) m.grads += Bytes(unit->shard.grad());
-    if (unit->reduce_scatter.active()) m.working += Bytes(unit->flat_grad);
+    if (unit->reduce_scatter.active()) {
+      m.working += ReduceScatterOp::ReceiveNumel(DefaultReduceScatter(*pg_), unit->flat_grad.numel(), world_) *
+                   unit->flat_grad.element_size();
+    }
+    if (unit->separate_shard) m.held += Bytes(unit->shard);
+    if (unit->separate_grad && unit->shard.grad().defined()) m.held += Bytes(unit->shard.grad());
+    if (options_.strategy != ShardingStrategy::kFullShard) m.held += Bytes(unit->full);
+    if (!unit->separate_grad) m.held += Bytes(unit->flat_grad);
   }
-  m.peak = std::max(peak_, m.params + m.grads + m.working);
+  m.pooled = pool_ ? pool_->bytes() : 0;
+  m.pool_peak_lent = pool_ ? pool_->peak_lent_bytes() : 0;
+  m.held += m.pooled;
+  m.peak = std::max(peak_, std::max(m.params + m.grads + m.working, m.held));
   return m;
 }
 
@@ -238,7 +382,7 @@ void FullyShardedDataParallel::Prefetch(Unit& unit) {
       break;
     case ShardingStrategy::kFullShard:
       if (unit.gathered) return;
-      Allocate(unit.full);
+      pool_->LendTo(unit.full);
       break;
   }
   unit.gather_work = StartAllGather(*pg_, unit.shard, unit.full, &bytes_);
@@ -262,7 +406,7 @@ void FullyShardedDataParallel::Reshard(Unit& unit) {
     unit.gather_work->wait();
     unit.gather_work.reset();
   }
-  Release(unit.full);
+  pool_->TakeFrom(unit.full);
   unit.gathered = false;
 }
 
@@ -346,7 +490,7 @@ void FullyShardedDataParallel::PreBackward(size_t u) {
   }
   Gather(unit);
   if (!Allocated(unit.flat_grad)) {
-    Allocate(unit.flat_grad);
+    pool_->LendTo(unit.flat_grad);
     unit.flat_grad.zero_();
   }
   UpdatePeak();
@@ -374,7 +518,7 @@ void FullyShardedDataParallel::Reduce(size_t u) {
   if (!unit.grad_pending) EnsureGradShard(unit);
   FinishReductions(0);  // At most one reduction in flight: bounds the unsharded gradients held.
   if (!Allocated(unit.flat_grad)) {  // Not part of this backward: reduces zeros.
-    Allocate(unit.flat_grad);
+    pool_->LendTo(unit.flat_grad);
     unit.flat_grad.zero_();
   }
   if (options_.strategy == ShardingStrategy::kNoShard) {
@@ -382,7 +526,12 @@ void FullyShardedDataParallel::Reduce(size_t u) {
     unit.all_reduce = pg_->allreduce(tensors);
     if (world_ > 1) bytes_.all_reduce += 2 * Bytes(unit.flat_grad) / world_ * (world_ - 1);
   } else {
-    unit.reduce_scatter = ReduceScatterOp::Start(*pg_, unit.flat_grad, &bytes_);
+    const ReduceScatterAlgorithm algorithm = DefaultReduceScatter(*pg_);
+    const int64_t numel = ReduceScatterOp::ReceiveNumel(algorithm, unit.flat_grad.numel(), world_);
+    unit.receive = pool_->Lend(numel);
+    unit.reduce_scatter = ReduceScatterOp::Start(
+        *pg_, unit.flat_grad, &bytes_, algorithm,
+        torch::from_blob(unit.receive.data, {numel}, unit.flat_grad.options()));
   }
   in_flight_.push_back(u);
   UpdatePeak();
@@ -402,6 +551,8 @@ void FullyShardedDataParallel::FinishReductions(size_t keep) {
         break;
       case ShardingStrategy::kShardOptimizer: {
         unit.reduce_scatter.Finish(unit.shard.grad(), scale, false);
+        pool_->Return(unit.receive);
+        unit.receive = {};
         const int64_t s = unit.shard.numel();
         unit.flat_grad.narrow(0, 0, rank_ * s).zero_();  // Other ranks' shards: reduced there.
         unit.flat_grad.narrow(0, (rank_ + 1) * s, unit.flat_grad.numel() - (rank_ + 1) * s).zero_();
@@ -411,7 +562,9 @@ void FullyShardedDataParallel::FinishReductions(size_t keep) {
       case ShardingStrategy::kShardGradOp:
       case ShardingStrategy::kFullShard:
         unit.reduce_scatter.Finish(unit.shard.grad(), scale, true);
-        Release(unit.flat_grad);
+        pool_->Return(unit.receive);
+        unit.receive = {};
+        pool_->TakeFrom(unit.flat_grad);
         break;
     }
     unit.grad_pending = false;

@@ -41,6 +41,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "absl/status/statusor.h"
+#include "trainer/buffer_pool.h"
 #include "trainer/collectives.h"
 #include "trainer/models.h"
 
@@ -72,14 +73,46 @@ struct FsdpMemory {
   int64_t params = 0;   // Gathered full units and separately held shards.
   int64_t grads = 0;    // Unsharded gradient buffers and separately held gradient shards.
   int64_t working = 0;  // Receive buffers of reduce-scatters in flight.
-  int64_t peak = 0;     // Highest params + grads + working since construction or ResetPeak.
+  int64_t pooled = 0;   // What the buffer pool holds, lent or not (buffer_pool.h).
+  int64_t pool_peak_lent = 0;  // The most the pool had lent at one time.
+  int64_t held = 0;     // All this memory that is resident: shards, kept buffers and the pool.
+  // Highest of params + grads + working and of held since construction or ResetPeak.
+  int64_t peak = 0;
 };
 
 class FullyShardedDataParallel : private ChildForwardHooks {
  public:
+  // Builds the units while the model is constructed, so no rank ever holds the whole model: pass
+  // it as MakeModel's ChildSink, then the model and the builder to the constructor. Each child
+  // that the wrap policy makes a unit is moved to `device` and flattened as soon as it exists;
+  // for kFullShard only its shard stays. Every rank must seed its generator alike before
+  // MakeModel (the constructor checks a hash of each unit's initial values across ranks instead of
+  // broadcasting them). Parameters and buffers of other children, the root's and the buffers
+  // are still broadcast from rank 0. One dtype for every parameter (`dtype`).
+  class Builder final : public ChildSink {
+   public:
+    Builder(c10::intrusive_ptr<c10d::Backend> pg, FsdpOptions options, torch::Device device,
+            torch::Dtype dtype = torch::kFloat);
+    ~Builder() override;
+    Builder(Builder&&);
+    void TakeChild(const std::string& name, torch::nn::Module& child) override;
+
+   private:
+    friend class FullyShardedDataParallel;
+    struct Built;
+    c10::intrusive_ptr<c10d::Backend> pg_;
+    FsdpOptions options_;
+    torch::Device device_;
+    std::unique_ptr<BufferPool> pool_;
+    std::vector<std::unique_ptr<Built>> built_;
+  };
+
   // Broadcasts rank 0's parameters and buffers, then shards. Throws c10::Error on failure.
   FullyShardedDataParallel(std::shared_ptr<Classifier> module, c10::intrusive_ptr<c10d::Backend> pg,
                            FsdpOptions options = {});
+  // `module` was built through `built` (Builder). Throws c10::Error on failure, also when the
+  // ranks' initial values differ.
+  FullyShardedDataParallel(std::shared_ptr<Classifier> module, Builder built);
   ~FullyShardedDataParallel() override;
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
@@ -120,6 +153,11 @@ class FullyShardedDataParallel : private ChildForwardHooks {
 
  private:
   struct Unit;
+  using NamedParamList = std::vector<std::pair<std::string, torch::Tensor>>;
+  FullyShardedDataParallel(std::shared_ptr<Classifier> module, Builder built, bool broadcast_all);
+  static std::unique_ptr<Unit> MakeUnit(BufferPool& pool, ShardingStrategy strategy, int rank, int n,
+                                        const std::string& name, const NamedParamList& params,
+                                        FsdpUnitInfo* info);
   void BeforeChild(const std::string& name) override;
   torch::Tensor AfterChild(const std::string& name, torch::Tensor output) override;
   void Gather(Unit& unit);
@@ -141,6 +179,7 @@ class FullyShardedDataParallel : private ChildForwardHooks {
   const int rank_;
   const int world_;
   int shards_per_unit_ = 1;
+  std::unique_ptr<BufferPool> pool_;  // Declared before units_: outlives their loans.
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<FsdpUnitInfo> infos_;
   std::vector<torch::Tensor> shards_;

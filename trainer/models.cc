@@ -17,14 +17,23 @@ torch::nn::Module& Child(torch::nn::Module& parent, const std::string& name) {
 
 }  // namespace
 
-FashionNetImpl::FashionNetImpl(LinearKernel linear) : linear_(linear) {
+FashionNetImpl::FashionNetImpl(LinearKernel linear, ChildSink* sink) : linear_(linear) {
   namespace nn = torch::nn;
+  auto built = [&](const std::string& name) {
+    if (sink != nullptr) sink->TakeChild(name, Child(*this, name));
+  };
   conv1_ = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)));
+  built("conv1");
   register_module("bn1", nn::BatchNorm2d(32));
+  built("bn1");
   conv2_ = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)));
+  built("conv2");
   register_module("bn2", nn::BatchNorm2d(64));
+  built("bn2");
   fc1_ = register_module("fc1", nn::Linear(64 * 7 * 7, 128));
+  built("fc1");
   fc2_ = register_module("fc2", nn::Linear(128, 10));
+  built("fc2");
 }
 
 torch::Tensor FashionNetImpl::forward(const torch::Tensor& images) {
@@ -39,11 +48,13 @@ torch::Tensor FashionNetImpl::forward(const torch::Tensor& images) {
   return CallChild("fc2", [&] { return Linear(x, fc2_->weight, fc2_->bias, linear_); });  // [B, 10]
 }
 
-MlpImpl::MlpImpl(const MlpOptions& options) : linear_(options.linear) {
+MlpImpl::MlpImpl(const MlpOptions& options, ChildSink* sink) : linear_(options.linear) {
   int64_t width = options.inputs;
   for (size_t i = 0; i <= options.hidden.size(); ++i) {
     const int64_t out = i < options.hidden.size() ? options.hidden[i] : options.classes;
-    layers_.push_back(register_module("fc" + std::to_string(i), torch::nn::Linear(width, out)));
+    const std::string name = "fc" + std::to_string(i);
+    layers_.push_back(register_module(name, torch::nn::Linear(width, out)));
+    if (sink != nullptr) sink->TakeChild(name, *layers_.back());
     width = out;
   }
 }
@@ -58,8 +69,8 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& images) {
 }
 
 absl::StatusOr<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const MlpOptions& mlp,
-                                                      LinearKernel linear) {
-  if (name == "fashionnet") return std::shared_ptr<Classifier>(FashionNet(linear).ptr());
+                                                      LinearKernel linear, ChildSink* sink) {
+  if (name == "fashionnet") return std::shared_ptr<Classifier>(FashionNet(linear, sink).ptr());
   if (name == "mlp") {
     if (mlp.inputs < 1) {
       return absl::InvalidArgumentError(absl::StrFormat("mlp: %d inputs, need at least 1", mlp.inputs));
@@ -75,7 +86,7 @@ absl::StatusOr<std::shared_ptr<Classifier>> MakeModel(const std::string& name, c
     }
     MlpOptions options = mlp;
     options.linear = linear;
-    return std::shared_ptr<Classifier>(Mlp(options).ptr());
+    return std::shared_ptr<Classifier>(Mlp(options, sink).ptr());
   }
   return absl::InvalidArgumentError(
       absl::StrFormat("unknown model '%s': expected fashionnet or mlp", name));

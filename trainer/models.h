@@ -31,6 +31,16 @@ class ChildForwardHooks {
   virtual torch::Tensor AfterChild(const std::string& name, torch::Tensor output) = 0;
 };
 
+// Takes each child of a model right after the model's constructor built and initialised it, in
+// registration order, before the next child exists: a sharding wrapper (FullyShardedDataParallel
+// ::Builder, fsdp.h) keeps only its shard, so no rank ever holds the whole model. The values are
+// those the same seed gives without a sink (the sink draws no random numbers).
+class ChildSink {
+ public:
+  virtual ~ChildSink() = default;
+  virtual void TakeChild(const std::string& name, torch::nn::Module& child) = 0;
+};
+
 // A module mapping a batch of images [B, ...] to class logits [B, classes]. Every child with
 // parameters is run through CallChild under its registered name.
 class Classifier : public torch::nn::Module {
@@ -58,7 +68,7 @@ class Classifier : public torch::nn::Module {
 // in the registry at every forward, so ConvertSyncBatchNorm (sync_batch_norm.h) takes effect.
 class FashionNetImpl : public Classifier {
  public:
-  explicit FashionNetImpl(LinearKernel linear = LinearKernel::kOneDnn);
+  explicit FashionNetImpl(LinearKernel linear = LinearKernel::kOneDnn, ChildSink* sink = nullptr);
   torch::Tensor forward(const torch::Tensor& images) override;
 
  private:
@@ -79,7 +89,7 @@ struct MlpOptions {
 // Sizes must be positive (MakeModel checks; the constructor does not).
 class MlpImpl : public Classifier {
  public:
-  explicit MlpImpl(const MlpOptions& options = {});
+  explicit MlpImpl(const MlpOptions& options = {}, ChildSink* sink = nullptr);
   torch::Tensor forward(const torch::Tensor& images) override;
 
  private:
@@ -92,9 +102,11 @@ TORCH_MODULE(Mlp);
 // torch::manual_seed for reproducible weights). InvalidArgument naming the choices for another
 // name, or naming the size for non-positive MLP sizes. The result converts to
 // std::shared_ptr<torch::nn::Module> for DistributedDataParallel.
-// `linear` applies to both models (for the MLP it overrides mlp.linear).
+// `linear` applies to both models (for the MLP it overrides mlp.linear). With a `sink`, each
+// child goes to it as soon as it is built (ChildSink).
 [[nodiscard]] absl::StatusOr<std::shared_ptr<Classifier>> MakeModel(
-    const std::string& name, const MlpOptions& mlp = {}, LinearKernel linear = LinearKernel::kOneDnn);
+    const std::string& name, const MlpOptions& mlp = {}, LinearKernel linear = LinearKernel::kOneDnn,
+    ChildSink* sink = nullptr);
 
 }  // namespace elrun::trainer
 

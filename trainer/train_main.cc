@@ -309,7 +309,12 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   // auto is ATen's Linear on both devices since torch 2.11: its CPU build's Linear (MKL) beat the
   // oneDNN 1x1-convolution route in train_bench (README), which Debian's reference BLAS needed.
   job->linear = o.linear == LinearChoice::kOneDnn ? LinearKernel::kOneDnn : LinearKernel::kAten;
-  auto model = MakeModel(o.model == ModelChoice::kMlp ? "mlp" : "fashionnet", mlp, job->linear);
+  // The sharded strategies shard each layer as the model is built: no rank ever holds the whole
+  // model (SyncBatchNorm swaps modules after construction, and a CUDA graph captures the wrapper's
+  // construction: those build it whole first, as ddp does).
+  std::unique_ptr<ChildSink> sink;
+  if (!o.sync_bn && !o.cuda_graph) sink = DataParallel::ShardingSink(o.strategy, job->dist.pg, job->device);
+  auto model = MakeModel(o.model == ModelChoice::kMlp ? "mlp" : "fashionnet", mlp, job->linear, sink.get());
   if (!model.ok()) return model.status();
   job->model = std::move(*model);
   job->model->to(job->device);
@@ -321,7 +326,8 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   // until measured otherwise.
   job->channels_last = o.memory_format == MemoryFormatChoice::kChannelsLast ||
                        (o.memory_format == MemoryFormatChoice::kAuto && !job->placement.cuda);
-  if (job->channels_last) {
+  // Sharded weights are views of flat buffers (contiguous): nothing to convert.
+  if (job->channels_last && sink == nullptr) {
     for (auto& p : job->model->parameters()) {
       if (p.dim() == 4) {
         p.set_data(p.data().to(p.options(), /*non_blocking=*/false, /*copy=*/true, torch::MemoryFormat::ChannelsLast));
@@ -339,7 +345,7 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
     job->graph = std::make_unique<CudaGraphStep>(job->device, o.batch_size);
     job->graph->OnStream([&] { job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options); });
   } else {
-    job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options);
+    job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options, std::move(sink));
   }
   job->optimizer = MakeOptimizer(o, job->dp->OptimizerParameters());
   job->metrics = std::make_unique<Metrics>(job->rank() == 0 ? o.metrics_file : "");
@@ -377,7 +383,9 @@ double TrainStep(Job& job, const std::vector<int64_t>& batch, double lr) {
   torch::Tensor images = Rows(job.train.images, batch, job.device);
   torch::Tensor labels = Rows(job.train.labels, batch, job.device);
   const int64_t micro = images.size(0) / o.accum_steps;
-  job.optimizer->zero_grad();
+  // The sharded strategies' gradient shards are zeroed in place, not freed and allocated again
+  // at every step: the same memory all along, nothing for the heap to fragment.
+  job.optimizer->zero_grad(/*set_to_none=*/o.strategy == Strategy::kDdp);
   torch::Tensor loss_sum;  // Of the micro-batches' losses, each already divided by their count.
   for (int m = 0; m < o.accum_steps; ++m) {
     const int64_t size = m + 1 < o.accum_steps ? micro : images.size(0) - m * micro;
@@ -576,14 +584,18 @@ int main(int argc, char** argv) {
   // Every step frees and reallocates the same tensors. With glibc's adaptive mmap threshold a
   // rank could keep mmap/munmap-ing them: measured, one rank took ~36,000 page faults/s and
   // the job ran at half speed (520 instead of 1144 samples/s). Keep them in the heap.
-  ::mallopt(M_MMAP_THRESHOLD, 256 << 20);
-  ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // glibc's own tunables in the environment (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_,
+  // MALLOC_ARENA_MAX) win over these defaults.
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) ::mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  if (std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr) ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
   // The sharded strategies all-gather whole layers; Gloo receives each into a fresh layer-sized
   // buffer on its own threads, whose arenas cap heaps at 64 MiB, so every receive was new kernel
   // memory (measured ~100,000 page faults per rank per step for a 53.6M-parameter MLP). One
   // arena keeps those buffers in the main heap: fsdp's step went from 10.6 s to 7.0 s there.
   // ddp is left alone: one arena made FashionNet's DDP ~6% slower (1520 -> 1420 samples/s).
-  if (o.strategy != elrun::trainer::Strategy::kDdp) ::mallopt(M_ARENA_MAX, 1);
+  if (o.strategy != elrun::trainer::Strategy::kDdp && std::getenv("MALLOC_ARENA_MAX") == nullptr) {
+    ::mallopt(M_ARENA_MAX, 1);
+  }
   try {
     return elrun::trainer::Train(o);
   } catch (const c10::Error& error) {

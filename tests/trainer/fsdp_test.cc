@@ -22,12 +22,13 @@ namespace {
 constexpr int kSteps = 20;
 constexpr int64_t kPerRank = 6;
 
-std::shared_ptr<Classifier> Model(const std::string& name, const MlpOptions& mlp, int seed) {
+std::shared_ptr<Classifier> Model(const std::string& name, const MlpOptions& mlp, int seed,
+                                  ChildSink* sink = nullptr) {
   // The default generator is global and the ranks are threads: seed and initialise atomically.
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
   torch::manual_seed(seed);
-  return *MakeModel(name, mlp);
+  return *MakeModel(name, mlp, LinearKernel::kOneDnn, sink);
 }
 
 const MlpOptions kMlp{12, {10, 7}, 3};  // Units of 130, 77 and 24 elements.
@@ -58,6 +59,7 @@ struct Config {
   bool prefetch = true;
   int steps = kSteps;
   double clip = 0;  // --clip-grad-norm; 0: off.
+  bool built = false;  // Sharded as constructed (FullyShardedDataParallel::Builder), all ranks seed 5.
 };
 
 struct Result {
@@ -99,7 +101,13 @@ Result Train(const Config& c, const std::string& strategy) {
       options.strategy = *ParseShardingStrategy(strategy);
       options.min_unit_params = c.min_unit_params;
       options.prefetch = c.prefetch;
-      fsdp = std::make_unique<FullyShardedDataParallel>(model, pg, options);
+      if (c.built) {
+        FullyShardedDataParallel::Builder builder(pg, options, torch::kCPU);
+        model = Model(c.model, kMlp, 5, &builder);
+        fsdp = std::make_unique<FullyShardedDataParallel>(model, std::move(builder));
+      } else {
+        fsdp = std::make_unique<FullyShardedDataParallel>(model, pg, options);
+      }
       optimizer = MakeOptimizer(c.optimizer, fsdp->parameters());
     }
     auto forward = [&](const torch::Tensor& x) { return fsdp ? fsdp->forward(x) : model->forward(x); };
@@ -180,6 +188,87 @@ TEST_CASE("Every strategy matches DDP on 2 and 3 ranks over 20 steps (Adam, SGD 
       }
     }
   }
+}
+
+TEST_CASE("Sharded as constructed: every strategy matches DDP (the same values as a broadcast)") {
+  for (int world : {2, 3}) {
+    Config c;
+    c.world = world;
+    Result reference = Train(c, "ddp_reference");
+    c.built = true;
+    for (const auto& strategy : kStrategies) {
+      CAPTURE(world);
+      CAPTURE(strategy);
+      CheckSame(Train(c, strategy), reference);
+    }
+  }
+  Config c;
+  c.model = "fashionnet";
+  c.steps = 3;
+  c.optimizer = "sgd";
+  Result reference = Train(c, "ddp_reference");
+  c.built = true;
+  CheckSame(Train(c, "fsdp"), reference);
+}
+
+// Forwards to the builder and checks, child by child, what stays materialised.
+class CheckingSink final : public ChildSink {
+ public:
+  explicit CheckingSink(FullyShardedDataParallel::Builder& builder) : builder_(builder) {}
+  void TakeChild(const std::string& name, torch::nn::Module& child) override {
+    int64_t before = 0;  // Bytes of parameter memory of the children taken before this one.
+    for (const auto& p : taken_) before += p.storage().nbytes();
+    max_before_ = std::max(max_before_, before);
+    builder_.TakeChild(name, child);
+    for (const auto& p : child.parameters()) taken_.push_back(p);
+  }
+  int64_t max_before() const { return max_before_; }
+  int64_t now() const {
+    int64_t bytes = 0;
+    for (const auto& p : taken_) bytes += p.storage().nbytes();
+    return bytes;
+  }
+
+ private:
+  FullyShardedDataParallel::Builder& builder_;
+  std::vector<torch::Tensor> taken_;
+  int64_t max_before_ = 0;
+};
+
+TEST_CASE("fsdp as constructed: no layer is kept whole once the next exists; seeds are checked") {
+  const MlpOptions big{64, {128, 128, 128}, 10};
+  RunRanks(2, [&](int rank, PG pg) {
+    FsdpOptions options;  // kFullShard.
+    FullyShardedDataParallel::Builder builder(pg, options, torch::kCPU);
+    CheckingSink checking(builder);
+    auto model = Model("mlp", big, 21, &checking);
+    // Every layer's own memory was gone when the next was built: only shards stay.
+    CHECK(checking.max_before() == 0);
+    CHECK(checking.now() == 0);
+    FullyShardedDataParallel fsdp(model, std::move(builder));
+    int64_t shard_bytes = 0;
+    for (const auto& shard : fsdp.parameters()) shard_bytes += shard.numel() * 4;
+    const int64_t P = 64 * 128 + 128 + 2 * (128 * 128 + 128) + 128 * 10 + 10;
+    CHECK(shard_bytes <= (P + 4 * 2) * 4 / 2);  // Half the model, up to each unit's padding.
+    torch::NoGradGuard no_grad;
+    auto twin = Model("mlp", big, 21);
+    torch::Tensor x = torch::ones({3, 64});
+    CHECK(torch::equal(fsdp.forward(x), twin->forward(x)));
+    (void)rank;
+  });
+
+  // Ranks that drew different values: every rank gets the same one-line error, none hangs.
+  std::vector<std::string> errors(2);
+  RunRanks(2, [&](int rank, PG pg) {
+    FullyShardedDataParallel::Builder builder(pg, FsdpOptions{}, torch::kCPU);
+    auto model = Model("mlp", big, rank == 0 ? 21 : 22, &builder);
+    try {
+      FullyShardedDataParallel fsdp(model, std::move(builder));
+    } catch (const c10::Error& e) {
+      errors[rank] = e.what_without_backtrace();
+    }
+  });
+  for (const auto& error : errors) CHECK(error.find("initialised different values for 'fc0'") != std::string::npos);
 }
 
 TEST_CASE("Clipping by the global norm: every strategy clips exactly as DDP does") {
@@ -314,6 +403,7 @@ TEST_CASE("Memory accounting matches the ZeRO formulas for Adam within 5%") {
       for (int r = 0; r < world; ++r) models.push_back(Model("mlp", big, 11));
       std::vector<MemoryReport> reports(world);
       std::vector<CommBytes> bytes(world);
+      std::vector<int64_t> pool_peak_lent(world);
       torch::Tensor x = torch::randn({4, 256}, gen);
       RunRanks(world, [&](int rank, PG pg) {
         FsdpOptions options;
@@ -327,6 +417,7 @@ TEST_CASE("Memory accounting matches the ZeRO formulas for Adam within 5%") {
         }
         FsdpMemory m = fsdp.memory();
         reports[rank] = {m.params, m.grads, OptimizerStateBytes(adam), m.working, m.peak, PeakRssBytes()};
+        pool_peak_lent[rank] = m.pool_peak_lent;
         bytes[rank] = fsdp.comm_bytes();
       });
       const double expected = ExpectedAdamStateBytes(strategy, P, world);
@@ -340,6 +431,10 @@ TEST_CASE("Memory accounting matches the ZeRO formulas for Adam within 5%") {
       // gradients (the largest unit has 65,792 elements).
       const int64_t largest_unit_bytes = 4 * 65792;
       CHECK(reports[0].peak - (reports[0].params + reports[0].grads) <= 6 * largest_unit_bytes);
+      // The pool lends at most two units' parameters, two units' gradients and one receive buffer
+      // (a unit's size under all-to-all) at a time.
+      const int64_t largest_padded_bytes = 4 * ((65792 + world - 1) / world * world);
+      if (strategy == "fsdp") CHECK(pool_peak_lent[0] <= 5 * largest_padded_bytes);
       if (strategy == "fsdp") {
         // Per step: all-gather in forward and backward, one reduce-scatter: (n-1)/n of 4P each.
         const double per_step = 3.0 * 4 * P * (world - 1) / world;
