@@ -33,7 +33,7 @@ absl::StatusOr<E> Pick(const std::string& flag, const std::string& text, const C
 struct RawChoices {
   std::string model = "fashionnet", linear = "auto", dataset = "fashion-mnist", lr_schedule = "cosine",
               optimizer = "sgd", strategy = "ddp", allreduce = "auto", device = "auto", backend = "auto",
-              memory_format = "auto";
+              memory_format = "auto", cpu_allocator = "caching";
 };
 
 // What a captured step cannot hold: each needs a decision on the host or a synchronisation per
@@ -84,9 +84,11 @@ absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
                                                 {{"auto", MemoryFormatChoice::kAuto},
                                                  {"contiguous", MemoryFormatChoice::kContiguous},
                                                  {"channels-last", MemoryFormatChoice::kChannelsLast}});
+  auto cpu_allocator = Pick<CpuAllocatorChoice>(
+      "cpu-allocator", raw.cpu_allocator, {{"caching", CpuAllocatorChoice::kCaching}, {"default", CpuAllocatorChoice::kDefault}});
   for (const absl::Status& s : {model.status(), linear.status(), dataset.status(), schedule.status(),
                                 optimizer.status(), strategy.status(), allreduce.status(), device.status(),
-                                backend.status(), memory_format.status()}) {
+                                backend.status(), memory_format.status(), cpu_allocator.status()}) {
     if (!s.ok()) return s;
   }
   o.model = *model;
@@ -99,6 +101,7 @@ absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
   o.device = *device;
   o.backend = *backend;
   o.memory_format = *memory_format;
+  o.cpu_allocator = *cpu_allocator;
 
   if (o.batch_size % o.accum_steps != 0) {
     return absl::InvalidArgumentError(
@@ -229,6 +232,11 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
                  "layout of the convolutions' weights and activations: channels-last (NHWC: oneDNN's "
                  "convolutions and ATen's pooling and batch norm vectorise over channels), contiguous (NCHW, "
                  "PyTorch's default), or auto (channels-last on CPU, contiguous on CUDA)")
+      ->capture_default_str();
+  app.add_option("--cpu-allocator", raw.cpu_allocator,
+                 "caching (CPU tensors of 1 MiB and more come from per-size free lists of mapped blocks, "
+                 "as CUDA's caching allocator does: the resident memory follows the live tensors and a "
+                 "steady step makes no new mappings) or default (c10's allocator, i.e. glibc malloc)")
       ->capture_default_str();
   app.add_option("--metrics-file", o.metrics_file, "JSON lines: steps and a final {\"event\":\"end\",...}");
   app.add_option("--step-times-file", o.step_times_file,

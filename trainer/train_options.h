@@ -26,6 +26,8 @@ enum class DeviceChoice { kAuto, kCpu, kCuda };      // auto: CUDA when a device
 enum class BackendChoice { kAuto, kGloo, kNccl };    // auto: NCCL for CUDA, Gloo for CPU.
 // auto: channels-last on CPU, contiguous on CUDA (train_main.cc says why).
 enum class MemoryFormatChoice { kAuto, kContiguous, kChannelsLast };
+// caching: large CPU tensors from CachingCpuAllocator (caching_cpu_allocator.h); default: c10's.
+enum class CpuAllocatorChoice { kCaching, kDefault };
 
 const char* StrategyName(Strategy strategy);  // ddp, no_shard, zero1, zero2, fsdp.
 const char* OptimizerName(OptimizerChoice optimizer);
@@ -58,6 +60,7 @@ struct TrainOptions {
   DeviceChoice device = DeviceChoice::kAuto;
   BackendChoice backend = BackendChoice::kAuto;
   MemoryFormatChoice memory_format = MemoryFormatChoice::kAuto;
+  CpuAllocatorChoice cpu_allocator = CpuAllocatorChoice::kCaching;
   std::string metrics_file;
   std::string step_times_file;
   int64_t log_every = 50;

@@ -1,0 +1,100 @@
+#include "trainer/caching_cpu_allocator.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+namespace elrun::trainer {
+
+CachingCpuAllocator& CachingCpuAllocator::Instance(size_t cache_limit) {
+  static CachingCpuAllocator* instance = new CachingCpuAllocator(cache_limit);  // Never destroyed:
+  return *instance;  // tensors may be freed during static destruction.
+}
+
+void CachingCpuAllocator::Install(size_t cache_limit) {
+  // Priority 1: above c10's default CPU allocator (0).
+  c10::SetCPUAllocator(&Instance(cache_limit), /*priority=*/1);
+}
+
+c10::DataPtr CachingCpuAllocator::allocate(size_t bytes) {
+  if (bytes < kMinBytes) return c10::GetDefaultCPUAllocator()->allocate(bytes);
+  const size_t size = (bytes + kGranule - 1) / kGranule * kGranule;
+  void* block = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(size);
+    if (it != free_.end() && !it->second.empty()) {
+      block = it->second.back();
+      it->second.pop_back();
+      stats_.cached_bytes -= static_cast<int64_t>(size);
+      ++stats_.reuses;
+    }
+  }
+  if (block == nullptr) {
+    block = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    TORCH_CHECK(block != MAP_FAILED, "CachingCpuAllocator: out of memory mapping ", size, " bytes: ",
+                std::strerror(errno));
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.maps;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  live_[block] = size;
+  stats_.live_bytes += static_cast<int64_t>(size);
+  stats_.peak_mapped_bytes = std::max(stats_.peak_mapped_bytes, stats_.live_bytes + stats_.cached_bytes);
+  return c10::DataPtr(block, block, &CachingCpuAllocator::Free, c10::Device(c10::DeviceType::CPU));
+}
+
+void CachingCpuAllocator::Free(void* ptr) { Instance().FreeBlock(ptr); }
+
+void CachingCpuAllocator::FreeBlock(void* ptr) {
+  size_t size = 0;
+  bool unmap = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(ptr);
+    if (it == live_.end()) {
+      // A small block of c10's allocator, freed through raw_deleter() (oneDNN allocates raw).
+      c10::DeleterFnPtr small = c10::GetDefaultCPUAllocator()->raw_deleter();
+      TORCH_INTERNAL_ASSERT(small != nullptr, "CachingCpuAllocator: c10's CPU allocator has no raw deleter");
+      small(ptr);
+      return;
+    }
+    size = it->second;
+    live_.erase(it);
+    stats_.live_bytes -= static_cast<int64_t>(size);
+    if (static_cast<size_t>(stats_.cached_bytes) + size > cache_limit_) {
+      unmap = true;
+    } else {
+      free_[size].push_back(ptr);
+      stats_.cached_bytes += static_cast<int64_t>(size);
+    }
+  }
+  if (unmap) ::munmap(ptr, size);
+}
+
+void CachingCpuAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  default_copy_data(dest, src, count);
+}
+
+CachingCpuAllocator::Stats CachingCpuAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void CachingCpuAllocator::ReleaseCached() {
+  std::map<size_t, std::vector<void*>> cached;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cached.swap(free_);
+    stats_.cached_bytes = 0;
+  }
+  for (auto& [size, blocks] : cached) {
+    for (void* block : blocks) ::munmap(block, size);
+  }
+}
+
+}  // namespace elrun::trainer
