@@ -34,12 +34,15 @@ int64_t ExpectedAdamStateBytes(const std::string& strategy, int64_t params, int 
   return static_cast<int64_t>(bytes);
 }
 
-int64_t PeakRssBytes() {
+namespace {
+
+// A "<field>: <n> kB" line of /proc/self/status, in bytes; 0 when absent.
+int64_t StatusBytes(const std::string& field) {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) {
-      std::istringstream fields(line.substr(6));
+    if (line.rfind(field, 0) == 0) {
+      std::istringstream fields(line.substr(field.size()));
       int64_t kib = 0;
       fields >> kib;
       return kib * 1024;
@@ -48,11 +51,17 @@ int64_t PeakRssBytes() {
   return 0;
 }
 
+}  // namespace
+
+int64_t PeakRssBytes() { return StatusBytes("VmHWM:"); }
+int64_t RssBytes() { return StatusBytes("VmRSS:"); }
+
 std::string FormatMemoryReport(const MemoryReport& r) {
   auto mib = [](int64_t bytes) { return bytes / (1024.0 * 1024.0); };
   std::string line = absl::StrFormat(
       "params %.2f MiB  grads %.2f MiB  optimizer %.2f MiB  state %.2f MiB  peak %.2f MiB  peak RSS %.1f MiB",
       mib(r.params), mib(r.grads), mib(r.optimizer_state), mib(r.state()), mib(r.peak), mib(r.peak_rss));
+  if (r.baseline_rss > 0) line += absl::StrFormat(" (baseline %.1f MiB)", mib(r.baseline_rss));
   if (r.on_cuda) {
     line += absl::StrFormat("  cuda allocated %.2f MiB  reserved %.2f MiB  peak %.2f MiB", mib(r.cuda.allocated),
                             mib(r.cuda.reserved), mib(r.cuda.peak_allocated));

@@ -23,6 +23,8 @@ int64_t ExpectedAdamStateBytes(const std::string& strategy, int64_t params, int 
 
 // VmHWM of this process (peak resident set) in bytes; 0 when /proc is unavailable.
 int64_t PeakRssBytes();
+// VmRSS of this process (resident set now) in bytes; 0 when /proc is unavailable.
+int64_t RssBytes();
 
 struct MemoryReport {
   int64_t params = 0;
@@ -31,6 +33,9 @@ struct MemoryReport {
   int64_t working = 0;  // Transient communication buffers at the moment of the report.
   int64_t peak = 0;     // Highest params + grads + working seen, plus optimizer state.
   int64_t peak_rss = 0;
+  // The resident set before the model was built: LibTorch, the data set, the process group.
+  // What the training state adds to is peak_rss - baseline_rss. 0: not measured.
+  int64_t baseline_rss = 0;
   // On CUDA: the caching allocator's view of this rank's device (cuda_memory.h).
   bool on_cuda = false;
   CudaMemory cuda;

@@ -134,8 +134,8 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const TrainOptions& o, co
 
 std::string MemoryJson(const MemoryReport& m) {
   std::string json = absl::StrFormat(
-      R"("params_bytes":%d,"grads_bytes":%d,"optimizer_bytes":%d,"state_bytes":%d,"peak_bytes":%d,"peak_rss_bytes":%d)",
-      m.params, m.grads, m.optimizer_state, m.state(), m.peak, m.peak_rss);
+      R"("params_bytes":%d,"grads_bytes":%d,"optimizer_bytes":%d,"state_bytes":%d,"peak_bytes":%d,"peak_rss_bytes":%d,"baseline_rss_bytes":%d)",
+      m.params, m.grads, m.optimizer_state, m.state(), m.peak, m.peak_rss, m.baseline_rss);
   if (m.on_cuda) {
     json += absl::StrFormat(
         R"(,"cuda_allocated_bytes":%d,"cuda_reserved_bytes":%d,"cuda_peak_allocated_bytes":%d,"cuda_peak_reserved_bytes":%d)",
@@ -208,6 +208,7 @@ struct Job {
   std::unique_ptr<HeartbeatClient> heartbeat;  // elrun's ELRUN_HEARTBEAT_FILE, when given.
   std::unique_ptr<Metrics> metrics;
   TrainProgress progress;
+  int64_t baseline_rss = 0;  // Before the model was built (MemoryReport::baseline_rss).
   int rank() const { return env.rank; }
   int world() const { return env.world_size; }
 };
@@ -303,6 +304,7 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   if (!dist.ok()) return absl::UnavailableError(dist.status().message());
   job->dist = std::move(*dist);
 
+  job->baseline_rss = RssBytes();
   // Weights are drawn on the CPU from the seed, then moved: the same start on every device.
   torch::manual_seed(o.seed);
   MlpOptions mlp;
@@ -443,6 +445,7 @@ struct LoopStats {
 
 MemoryReport Memory(Job& job) {
   MemoryReport memory = job.dp->Memory(*job.optimizer);
+  memory.baseline_rss = job.baseline_rss;
   if (job.placement.cuda) {
     memory.on_cuda = true;
     memory.cuda = CudaMemoryStats(job.placement.cuda_device);
