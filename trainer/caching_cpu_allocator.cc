@@ -45,6 +45,7 @@ c10::DataPtr CachingCpuAllocator::allocate(size_t bytes) {
   live_[block] = size;
   stats_.live_bytes += static_cast<int64_t>(size);
   stats_.peak_mapped_bytes = std::max(stats_.peak_mapped_bytes, stats_.live_bytes + stats_.cached_bytes);
+  stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
   return c10::DataPtr(block, block, &CachingCpuAllocator::Free, c10::Device(c10::DeviceType::CPU));
 }
 
@@ -83,6 +84,11 @@ void CachingCpuAllocator::copy_data(void* dest, const void* src, std::size_t cou
 CachingCpuAllocator::Stats CachingCpuAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
+}
+
+void CachingCpuAllocator::ResetPeak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.peak_live_bytes = stats_.live_bytes;
 }
 
 void CachingCpuAllocator::ReleaseCached() {

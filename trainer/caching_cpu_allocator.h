@@ -38,6 +38,7 @@ class CachingCpuAllocator final : public c10::Allocator {
     int64_t live_bytes = 0;       // In blocks handed out and not freed.
     int64_t cached_bytes = 0;     // In free blocks kept for reuse.
     int64_t peak_mapped_bytes = 0;  // Highest live + cached.
+    int64_t peak_live_bytes = 0;    // Highest live since construction or ResetPeak().
     int64_t maps = 0;             // Fresh mappings made.
     int64_t reuses = 0;           // Requests served from a free list.
   };
@@ -53,6 +54,7 @@ class CachingCpuAllocator final : public c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override;
 
   Stats stats() const;
+  void ResetPeak();  // peak_live_bytes = live_bytes now.
   // Unmaps every cached free block.
   void ReleaseCached();
 

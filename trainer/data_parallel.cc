@@ -66,8 +66,8 @@ class Ddp final : public DataParallel {
 
 class Fsdp final : public DataParallel {
  public:
-  Fsdp(std::shared_ptr<Classifier> model, c10::intrusive_ptr<c10d::Backend> pg, ShardingStrategy strategy)
-      : fsdp_(std::move(model), std::move(pg), FsdpOptions{strategy}) {}
+  Fsdp(std::shared_ptr<Classifier> model, c10::intrusive_ptr<c10d::Backend> pg, const FsdpOptions& options)
+      : fsdp_(std::move(model), std::move(pg), options) {}
   Fsdp(std::shared_ptr<Classifier> model, FullyShardedDataParallel::Builder built)
       : fsdp_(std::move(model), std::move(built)) {}
 
@@ -136,21 +136,31 @@ std::optional<ShardingStrategy> Sharding(Strategy strategy) {
 }  // namespace
 
 std::unique_ptr<ChildSink> DataParallel::ShardingSink(Strategy strategy, c10::intrusive_ptr<c10d::Backend> pg,
-                                                      torch::Device device) {
+                                                      torch::Device device, bool activation_checkpointing) {
   const std::optional<ShardingStrategy> sharding = Sharding(strategy);
   if (!sharding) return nullptr;
-  return std::make_unique<FullyShardedDataParallel::Builder>(std::move(pg), FsdpOptions{*sharding}, device);
+  FsdpOptions options;
+  options.strategy = *sharding;
+  options.activation_checkpointing = activation_checkpointing;
+  return std::make_unique<FullyShardedDataParallel::Builder>(std::move(pg), options, device);
 }
 
 std::unique_ptr<DataParallel> DataParallel::Create(Strategy strategy, std::shared_ptr<Classifier> model,
                                                    c10::intrusive_ptr<c10d::Backend> pg,
-                                                   const DdpOptions& ddp_options, std::unique_ptr<ChildSink> sink) {
+                                                   const DdpOptions& ddp_options, std::unique_ptr<ChildSink> sink,
+                                                   bool activation_checkpointing) {
   const std::optional<ShardingStrategy> sharding = Sharding(strategy);
-  if (!sharding) return std::unique_ptr<DataParallel>(new Ddp(std::move(model), std::move(pg), ddp_options));
+  if (!sharding) {
+    TORCH_CHECK(!activation_checkpointing, "activation checkpointing needs a sharded strategy");
+    return std::unique_ptr<DataParallel>(new Ddp(std::move(model), std::move(pg), ddp_options));
+  }
   if (auto* built = dynamic_cast<FullyShardedDataParallel::Builder*>(sink.get())) {
     return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(*built)));
   }
-  return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(pg), *sharding));
+  FsdpOptions options;
+  options.strategy = *sharding;
+  options.activation_checkpointing = activation_checkpointing;
+  return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(pg), options));
 }
 
 }  // namespace elrun::trainer

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "trainer/activation_checkpoint.h"
 
 namespace elrun::trainer {
 
@@ -435,6 +436,13 @@ torch::Tensor FullyShardedDataParallel::PostForward(size_t u, torch::Tensor outp
 void FullyShardedDataParallel::BeforeChild(const std::string& name) {
   auto it = unit_of_child_.find(name);
   if (it != unit_of_child_.end()) PreForward(it->second);
+}
+
+torch::Tensor FullyShardedDataParallel::RunChild(const std::string& name, const torch::Tensor& input,
+                                                 const ChildFn& run) {
+  if (!options_.activation_checkpointing || !unit_of_child_.count(name)) return run(input);
+  // In backward the unit's output hook (PostForward) gathers it before the recomputation runs.
+  return CheckpointedCall(input, run);
 }
 
 torch::Tensor FullyShardedDataParallel::AfterChild(const std::string& name, torch::Tensor output) {

@@ -57,6 +57,9 @@ struct FsdpOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   int64_t min_unit_params = 1;
   bool prefetch = true;
+  // Each child unit's forward keeps only its input; backward recomputes it with the unit
+  // gathered (activation_checkpoint.h). The gradients are the same, bit for bit.
+  bool activation_checkpointing = false;
 };
 
 struct FsdpUnitInfo {
@@ -159,6 +162,7 @@ class FullyShardedDataParallel : private ChildForwardHooks {
                                         const std::string& name, const NamedParamList& params,
                                         FsdpUnitInfo* info);
   void BeforeChild(const std::string& name) override;
+  torch::Tensor RunChild(const std::string& name, const torch::Tensor& input, const ChildFn& run) override;
   torch::Tensor AfterChild(const std::string& name, torch::Tensor output) override;
   void Gather(Unit& unit);
   void Prefetch(Unit& unit);

@@ -38,14 +38,18 @@ FashionNetImpl::FashionNetImpl(LinearKernel linear, ChildSink* sink) : linear_(l
 
 torch::Tensor FashionNetImpl::forward(const torch::Tensor& images) {
   auto norm = [&](const std::string& name, const torch::Tensor& x) {
-    return CallChild(name, [&] { return ApplyNorm(Child(*this, name), x); });
+    return CallChild(name, x, [this, name](const torch::Tensor& in) { return ApplyNorm(Child(*this, name), in); });
   };
-  torch::Tensor x = CallChild("conv1", [&] { return conv1_->forward(images); });  // [B, 32, 28, 28]
-  x = torch::relu(torch::max_pool2d(norm("bn1", x), 2));                          // [B, 32, 14, 14]
-  x = CallChild("conv2", [&] { return conv2_->forward(x); });                     // [B, 64, 14, 14]
-  x = torch::relu(torch::max_pool2d(norm("bn2", x), 2));                          // [B, 64, 7, 7]
-  x = torch::relu(CallChild("fc1", [&] { return Linear(x.flatten(1), fc1_->weight, fc1_->bias, linear_); }));
-  return CallChild("fc2", [&] { return Linear(x, fc2_->weight, fc2_->bias, linear_); });  // [B, 10]
+  torch::Tensor x = CallChild("conv1", images, [this](const torch::Tensor& in) { return conv1_->forward(in); });
+  x = torch::relu(torch::max_pool2d(norm("bn1", x), 2));  // [B, 32, 14, 14]
+  x = CallChild("conv2", x, [this](const torch::Tensor& in) { return conv2_->forward(in); });  // [B, 64, 14, 14]
+  x = torch::relu(torch::max_pool2d(norm("bn2", x), 2));  // [B, 64, 7, 7]
+  x = torch::relu(CallChild("fc1", x.flatten(1), [this](const torch::Tensor& in) {
+    return Linear(in, fc1_->weight, fc1_->bias, linear_);
+  }));
+  return CallChild("fc2", x, [this](const torch::Tensor& in) {
+    return Linear(in, fc2_->weight, fc2_->bias, linear_);  // [B, 10]
+  });
 }
 
 MlpImpl::MlpImpl(const MlpOptions& options, ChildSink* sink) : linear_(options.linear) {
@@ -62,10 +66,53 @@ MlpImpl::MlpImpl(const MlpOptions& options, ChildSink* sink) : linear_(options.l
 torch::Tensor MlpImpl::forward(const torch::Tensor& images) {
   torch::Tensor x = images.flatten(1);
   for (size_t i = 0; i < layers_.size(); ++i) {
-    x = CallChild("fc" + std::to_string(i), [&] { return Linear(x, layers_[i]->weight, layers_[i]->bias, linear_); });
+    x = CallChild("fc" + std::to_string(i), x, [this, i](const torch::Tensor& in) {
+      return Linear(in, layers_[i]->weight, layers_[i]->bias, linear_);
+    });
     if (i + 1 < layers_.size()) x = torch::relu(x);
   }
   return x;
+}
+
+ResMlpImpl::ResMlpImpl(const ResMlpOptions& options, ChildSink* sink) : linear_(options.linear) {
+  auto built = [&](const std::string& name) {
+    if (sink != nullptr) sink->TakeChild(name, Child(*this, name));
+  };
+  proj_ = register_module("proj", torch::nn::Linear(options.inputs, options.width));
+  built("proj");
+  for (int64_t b = 0; b < options.blocks; ++b) {
+    const std::string name = "block" + std::to_string(b);
+    auto block = std::make_shared<torch::nn::Module>();
+    torch::nn::Linear fc1 = block->register_module("fc1", torch::nn::Linear(options.width, options.expansion * options.width));
+    torch::nn::Linear fc2 = block->register_module("fc2", torch::nn::Linear(options.expansion * options.width, options.width));
+    register_module(name, block);
+    blocks_.emplace_back(fc1, fc2);
+    built(name);
+  }
+  head_ = register_module("head", torch::nn::Linear(options.width, options.classes));
+  built("head");
+}
+
+torch::Tensor ResMlpImpl::forward(const torch::Tensor& images) {
+  torch::Tensor x = CallChild("proj", images.flatten(1), [this](const torch::Tensor& in) {
+    return Linear(in, proj_->weight, proj_->bias, linear_);
+  });
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    x = CallChild("block" + std::to_string(b), x, [this, b](const torch::Tensor& in) {
+      const auto& [fc1, fc2] = blocks_[b];
+      return in + Linear(torch::relu(Linear(in, fc1->weight, fc1->bias, linear_)), fc2->weight, fc2->bias, linear_);
+    });
+  }
+  return CallChild("head", x, [this](const torch::Tensor& in) { return Linear(in, head_->weight, head_->bias, linear_); });
+}
+
+absl::StatusOr<std::shared_ptr<Classifier>> MakeResMlp(const ResMlpOptions& resmlp, ChildSink* sink) {
+  for (const auto& [what, value] : std::vector<std::pair<const char*, int64_t>>{
+           {"inputs", resmlp.inputs}, {"width", resmlp.width}, {"blocks", resmlp.blocks},
+           {"expansion", resmlp.expansion}, {"classes", resmlp.classes}}) {
+    if (value < 1) return absl::InvalidArgumentError(absl::StrFormat("resmlp: %s is %d, need at least 1", what, value));
+  }
+  return std::shared_ptr<Classifier>(ResMlp(resmlp, sink).ptr());
 }
 
 absl::StatusOr<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const MlpOptions& mlp,

@@ -20,6 +20,10 @@
 
 namespace elrun::trainer {
 
+// A child's forward as a function of its one input. It may be called again in backward
+// (activation checkpointing): it must capture no tensor but the module's own parameters.
+using ChildFn = std::function<torch::Tensor(const torch::Tensor&)>;
+
 // Called around the forward of each child that a model runs through Classifier::CallChild.
 // FullyShardedDataParallel (fsdp.h) installs one to gather a unit's parameters just before its
 // forward and to free them right after: LibTorch modules have no forward hooks of their own.
@@ -27,6 +31,11 @@ class ChildForwardHooks {
  public:
   virtual ~ChildForwardHooks() = default;
   virtual void BeforeChild(const std::string& name) = 0;
+  // Runs the child: run(input), or something equivalent (activation checkpointing).
+  virtual torch::Tensor RunChild(const std::string& name, const torch::Tensor& input, const ChildFn& run) {
+    (void)name;
+    return run(input);
+  }
   // May wrap `output` (e.g. register a gradient hook on it); returns what the model goes on with.
   virtual torch::Tensor AfterChild(const std::string& name, torch::Tensor output) = 0;
 };
@@ -42,7 +51,7 @@ class ChildSink {
 };
 
 // A module mapping a batch of images [B, ...] to class logits [B, classes]. Every child with
-// parameters is run through CallChild under its registered name.
+// parameters is run through CallChild under its registered name, as a function of one tensor.
 class Classifier : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(const torch::Tensor& images) = 0;
@@ -50,10 +59,10 @@ class Classifier : public torch::nn::Module {
   void set_child_hooks(ChildForwardHooks* hooks) { hooks_ = hooks; }
 
  protected:
-  torch::Tensor CallChild(const std::string& name, const std::function<torch::Tensor()>& run) {
-    if (hooks_ == nullptr) return run();
+  torch::Tensor CallChild(const std::string& name, const torch::Tensor& input, const ChildFn& run) {
+    if (hooks_ == nullptr) return run(input);
     hooks_->BeforeChild(name);
-    return hooks_->AfterChild(name, run());
+    return hooks_->AfterChild(name, hooks_->RunChild(name, input, run));
   }
 
  private:
@@ -98,6 +107,32 @@ class MlpImpl : public Classifier {
 };
 TORCH_MODULE(Mlp);
 
+struct ResMlpOptions {
+  int64_t inputs = 28 * 28;
+  int64_t width = 256;
+  int64_t blocks = 4;
+  int64_t expansion = 4;  // A block's hidden width is expansion x width.
+  int64_t classes = 10;
+  LinearKernel linear = LinearKernel::kOneDnn;
+};
+
+// A residual MLP, the shape of a transformer's feed-forward stack: proj (inputs -> width), then
+// `blocks` blocks x + fc2(relu(fc1(x))) with fc1 width -> expansion x width and fc2 back, then
+// head (width -> classes). Children proj, block0, block1, ..., head; each block is one child
+// (one FSDP unit), whose activations (two of expansion x width per sample) are what activation
+// checkpointing saves.
+class ResMlpImpl : public Classifier {
+ public:
+  explicit ResMlpImpl(const ResMlpOptions& options = {}, ChildSink* sink = nullptr);
+  torch::Tensor forward(const torch::Tensor& images) override;
+
+ private:
+  const LinearKernel linear_;
+  torch::nn::Linear proj_{nullptr}, head_{nullptr};
+  std::vector<std::pair<torch::nn::Linear, torch::nn::Linear>> blocks_;
+};
+TORCH_MODULE(ResMlp);
+
 // "fashionnet" or "mlp" (with `mlp`), initialised from torch's default generator (seed it with
 // torch::manual_seed for reproducible weights). InvalidArgument naming the choices for another
 // name, or naming the size for non-positive MLP sizes. The result converts to
@@ -107,6 +142,9 @@ TORCH_MODULE(Mlp);
 [[nodiscard]] absl::StatusOr<std::shared_ptr<Classifier>> MakeModel(
     const std::string& name, const MlpOptions& mlp = {}, LinearKernel linear = LinearKernel::kOneDnn,
     ChildSink* sink = nullptr);
+// "resmlp" with `resmlp` (sizes checked as MakeModel's), the same way.
+[[nodiscard]] absl::StatusOr<std::shared_ptr<Classifier>> MakeResMlp(const ResMlpOptions& resmlp,
+                                                                     ChildSink* sink = nullptr);
 
 }  // namespace elrun::trainer
 

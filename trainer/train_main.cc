@@ -316,8 +316,19 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   // model (SyncBatchNorm swaps modules after construction, and a CUDA graph captures the wrapper's
   // construction: those build it whole first, as ddp does).
   std::unique_ptr<ChildSink> sink;
-  if (!o.sync_bn && !o.cuda_graph) sink = DataParallel::ShardingSink(o.strategy, job->dist.pg, job->device);
-  auto model = MakeModel(o.model == ModelChoice::kMlp ? "mlp" : "fashionnet", mlp, job->linear, sink.get());
+  if (!o.sync_bn && !o.cuda_graph) {
+    sink = DataParallel::ShardingSink(o.strategy, job->dist.pg, job->device, o.activation_checkpointing);
+  }
+  absl::StatusOr<std::shared_ptr<Classifier>> model;
+  if (o.model == ModelChoice::kResMlp) {
+    ResMlpOptions resmlp;
+    resmlp.width = o.resmlp_width;
+    resmlp.blocks = o.resmlp_blocks;
+    resmlp.linear = job->linear;
+    model = MakeResMlp(resmlp, sink.get());
+  } else {
+    model = MakeModel(o.model == ModelChoice::kMlp ? "mlp" : "fashionnet", mlp, job->linear, sink.get());
+  }
   if (!model.ok()) return model.status();
   job->model = std::move(*model);
   job->model->to(job->device);
@@ -348,7 +359,8 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
     job->graph = std::make_unique<CudaGraphStep>(job->device, o.batch_size);
     job->graph->OnStream([&] { job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options); });
   } else {
-    job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options, std::move(sink));
+    job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options, std::move(sink),
+                                   o.activation_checkpointing);
   }
   job->optimizer = MakeOptimizer(o, job->dp->OptimizerParameters());
   job->metrics = std::make_unique<Metrics>(job->rank() == 0 ? o.metrics_file : "");

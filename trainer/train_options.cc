@@ -46,6 +46,7 @@ absl::Status CheckCudaGraph(const TrainOptions& o) {
                          : o.accum_steps > 1                       ? "--accum-steps > 1"
                          : o.sync_bn                               ? "--sync-bn"
                          : o.clip_grad_norm > 0                    ? "--clip-grad-norm"
+                         : o.activation_checkpointing              ? "--activation-checkpointing"
                                                                    : nullptr;
   if (conflict == nullptr) return absl::OkStatus();
   return absl::InvalidArgumentError(
@@ -53,7 +54,9 @@ absl::Status CheckCudaGraph(const TrainOptions& o) {
 }
 
 absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
-  auto model = Pick<ModelChoice>("model", raw.model, {{"fashionnet", ModelChoice::kFashionNet}, {"mlp", ModelChoice::kMlp}});
+  auto model = Pick<ModelChoice>(
+      "model", raw.model,
+      {{"fashionnet", ModelChoice::kFashionNet}, {"mlp", ModelChoice::kMlp}, {"resmlp", ModelChoice::kResMlp}});
   auto linear = Pick<LinearChoice>(
       "linear", raw.linear, {{"auto", LinearChoice::kAuto}, {"onednn", LinearChoice::kOneDnn}, {"aten", LinearChoice::kAten}});
   auto dataset = Pick<DatasetChoice>(
@@ -112,6 +115,13 @@ absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
     return absl::InvalidArgumentError("--allreduce=shm sums CPU tensors: use it with --device cpu");
   }
   if (absl::Status s = CheckCudaGraph(o); !s.ok()) return s;
+  if (o.activation_checkpointing && o.strategy == Strategy::kDdp) {
+    // Our DDP, like PyTorch's without static_graph, finishes a backward when the first reentrant
+    // recomputation does: FSDP's strategies (no_shard is DDP's arithmetic) hook the outer one.
+    return absl::InvalidArgumentError(
+        "--activation-checkpointing needs a sharded --strategy (no_shard, zero1, zero2 or fsdp); no_shard "
+        "computes what ddp does");
+  }
   for (int64_t width : o.mlp_hidden) {
     if (width <= 0) return absl::InvalidArgumentError(absl::StrCat("--mlp-hidden: width ", width, " is not positive"));
   }
@@ -168,7 +178,8 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
   RawChoices raw;
   CLI::App app("elrun-train: data-parallel training of FashionNet on Fashion-MNIST (LibTorch), on CPU or CUDA.",
                "elrun-train");
-  app.add_option("--model", raw.model, "fashionnet or mlp")->capture_default_str();
+  app.add_option("--model", raw.model, "fashionnet, mlp (--mlp-hidden) or resmlp (--resmlp-width, --resmlp-blocks)")
+      ->capture_default_str();
   app.add_option("--linear", raw.linear,
                  "kernel of the fully connected layers: aten (torch's Linear: MKL on CPU, cuBLAS on CUDA), "
                  "onednn (as a 1x1 convolution), or auto (aten)")
@@ -192,6 +203,16 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
   app.add_option("--mlp-hidden", o.mlp_hidden, "hidden layer widths of --model mlp")
       ->delimiter(',')
       ->capture_default_str();
+  app.add_option("--resmlp-width", o.resmlp_width,
+                 "--model resmlp: the residual stream's width (each block's hidden layer is 4x that)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--resmlp-blocks", o.resmlp_blocks, "--model resmlp: residual blocks (each one FSDP unit)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
+               "keep only each unit's (each child layer's or block's) input in forward and recompute the "
+               "unit in backward: less activation memory for about one more forward of compute");
   app.add_flag("--report-memory", o.report_memory,
                "print each rank's parameter, gradient and optimizer-state bytes, peak, peak RSS and, on CUDA, "
                "the caching allocator's allocated, reserved and peak bytes");

@@ -14,7 +14,7 @@
 
 namespace elrun::trainer {
 
-enum class ModelChoice { kFashionNet, kMlp };
+enum class ModelChoice { kFashionNet, kMlp, kResMlp };
 enum class DatasetChoice { kFashionMnist, kSynthetic };
 enum class OptimizerChoice { kSgd, kAdam };
 enum class LrSchedule { kConstant, kCosine };
@@ -47,6 +47,10 @@ struct TrainOptions {
   OptimizerChoice optimizer = OptimizerChoice::kSgd;
   Strategy strategy = Strategy::kDdp;
   std::vector<int64_t> mlp_hidden = {256, 128};
+  int64_t resmlp_width = 256;  // --model resmlp: width and blocks (models.h).
+  int64_t resmlp_blocks = 4;
+  // Recompute each unit's (each child's) forward in backward instead of keeping its activations.
+  bool activation_checkpointing = false;
   bool report_memory = false;
   int accum_steps = 1;
   bool sync_bn = false;

@@ -46,6 +46,26 @@ TEST_CASE("--memory-format: auto, contiguous or channels-last") {
   CHECK(Error({"--memory-format", "nhwc"}) == "--memory-format=nhwc: expected auto, contiguous or channels-last");
 }
 
+TEST_CASE("--cpu-allocator, --model resmlp and --activation-checkpointing") {
+  auto parsed = Parse({});
+  REQUIRE(parsed.ok());
+  CHECK((*parsed)->cpu_allocator == CpuAllocatorChoice::kCaching);
+  CHECK_FALSE((*parsed)->activation_checkpointing);
+  parsed = Parse({"--cpu-allocator", "default", "--model", "resmlp", "--resmlp-width", "64", "--resmlp-blocks", "3",
+                  "--strategy", "fsdp", "--activation-checkpointing"});
+  REQUIRE(parsed.ok());
+  CHECK((*parsed)->cpu_allocator == CpuAllocatorChoice::kDefault);
+  CHECK((*parsed)->model == ModelChoice::kResMlp);
+  CHECK((*parsed)->resmlp_width == 64);
+  CHECK((*parsed)->resmlp_blocks == 3);
+  CHECK((*parsed)->activation_checkpointing);
+  CHECK(Error({"--cpu-allocator", "tcmalloc"}) == "--cpu-allocator=tcmalloc: expected caching or default");
+  CHECK(Error({"--activation-checkpointing"}) ==
+        "--activation-checkpointing needs a sharded --strategy (no_shard, zero1, zero2 or fsdp); no_shard computes "
+        "what ddp does");
+  CHECK(Error({"--resmlp-blocks", "0"}).find("--resmlp-blocks") != std::string::npos);
+}
+
 TEST_CASE("--profile-steps FIRST:END with --profile-trace") {
   auto parsed = Parse({"--profile-steps", "10:20", "--profile-trace", "/tmp/t.json"});
   REQUIRE(parsed.ok());
