@@ -73,4 +73,22 @@ void BufferPool::TakeFrom(const torch::Tensor& t) {
   Return(Loan{static_cast<int>(it - buffers_.begin()), nullptr});
 }
 
+BufferPool& BufferPools::For(c10::ScalarType dtype) {
+  auto& pool = pools_[dtype];
+  if (!pool) pool = std::make_unique<BufferPool>(torch::TensorOptions().dtype(dtype).device(device_));
+  return *pool;
+}
+
+int64_t BufferPools::bytes() const {
+  int64_t total = 0;
+  for (const auto& [dtype, pool] : pools_) total += pool->bytes();
+  return total;
+}
+
+int64_t BufferPools::peak_lent_bytes() const {
+  int64_t total = 0;
+  for (const auto& [dtype, pool] : pools_) total += pool->peak_lent_bytes();
+  return total;
+}
+
 }  // namespace elrun::trainer

@@ -13,6 +13,8 @@
 #define ELRUN_TRAINER_BUFFER_POOL_H_
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <vector>
 
 #include <torch/torch.h>
@@ -58,6 +60,24 @@ class BufferPool {
   int64_t bytes_ = 0;
   int64_t lent_bytes_ = 0;
   int64_t peak_lent_bytes_ = 0;
+};
+
+// One BufferPool per dtype, all on one device: mixed precision lends compute-dtype parameters
+// and gradients, and reduce-dtype communication buffers.
+class BufferPools {
+ public:
+  explicit BufferPools(torch::Device device) : device_(device) {}
+  BufferPools(const BufferPools&) = delete;
+  BufferPools& operator=(const BufferPools&) = delete;
+
+  BufferPool& For(c10::ScalarType dtype);
+  BufferPool& For(const torch::Tensor& t) { return For(t.scalar_type()); }
+  int64_t bytes() const;            // Held by all pools.
+  int64_t peak_lent_bytes() const;  // Sum of the pools' peaks (an upper bound of the joint peak).
+
+ private:
+  const torch::Device device_;
+  std::map<c10::ScalarType, std::unique_ptr<BufferPool>> pools_;
 };
 
 }  // namespace elrun::trainer

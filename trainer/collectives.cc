@@ -52,16 +52,21 @@ c10::intrusive_ptr<c10d::Work> StartAllGather(c10d::Backend& pg, const torch::Te
               "all-gather: shard and full buffer must be contiguous 1-d tensors");
   TORCH_CHECK(full.numel() == n * shard.numel(), "all-gather: full buffer has ", full.numel(),
               " elements, expected ", n, " x ", shard.numel());
-  if (bytes) bytes->all_gather += Bytes(shard) * (n - 1);
-  if (pg.getBackendName() != "gloo") {
+  const int64_t s = shard.numel();
+  if (bytes) bytes->all_gather += s * static_cast<int64_t>(full.element_size()) * (n - 1);
+  if (pg.getBackendName() != "gloo" && shard.scalar_type() == full.scalar_type() && shard.device() == full.device()) {
     torch::Tensor output = full, input = shard;
     return pg._allgather_base(output, input);
   }
-  const int64_t s = shard.numel();
+  // This rank's chunk first (cast to full's dtype: mixed precision gathers a copy of the shard).
   torch::Tensor mine = full.narrow(0, pg.getRank() * s, s);
   if (mine.data_ptr() != shard.data_ptr()) {
     torch::NoGradGuard no_grad;
     mine.copy_(shard);
+  }
+  if (pg.getBackendName() != "gloo") {  // In place: the input is the output's own chunk.
+    torch::Tensor output = full;
+    return pg._allgather_base(output, mine);
   }
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (int r = 0; r < n; ++r) {
@@ -130,6 +135,7 @@ void ReduceScatterOp::Finish(const torch::Tensor& output, double scale, bool acc
   for (int64_t r = 1; r < received_.size(0); ++r) sum.add_(received_.select(0, r));  // Rank order.
   if (scale != 1.0) sum.mul_(scale);
   torch::Tensor out = output.view({-1});
+  if (sum.device() != out.device()) sum = sum.to(out.device());  // An offloaded gradient shard.
   if (accumulate) {
     out.add_(sum);
   } else {

@@ -43,8 +43,9 @@ struct CommBytes {
 };
 
 // All-gathers `shard` ([s], contiguous) of every rank into `full` ([n*s], contiguous): chunk r of
-// full is rank r's shard. `shard` may be a view of `full`. Returns the work to wait on; the
-// tensors must stay alive until then. Nothing is allocated but the works.
+// full is rank r's shard. `shard` may be a view of `full`, and may have another dtype (it is cast
+// into this rank's chunk first, and the gather runs in full's dtype: mixed precision). Returns
+// the work to wait on; the tensors must stay alive until then. Nothing is allocated but the works.
 c10::intrusive_ptr<c10d::Work> StartAllGather(c10d::Backend& pg, const torch::Tensor& shard,
                                               const torch::Tensor& full, CommBytes* bytes);
 
@@ -64,7 +65,8 @@ class ReduceScatterOp {
   static int64_t ReceiveNumel(ReduceScatterAlgorithm algorithm, int64_t input_numel, int n);
 
   bool active() const { return started_; }
-  // Waits, then writes (or, with accumulate, adds) scale x sum of the chunks into `output` ([s]).
+  // Waits, then writes (or, with accumulate, adds) scale x sum of the chunks into `output` ([s]),
+  // which may have another dtype or live on another device (mixed precision, offload).
   void Finish(const torch::Tensor& output, double scale, bool accumulate);
 
  private:

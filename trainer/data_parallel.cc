@@ -136,30 +136,29 @@ std::optional<ShardingStrategy> Sharding(Strategy strategy) {
 }  // namespace
 
 std::unique_ptr<ChildSink> DataParallel::ShardingSink(Strategy strategy, c10::intrusive_ptr<c10d::Backend> pg,
-                                                      torch::Device device, bool activation_checkpointing) {
+                                                      torch::Device device, const FsdpOptions& sharding_options) {
   const std::optional<ShardingStrategy> sharding = Sharding(strategy);
   if (!sharding) return nullptr;
-  FsdpOptions options;
+  FsdpOptions options = sharding_options;
   options.strategy = *sharding;
-  options.activation_checkpointing = activation_checkpointing;
   return std::make_unique<FullyShardedDataParallel::Builder>(std::move(pg), options, device);
 }
 
 std::unique_ptr<DataParallel> DataParallel::Create(Strategy strategy, std::shared_ptr<Classifier> model,
                                                    c10::intrusive_ptr<c10d::Backend> pg,
                                                    const DdpOptions& ddp_options, std::unique_ptr<ChildSink> sink,
-                                                   bool activation_checkpointing) {
+                                                   const FsdpOptions& sharding_options) {
   const std::optional<ShardingStrategy> sharding = Sharding(strategy);
   if (!sharding) {
-    TORCH_CHECK(!activation_checkpointing, "activation checkpointing needs a sharded strategy");
+    TORCH_CHECK(!sharding_options.activation_checkpointing && !sharding_options.param_dtype,
+                "activation checkpointing and mixed precision need a sharded strategy");
     return std::unique_ptr<DataParallel>(new Ddp(std::move(model), std::move(pg), ddp_options));
   }
   if (auto* built = dynamic_cast<FullyShardedDataParallel::Builder*>(sink.get())) {
     return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(*built)));
   }
-  FsdpOptions options;
+  FsdpOptions options = sharding_options;
   options.strategy = *sharding;
-  options.activation_checkpointing = activation_checkpointing;
   return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(pg), options));
 }
 

@@ -28,18 +28,18 @@ class DataParallel {
  public:
   // `ddp_options` apply to Strategy::kDdp. Throws c10::Error when the first collective fails.
   // With a `sink` from ShardingSink, the model was built through it (sharded as it was built).
-  // With `activation_checkpointing` (sharded strategies only), every child unit is recomputed in
-  // backward instead of keeping its activations (activation_checkpoint.h).
+  // `sharding` applies to the sharded strategies (its `strategy` field is ignored: `strategy`
+  // decides): activation checkpointing, mixed precision.
   static std::unique_ptr<DataParallel> Create(Strategy strategy, std::shared_ptr<Classifier> model,
                                               c10::intrusive_ptr<c10d::Backend> pg, const DdpOptions& ddp_options,
                                               std::unique_ptr<ChildSink> sink = nullptr,
-                                              bool activation_checkpointing = false);
+                                              const FsdpOptions& sharding = {});
   // For the sharded strategies (no_shard, zero1, zero2, fsdp): a sink for MakeModel that shards
   // each child as soon as it is built and moves it to `device`, so no rank ever holds the whole
   // model (FullyShardedDataParallel::Builder); hand it to Create afterwards. nullptr for ddp.
   // Every rank must seed alike before MakeModel (checked by Create).
   static std::unique_ptr<ChildSink> ShardingSink(Strategy strategy, c10::intrusive_ptr<c10d::Backend> pg,
-                                                 torch::Device device, bool activation_checkpointing = false);
+                                                 torch::Device device, const FsdpOptions& sharding = {});
   virtual ~DataParallel() = default;
 
   virtual torch::Tensor Forward(const torch::Tensor& input) = 0;

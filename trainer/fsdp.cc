@@ -30,6 +30,7 @@ struct FullyShardedDataParallel::Unit {
   int64_t grad_version = -1;  // kShardOptimizer: the gradient shard's version after a reduction.
   ReduceScatterOp reduce_scatter;
   BufferPool::Loan receive;  // The reduce-scatter's receive space while it is active.
+  BufferPool::Loan cast;     // flat_grad in the reduce dtype, when that differs, while active.
   c10::intrusive_ptr<c10d::Work> all_reduce;
 };
 
@@ -110,8 +111,9 @@ uint64_t HashValues(const std::vector<torch::Tensor>& tensors) {
 // says. The parameters' values are copied once (into the pool's buffer for kFullShard, which is
 // then returned: only the shard stays).
 std::unique_ptr<FullyShardedDataParallel::Unit> FullyShardedDataParallel::MakeUnit(
-    BufferPool& pool, ShardingStrategy strategy, int rank, int n, const std::string& name,
+    BufferPools& pools, const FsdpOptions& fsdp_options, int rank, int n, const std::string& name,
     const NamedParamList& params, FsdpUnitInfo* info_out) {
+  const ShardingStrategy strategy = fsdp_options.strategy;
   torch::NoGradGuard no_grad;
   auto unit = std::make_unique<Unit>();
   FsdpUnitInfo info;
@@ -125,25 +127,50 @@ std::unique_ptr<FullyShardedDataParallel::Unit> FullyShardedDataParallel::MakeUn
   }
   info.padded = (info.numel + n - 1) / n * n;
   info.shard_numel = info.padded / n;
-  const auto options = params.front().second.options().requires_grad(false);
+  const auto options = params.front().second.options().requires_grad(false);  // The master dtype.
+  for (const auto& p : params) {
+    TORCH_CHECK(p.second.scalar_type() == options.dtype().toScalarType(), "FullyShardedDataParallel: unit '", name,
+                "' mixes ", options.dtype(), " and ", p.second.dtype(), " parameters");
+  }
+  const auto compute = options.dtype(fsdp_options.param_dtype.value_or(options.dtype().toScalarType()));
+  const bool mixed = compute.dtype() != options.dtype();
+  TORCH_CHECK(!mixed || strategy == ShardingStrategy::kFullShard,
+              "FullyShardedDataParallel: mixed precision (param_dtype) needs the full_shard strategy");
+  TORCH_CHECK(!fsdp_options.offload_optimizer || strategy == ShardingStrategy::kFullShard,
+              "FullyShardedDataParallel: offload_optimizer needs the full_shard strategy");
+  const torch::Device master_device = fsdp_options.offload_optimizer ? torch::Device(torch::kCPU) : options.device();
+  // (Offload takes this path on the CPU too, where it changes no value: so the CPU tests pin it.)
+  const bool separate_master = mixed || fsdp_options.offload_optimizer;
   // kFullShard's gathered parameters and kShardGradOp/kFullShard's unsharded gradients are lent
   // by the pool while needed; the other strategies keep them.
   const bool pooled_full = strategy == ShardingStrategy::kFullShard;
   const bool pooled_grad = strategy == ShardingStrategy::kFullShard || strategy == ShardingStrategy::kShardGradOp;
-  unit->full = pooled_full ? UnbackedFlat(info.padded, options) : torch::empty({info.padded}, options);
-  unit->flat_grad = pooled_grad ? UnbackedFlat(info.padded, options) : torch::zeros({info.padded}, options);
+  unit->full = pooled_full ? UnbackedFlat(info.padded, compute) : torch::empty({info.padded}, compute);
+  unit->flat_grad = pooled_grad ? UnbackedFlat(info.padded, compute) : torch::zeros({info.padded}, compute);
   // Views are checked against their storage's size when taken: take them while lent.
-  if (pooled_full) pool.LendTo(unit->full);
-  if (pooled_grad) pool.LendTo(unit->flat_grad);
+  if (pooled_full) pools.For(unit->full).LendTo(unit->full);
+  if (pooled_grad) pools.For(unit->flat_grad).LendTo(unit->flat_grad);
+  const int64_t s = info.shard_numel;
+  // Mixed precision or offload: this rank's shard, exact, from the parameters, where it lives.
+  torch::Tensor master;
+  if (separate_master) {
+    master = torch::zeros({s}, options.device(master_device));
+    for (size_t i = 0; i < unit->params.size(); ++i) {
+      const int64_t begin = std::max<int64_t>(unit->offsets[i], rank * s);
+      const int64_t end = std::min<int64_t>(unit->offsets[i] + unit->params[i].numel(), (rank + 1) * s);
+      if (begin >= end) continue;
+      master.narrow(0, begin - rank * s, end - begin)
+          .copy_(unit->params[i].detach().reshape({-1}).narrow(0, begin - unit->offsets[i], end - begin));
+    }
+  }
   unit->full.narrow(0, info.numel, info.padded - info.numel).zero_();  // The padding.
   for (size_t i = 0; i < unit->params.size(); ++i) {
     torch::Tensor& p = unit->params[i];
     auto slot = unit->full.narrow(0, unit->offsets[i], p.numel()).view(p.sizes());
-    slot.copy_(p);
+    slot.copy_(p);  // (Mixed precision: rounded to the compute dtype, as every gather will.)
     p.set_data(slot);
     p.mutable_grad() = unit->flat_grad.narrow(0, unit->offsets[i], p.numel()).view(p.sizes());
   }
-  const int64_t s = info.shard_numel;
   switch (strategy) {
     case ShardingStrategy::kNoShard:
       unit->shard = unit->full;
@@ -161,14 +188,14 @@ std::unique_ptr<FullyShardedDataParallel::Unit> FullyShardedDataParallel::MakeUn
       unit->separate_grad = true;
       break;
     case ShardingStrategy::kFullShard:
-      unit->shard = unit->full.narrow(0, rank * s, s).clone();
-      unit->shard.mutable_grad() = torch::zeros({s}, options);
+      unit->shard = separate_master ? master : unit->full.narrow(0, rank * s, s).clone();
+      unit->shard.mutable_grad() = torch::zeros({s}, unit->shard.options());
       unit->separate_shard = true;
       unit->separate_grad = true;
-      pool.TakeFrom(unit->full);
+      pools.For(unit->full).TakeFrom(unit->full);
       break;
   }
-  pool.TakeFrom(unit->flat_grad);
+  pools.For(unit->flat_grad).TakeFrom(unit->flat_grad);
   unit->gathered_version = unit->full._version();
   unit->ready.assign(unit->params.size(), false);
   unit->pending = unit->params.size();
@@ -185,8 +212,9 @@ struct FullyShardedDataParallel::Builder::Built {
 
 FullyShardedDataParallel::Builder::Builder(c10::intrusive_ptr<c10d::Backend> pg, FsdpOptions options,
                                            torch::Device device, torch::Dtype dtype)
-    : pg_(std::move(pg)), options_(options), device_(device),
-      pool_(std::make_unique<BufferPool>(torch::TensorOptions().dtype(dtype).device(device))) {}
+    : pg_(std::move(pg)), options_(options), device_(device), pools_(std::make_unique<BufferPools>(device)) {
+  (void)dtype;
+}
 
 FullyShardedDataParallel::Builder::~Builder() = default;
 FullyShardedDataParallel::Builder::Builder(Builder&&) = default;
@@ -204,7 +232,7 @@ void FullyShardedDataParallel::Builder::TakeChild(const std::string& name, torch
   child.to(device_);  // One child's parameters at a time on the device.
   params = ChildParams(name, child, &count);
   const int n = options_.strategy == ShardingStrategy::kNoShard ? 1 : pg_->getSize();
-  built->unit = MakeUnit(*pool_, options_.strategy, pg_->getRank(), n, name, params, &built->info);
+  built->unit = MakeUnit(*pools_, options_, pg_->getRank(), n, name, params, &built->info);
   built_.push_back(std::move(built));
 }
 
@@ -285,11 +313,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> m
   TORCH_CHECK(!groups.empty(), "FullyShardedDataParallel: the module has no trainable parameters");
 
   if (built.built_.empty()) {
-    // Not built by the builder: the pool lends what the module's parameters are.
-    const auto first = groups.front().second.front().second.options();
-    pool_ = std::make_unique<BufferPool>(torch::TensorOptions().dtype(first.dtype()).device(first.device()));
+    // Not built by the builder: the pools are on the device of the module's parameters.
+    pools_ = std::make_unique<BufferPools>(groups.front().second.front().second.device());
   } else {
-    pool_ = std::move(built.pool_);
+    pools_ = std::move(built.pools_);
   }
   for (auto& [name, params] : groups) {
     std::unique_ptr<Unit> unit;
@@ -299,7 +326,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> m
       unit = std::move(b->second->unit);
       info = std::move(b->second->info);
     } else {
-      unit = MakeUnit(*pool_, strategy, rank_, shards_per_unit_, name, params, &info);
+      unit = MakeUnit(*pools_, options_, rank_, shards_per_unit_, name, params, &info);
     }
     if (name.empty()) {
       root_ = static_cast<int>(units_.size());
@@ -332,11 +359,12 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   for (auto& unit : units_) {
     if (unit->gather_work) unit->gather_work->wait();
     if (unit->reduce_scatter.active()) unit->reduce_scatter.Finish(unit->shard.grad(), 1.0, true);
-    if (unit->receive.index >= 0) pool_->Return(unit->receive);
+    if (unit->receive.index >= 0) pools_->For(ReduceDtype(*unit)).Return(unit->receive);
+    if (unit->cast.index >= 0) pools_->For(ReduceDtype(*unit)).Return(unit->cast);
     if (unit->all_reduce) unit->all_reduce->wait();
     // The module outlives this wrapper: leave no parameter pointing into the pool's memory.
-    pool_->TakeFrom(unit->full);
-    pool_->TakeFrom(unit->flat_grad);
+    pools_->For(unit->full).TakeFrom(unit->full);
+    pools_->For(unit->flat_grad).TakeFrom(unit->flat_grad);
   }
 }
 
@@ -351,15 +379,15 @@ FsdpMemory FullyShardedDataParallel::memory() const {
     if (unit->separate_grad && unit->shard.grad().defined()) m.grads += Bytes(unit->shard.grad());
     if (unit->reduce_scatter.active()) {
       m.working += ReduceScatterOp::ReceiveNumel(DefaultReduceScatter(*pg_), unit->flat_grad.numel(), world_) *
-                   unit->flat_grad.element_size();
+                   static_cast<int64_t>(c10::elementSize(ReduceDtype(*unit)));
     }
     if (unit->separate_shard) m.held += Bytes(unit->shard);
     if (unit->separate_grad && unit->shard.grad().defined()) m.held += Bytes(unit->shard.grad());
     if (options_.strategy != ShardingStrategy::kFullShard) m.held += Bytes(unit->full);
     if (!unit->separate_grad) m.held += Bytes(unit->flat_grad);
   }
-  m.pooled = pool_ ? pool_->bytes() : 0;
-  m.pool_peak_lent = pool_ ? pool_->peak_lent_bytes() : 0;
+  m.pooled = pools_ ? pools_->bytes() : 0;
+  m.pool_peak_lent = pools_ ? pools_->peak_lent_bytes() : 0;
   m.held += m.pooled;
   m.peak = std::max(peak_, std::max(m.params + m.grads + m.working, m.held));
   return m;
@@ -383,7 +411,7 @@ void FullyShardedDataParallel::Prefetch(Unit& unit) {
       break;
     case ShardingStrategy::kFullShard:
       if (unit.gathered) return;
-      pool_->LendTo(unit.full);
+      pools_->For(unit.full).LendTo(unit.full);
       break;
   }
   unit.gather_work = StartAllGather(*pg_, unit.shard, unit.full, &bytes_);
@@ -407,7 +435,7 @@ void FullyShardedDataParallel::Reshard(Unit& unit) {
     unit.gather_work->wait();
     unit.gather_work.reset();
   }
-  pool_->TakeFrom(unit.full);
+  pools_->For(unit.full).TakeFrom(unit.full);
   unit.gathered = false;
 }
 
@@ -452,12 +480,20 @@ torch::Tensor FullyShardedDataParallel::AfterChild(const std::string& name, torc
 
 torch::Tensor FullyShardedDataParallel::forward(const torch::Tensor& input) {
   forward_order_.clear();
+  // Mixed precision: the model computes in param_dtype; the caller gets its own dtype back.
+  const bool cast = options_.param_dtype.has_value() && input.is_floating_point() &&
+                    input.scalar_type() != *options_.param_dtype;
   if (root_ >= 0) PreForward(root_);
-  torch::Tensor output = module_->forward(input);
+  torch::Tensor output = module_->forward(cast ? input.to(*options_.param_dtype) : input);
   if (root_ >= 0) output = PostForward(root_, output);
+  if (cast && output.is_floating_point()) output = output.to(input.scalar_type());
   if (!forward_order_.empty()) last_forward_order_ = forward_order_;
   UpdatePeak();
   return output;
+}
+
+c10::ScalarType FullyShardedDataParallel::ReduceDtype(const Unit& unit) const {
+  return options_.reduce_dtype.value_or(unit.flat_grad.scalar_type());
 }
 
 void FullyShardedDataParallel::EnsureGradShard(Unit& unit) {
@@ -498,7 +534,7 @@ void FullyShardedDataParallel::PreBackward(size_t u) {
   }
   Gather(unit);
   if (!Allocated(unit.flat_grad)) {
-    pool_->LendTo(unit.flat_grad);
+    pools_->For(unit.flat_grad).LendTo(unit.flat_grad);
     unit.flat_grad.zero_();
   }
   UpdatePeak();
@@ -526,7 +562,7 @@ void FullyShardedDataParallel::Reduce(size_t u) {
   if (!unit.grad_pending) EnsureGradShard(unit);
   FinishReductions(0);  // At most one reduction in flight: bounds the unsharded gradients held.
   if (!Allocated(unit.flat_grad)) {  // Not part of this backward: reduces zeros.
-    pool_->LendTo(unit.flat_grad);
+    pools_->For(unit.flat_grad).LendTo(unit.flat_grad);
     unit.flat_grad.zero_();
   }
   if (options_.strategy == ShardingStrategy::kNoShard) {
@@ -536,10 +572,17 @@ void FullyShardedDataParallel::Reduce(size_t u) {
   } else {
     const ReduceScatterAlgorithm algorithm = DefaultReduceScatter(*pg_);
     const int64_t numel = ReduceScatterOp::ReceiveNumel(algorithm, unit.flat_grad.numel(), world_);
-    unit.receive = pool_->Lend(numel);
-    unit.reduce_scatter = ReduceScatterOp::Start(
-        *pg_, unit.flat_grad, &bytes_, algorithm,
-        torch::from_blob(unit.receive.data, {numel}, unit.flat_grad.options()));
+    const c10::ScalarType reduce = ReduceDtype(unit);
+    const auto options = unit.flat_grad.options().dtype(reduce);
+    torch::Tensor input = unit.flat_grad;
+    if (reduce != unit.flat_grad.scalar_type()) {  // Mixed precision with another reduce dtype.
+      unit.cast = pools_->For(reduce).Lend(unit.flat_grad.numel());
+      input = torch::from_blob(unit.cast.data, {unit.flat_grad.numel()}, options);
+      input.copy_(unit.flat_grad);
+    }
+    unit.receive = pools_->For(reduce).Lend(numel);
+    unit.reduce_scatter =
+        ReduceScatterOp::Start(*pg_, input, &bytes_, algorithm, torch::from_blob(unit.receive.data, {numel}, options));
   }
   in_flight_.push_back(u);
   UpdatePeak();
@@ -559,7 +602,7 @@ void FullyShardedDataParallel::FinishReductions(size_t keep) {
         break;
       case ShardingStrategy::kShardOptimizer: {
         unit.reduce_scatter.Finish(unit.shard.grad(), scale, false);
-        pool_->Return(unit.receive);
+        pools_->For(ReduceDtype(unit)).Return(unit.receive);
         unit.receive = {};
         const int64_t s = unit.shard.numel();
         unit.flat_grad.narrow(0, 0, rank_ * s).zero_();  // Other ranks' shards: reduced there.
@@ -570,9 +613,11 @@ void FullyShardedDataParallel::FinishReductions(size_t keep) {
       case ShardingStrategy::kShardGradOp:
       case ShardingStrategy::kFullShard:
         unit.reduce_scatter.Finish(unit.shard.grad(), scale, true);
-        pool_->Return(unit.receive);
+        pools_->For(ReduceDtype(unit)).Return(unit.receive);
         unit.receive = {};
-        pool_->TakeFrom(unit.flat_grad);
+        if (unit.cast.index >= 0) pools_->For(ReduceDtype(unit)).Return(unit.cast);
+        unit.cast = {};
+        pools_->For(unit.flat_grad).TakeFrom(unit.flat_grad);
         break;
     }
     unit.grad_pending = false;
@@ -612,6 +657,18 @@ std::map<std::string, torch::Tensor> FullyShardedDataParallel::FullParameters() 
   torch::NoGradGuard no_grad;
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = *units_[u];
+    if (unit.full.scalar_type() != unit.shard.scalar_type() || options_.offload_optimizer) {
+      // Mixed precision or offload: the exact values are the master shards', gathered in their
+      // dtype on the backend's device, and returned where the shards live.
+      torch::Tensor flat = torch::empty({unit.full.numel()}, unit.full.options().dtype(unit.shard.dtype()));
+      StartAllGather(*pg_, unit.shard, flat, &bytes_)->wait();
+      for (size_t i = 0; i < unit.params.size(); ++i) {
+        result[infos_[u].param_names[i]] =
+            flat.narrow(0, unit.offsets[i], unit.params[i].numel()).view(unit.params[i].sizes()).to(
+                unit.shard.device(), /*non_blocking=*/false, /*copy=*/true);
+      }
+      continue;
+    }
     Gather(unit);
     for (size_t i = 0; i < unit.params.size(); ++i) {
       result[infos_[u].param_names[i]] = unit.params[i].detach().clone();

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,17 @@ struct FsdpOptions {
   // Each child unit's forward keeps only its input; backward recomputes it with the unit
   // gathered (activation_checkpoint.h). The gradients are the same, bit for bit.
   bool activation_checkpointing = false;
+  // Mixed precision, as PyTorch FSDP's MixedPrecision (kFullShard only): units are gathered, and
+  // forward and backward run, in param_dtype (e.g. kBFloat16); gradients are reduce-scattered
+  // in reduce_dtype (default: param_dtype) and summed into the master gradient shard. The
+  // shards, their gradients and the optimizer state stay in the parameters' own dtype (fp32).
+  // forward() casts floating inputs to param_dtype and its output back. nullopt: no casting.
+  std::optional<c10::ScalarType> param_dtype;
+  std::optional<c10::ScalarType> reduce_dtype;
+  // kFullShard: the shards and their gradients, so also the optimizer's state, live in CPU memory
+  // (for the GPU path: device memory holds only gathered units and gradients in flight); gathers
+  // copy the shard up, reductions copy the reduced chunk down. On the CPU it changes no value.
+  bool offload_optimizer = false;
 };
 
 struct FsdpUnitInfo {
@@ -106,7 +118,7 @@ class FullyShardedDataParallel : private ChildForwardHooks {
     c10::intrusive_ptr<c10d::Backend> pg_;
     FsdpOptions options_;
     torch::Device device_;
-    std::unique_ptr<BufferPool> pool_;
+    std::unique_ptr<BufferPools> pools_;
     std::vector<std::unique_ptr<Built>> built_;
   };
 
@@ -158,9 +170,10 @@ class FullyShardedDataParallel : private ChildForwardHooks {
   struct Unit;
   using NamedParamList = std::vector<std::pair<std::string, torch::Tensor>>;
   FullyShardedDataParallel(std::shared_ptr<Classifier> module, Builder built, bool broadcast_all);
-  static std::unique_ptr<Unit> MakeUnit(BufferPool& pool, ShardingStrategy strategy, int rank, int n,
+  static std::unique_ptr<Unit> MakeUnit(BufferPools& pools, const FsdpOptions& options, int rank, int n,
                                         const std::string& name, const NamedParamList& params,
                                         FsdpUnitInfo* info);
+  c10::ScalarType ReduceDtype(const Unit& unit) const;
   void BeforeChild(const std::string& name) override;
   torch::Tensor RunChild(const std::string& name, const torch::Tensor& input, const ChildFn& run) override;
   torch::Tensor AfterChild(const std::string& name, torch::Tensor output) override;
@@ -183,7 +196,7 @@ class FullyShardedDataParallel : private ChildForwardHooks {
   const int rank_;
   const int world_;
   int shards_per_unit_ = 1;
-  std::unique_ptr<BufferPool> pool_;  // Declared before units_: outlives their loans.
+  std::unique_ptr<BufferPools> pools_;  // Declared before units_: outlives their loans.
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<FsdpUnitInfo> infos_;
   std::vector<torch::Tensor> shards_;

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "trainer/collectives.h"
+
 namespace elrun::trainer {
 
 double ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm, c10d::Backend* shards_over) {
@@ -17,9 +19,10 @@ double ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm, c
                                    params.empty() ? torch::Device(torch::kCPU) : params.front().device()));
   }
   if (shards_over != nullptr) {
-    std::vector<torch::Tensor> sum = {squares.reshape({1})};
+    // On the backend's device (offloaded shards are CPU tensors, NCCL takes CUDA ones).
+    std::vector<torch::Tensor> sum = {squares.reshape({1}).to(CommDevice(*shards_over))};
     shards_over->allreduce(sum)->wait();
-    squares = sum[0].reshape({});
+    squares = sum[0].reshape({}).cpu();
   }
   const double norm = std::sqrt(squares.item<double>());
   const double coefficient = max_norm / (norm + 1e-6);

@@ -315,10 +315,14 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   // The sharded strategies shard each layer as the model is built: no rank ever holds the whole
   // model (SyncBatchNorm swaps modules after construction, and a CUDA graph captures the wrapper's
   // construction: those build it whole first, as ddp does).
+  FsdpOptions sharding;
+  sharding.activation_checkpointing = o.activation_checkpointing;
+  sharding.offload_optimizer = o.offload_optimizer;
+  auto dtype = [](PrecisionChoice p) { return p == PrecisionChoice::kBf16 ? torch::kBFloat16 : torch::kFloat32; };
+  if (o.param_dtype != PrecisionChoice::kFp32) sharding.param_dtype = dtype(o.param_dtype);
+  if (o.reduce_dtype) sharding.reduce_dtype = dtype(*o.reduce_dtype);
   std::unique_ptr<ChildSink> sink;
-  if (!o.sync_bn && !o.cuda_graph) {
-    sink = DataParallel::ShardingSink(o.strategy, job->dist.pg, job->device, o.activation_checkpointing);
-  }
+  if (!o.sync_bn && !o.cuda_graph) sink = DataParallel::ShardingSink(o.strategy, job->dist.pg, job->device, sharding);
   absl::StatusOr<std::shared_ptr<Classifier>> model;
   if (o.model == ModelChoice::kResMlp) {
     ResMlpOptions resmlp;
@@ -359,8 +363,7 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
     job->graph = std::make_unique<CudaGraphStep>(job->device, o.batch_size);
     job->graph->OnStream([&] { job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options); });
   } else {
-    job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options, std::move(sink),
-                                   o.activation_checkpointing);
+    job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options, std::move(sink), sharding);
   }
   job->optimizer = MakeOptimizer(o, job->dp->OptimizerParameters());
   job->metrics = std::make_unique<Metrics>(job->rank() == 0 ? o.metrics_file : "");

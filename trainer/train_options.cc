@@ -33,7 +33,7 @@ absl::StatusOr<E> Pick(const std::string& flag, const std::string& text, const C
 struct RawChoices {
   std::string model = "fashionnet", linear = "auto", dataset = "fashion-mnist", lr_schedule = "cosine",
               optimizer = "sgd", strategy = "ddp", allreduce = "auto", device = "auto", backend = "auto",
-              memory_format = "auto", cpu_allocator = "caching";
+              memory_format = "auto", cpu_allocator = "caching", param_dtype = "fp32", reduce_dtype;
 };
 
 // What a captured step cannot hold: each needs a decision on the host or a synchronisation per
@@ -87,6 +87,16 @@ absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
                                                 {{"auto", MemoryFormatChoice::kAuto},
                                                  {"contiguous", MemoryFormatChoice::kContiguous},
                                                  {"channels-last", MemoryFormatChoice::kChannelsLast}});
+  auto param_dtype = Pick<PrecisionChoice>("param-dtype", raw.param_dtype,
+                                           {{"fp32", PrecisionChoice::kFp32}, {"bf16", PrecisionChoice::kBf16}});
+  if (!param_dtype.ok()) return param_dtype.status();
+  o.param_dtype = *param_dtype;
+  if (!raw.reduce_dtype.empty()) {
+    auto reduce_dtype = Pick<PrecisionChoice>("reduce-dtype", raw.reduce_dtype,
+                                              {{"fp32", PrecisionChoice::kFp32}, {"bf16", PrecisionChoice::kBf16}});
+    if (!reduce_dtype.ok()) return reduce_dtype.status();
+    o.reduce_dtype = *reduce_dtype;
+  }
   auto cpu_allocator = Pick<CpuAllocatorChoice>(
       "cpu-allocator", raw.cpu_allocator, {{"caching", CpuAllocatorChoice::kCaching}, {"default", CpuAllocatorChoice::kDefault}});
   for (const absl::Status& s : {model.status(), linear.status(), dataset.status(), schedule.status(),
@@ -115,6 +125,12 @@ absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
     return absl::InvalidArgumentError("--allreduce=shm sums CPU tensors: use it with --device cpu");
   }
   if (absl::Status s = CheckCudaGraph(o); !s.ok()) return s;
+  if ((o.param_dtype != PrecisionChoice::kFp32 || o.reduce_dtype) && o.strategy != Strategy::kFsdp) {
+    return absl::InvalidArgumentError("--param-dtype and --reduce-dtype need --strategy fsdp");
+  }
+  if (o.offload_optimizer && o.strategy != Strategy::kFsdp) {
+    return absl::InvalidArgumentError("--offload-optimizer needs --strategy fsdp");
+  }
   if (o.activation_checkpointing && o.strategy == Strategy::kDdp) {
     // Our DDP, like PyTorch's without static_graph, finishes a backward when the first reentrant
     // recomputation does: FSDP's strategies (no_shard is DDP's arithmetic) hook the outer one.
@@ -213,6 +229,15 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
   app.add_flag("--activation-checkpointing", o.activation_checkpointing,
                "keep only each unit's (each child layer's or block's) input in forward and recompute the "
                "unit in backward: less activation memory for about one more forward of compute");
+  app.add_option("--param-dtype", raw.param_dtype,
+                 "--strategy fsdp: gather and compute in fp32 or bf16 (mixed precision, as PyTorch FSDP's "
+                 "param_dtype: the shards, their gradients and Adam's state stay fp32)")
+      ->capture_default_str();
+  app.add_option("--reduce-dtype", raw.reduce_dtype,
+                 "--strategy fsdp: reduce-scatter the gradients in fp32 or bf16 (default: --param-dtype)");
+  app.add_flag("--offload-optimizer", o.offload_optimizer,
+               "--strategy fsdp: keep the parameter and gradient shards, and so the optimizer's state, in CPU "
+               "memory; the device holds only gathered units and gradients in flight (on the CPU: no change)");
   app.add_flag("--report-memory", o.report_memory,
                "print each rank's parameter, gradient and optimizer-state bytes, peak, peak RSS and, on CUDA, "
                "the caching allocator's allocated, reserved and peak bytes");

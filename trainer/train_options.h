@@ -26,6 +26,7 @@ enum class DeviceChoice { kAuto, kCpu, kCuda };      // auto: CUDA when a device
 enum class BackendChoice { kAuto, kGloo, kNccl };    // auto: NCCL for CUDA, Gloo for CPU.
 // auto: channels-last on CPU, contiguous on CUDA (train_main.cc says why).
 enum class MemoryFormatChoice { kAuto, kContiguous, kChannelsLast };
+enum class PrecisionChoice { kFp32, kBf16 };  // --param-dtype / --reduce-dtype fp32|bf16.
 // caching: large CPU tensors from CachingCpuAllocator (caching_cpu_allocator.h); default: c10's.
 enum class CpuAllocatorChoice { kCaching, kDefault };
 
@@ -51,6 +52,10 @@ struct TrainOptions {
   int64_t resmlp_blocks = 4;
   // Recompute each unit's (each child's) forward in backward instead of keeping its activations.
   bool activation_checkpointing = false;
+  // Mixed precision (--strategy fsdp): compute and gather dtype, and the gradients' reduce dtype.
+  PrecisionChoice param_dtype = PrecisionChoice::kFp32;
+  std::optional<PrecisionChoice> reduce_dtype;  // Unset: param_dtype.
+  bool offload_optimizer = false;  // --strategy fsdp: shards and optimizer state in CPU memory.
   bool report_memory = false;
   int accum_steps = 1;
   bool sync_bn = false;

@@ -66,6 +66,22 @@ TEST_CASE("--cpu-allocator, --model resmlp and --activation-checkpointing") {
   CHECK(Error({"--resmlp-blocks", "0"}).find("--resmlp-blocks") != std::string::npos);
 }
 
+TEST_CASE("--param-dtype, --reduce-dtype and --offload-optimizer: fsdp only") {
+  auto parsed = Parse({"--strategy", "fsdp", "--param-dtype", "bf16", "--reduce-dtype", "fp32", "--offload-optimizer"});
+  REQUIRE(parsed.ok());
+  CHECK((*parsed)->param_dtype == PrecisionChoice::kBf16);
+  CHECK((*parsed)->reduce_dtype == PrecisionChoice::kFp32);
+  CHECK((*parsed)->offload_optimizer);
+  parsed = Parse({});
+  REQUIRE(parsed.ok());
+  CHECK((*parsed)->param_dtype == PrecisionChoice::kFp32);
+  CHECK_FALSE((*parsed)->reduce_dtype.has_value());
+  CHECK(Error({"--strategy", "fsdp", "--param-dtype", "fp16"}) == "--param-dtype=fp16: expected fp32 or bf16");
+  CHECK(Error({"--strategy", "zero2", "--param-dtype", "bf16"}) == "--param-dtype and --reduce-dtype need --strategy fsdp");
+  CHECK(Error({"--reduce-dtype", "bf16"}) == "--param-dtype and --reduce-dtype need --strategy fsdp");
+  CHECK(Error({"--offload-optimizer"}) == "--offload-optimizer needs --strategy fsdp");
+}
+
 TEST_CASE("--profile-steps FIRST:END with --profile-trace") {
   auto parsed = Parse({"--profile-steps", "10:20", "--profile-trace", "/tmp/t.json"});
   REQUIRE(parsed.ok());
