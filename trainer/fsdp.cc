@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -92,15 +93,22 @@ NamedParams ChildParams(const std::string& child_name, torch::nn::Module& child,
   return params;
 }
 
-// FNV-1a over the bytes of `tensors` (CPU), in order: equal on every rank that built the same
-// values, whatever its thread count.
+// FNV-1a over the 64-bit words of `tensors` (CPU; the tail bytes one by one), in order: equal on
+// every rank that built the same values, whatever its thread count.
 uint64_t HashValues(const std::vector<torch::Tensor>& tensors) {
+  constexpr uint64_t kPrime = 1099511628211ull;
   uint64_t h = 1469598103934665603ull;
   for (const auto& t : tensors) {
     torch::Tensor c = t.detach().contiguous();
     const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
     const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-    for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t word;
+      std::memcpy(&word, bytes + i, 8);
+      h = (h ^ word) * kPrime;
+    }
+    for (; i < n; ++i) h = (h ^ bytes[i]) * kPrime;
   }
   return h;
 }
@@ -211,10 +219,8 @@ struct FullyShardedDataParallel::Builder::Built {
 };
 
 FullyShardedDataParallel::Builder::Builder(c10::intrusive_ptr<c10d::Backend> pg, FsdpOptions options,
-                                           torch::Device device, torch::Dtype dtype)
-    : pg_(std::move(pg)), options_(options), device_(device), pools_(std::make_unique<BufferPools>(device)) {
-  (void)dtype;
-}
+                                           torch::Device device)
+    : pg_(std::move(pg)), options_(options), device_(device), pools_(std::make_unique<BufferPools>(device)) {}
 
 FullyShardedDataParallel::Builder::~Builder() = default;
 FullyShardedDataParallel::Builder::Builder(Builder&&) = default;
@@ -239,7 +245,7 @@ void FullyShardedDataParallel::Builder::TakeChild(const std::string& name, torch
 FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> module,
                                                    c10::intrusive_ptr<c10d::Backend> pg,
                                                    FsdpOptions options)
-    : FullyShardedDataParallel(std::move(module), Builder(std::move(pg), options, torch::kCPU, torch::kFloat),
+    : FullyShardedDataParallel(std::move(module), Builder(std::move(pg), options, torch::kCPU),
                                /*broadcast_all=*/true) {}
 
 FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> module, Builder built)

@@ -103,11 +103,10 @@ class FullyShardedDataParallel : private ChildForwardHooks {
   // for kFullShard only its shard stays. Every rank must seed its generator alike before
   // MakeModel (the constructor checks a hash of each unit's initial values across ranks instead of
   // broadcasting them). Parameters and buffers of other children, the root's and the buffers
-  // are still broadcast from rank 0. One dtype for every parameter (`dtype`).
+  // are still broadcast from rank 0.
   class Builder final : public ChildSink {
    public:
-    Builder(c10::intrusive_ptr<c10d::Backend> pg, FsdpOptions options, torch::Device device,
-            torch::Dtype dtype = torch::kFloat);
+    Builder(c10::intrusive_ptr<c10d::Backend> pg, FsdpOptions options, torch::Device device);
     ~Builder() override;
     Builder(Builder&&);
     void TakeChild(const std::string& name, torch::nn::Module& child) override;

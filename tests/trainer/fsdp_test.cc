@@ -160,7 +160,8 @@ Result Train(const Config& c, const std::string& strategy) {
   return result;
 }
 
-void CheckSame(const Result& a, const Result& b) {
+// Within 1e-5, or (exact) bit for bit.
+void CheckSame(const Result& a, const Result& b, bool exact = false) {
   REQUIRE(a.losses.size() == b.losses.size());
   double loss_diff = 0, param_diff = 0;
   for (size_t r = 0; r < a.losses.size(); ++r) {
@@ -172,8 +173,8 @@ void CheckSame(const Result& a, const Result& b) {
     REQUIRE(b.params.count(name));
     param_diff = std::max(param_diff, (tensor - b.params.at(name)).abs().max().item<double>());
   }
-  CHECK_MESSAGE(loss_diff < 1e-5, "max |loss difference| ", loss_diff);
-  CHECK_MESSAGE(param_diff < 1e-5, "max |parameter difference| ", param_diff);
+  CHECK_MESSAGE(loss_diff <= (exact ? 0 : 1e-5), "max |loss difference| ", loss_diff);
+  CHECK_MESSAGE(param_diff <= (exact ? 0 : 1e-5), "max |parameter difference| ", param_diff);
 }
 
 const std::vector<std::string> kStrategies = {"no_shard", "zero1", "zero2", "fsdp"};
@@ -204,7 +205,9 @@ TEST_CASE("Sharded as constructed: every strategy matches DDP (the same values a
     for (const auto& strategy : kStrategies) {
       CAPTURE(world);
       CAPTURE(strategy);
-      CheckSame(Train(c, strategy), reference);
+      // Two ranks sum each gradient element in one order (a + b == b + a): bit for bit. Three
+      // ranks' all-reduce and reduce-scatter may associate the sums differently.
+      CheckSame(Train(c, strategy), reference, /*exact=*/world == 2);
     }
   }
   Config c;
