@@ -28,8 +28,10 @@ c10::DataPtr CachingCpuAllocator::allocate(size_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = free_.find(size);
     if (it != free_.end() && !it->second.empty()) {
-      block = it->second.back();
+      auto cached = it->second.back();  // The most recently freed of this size.
       it->second.pop_back();
+      block = cached->block;
+      lru_.erase(cached);
       stats_.cached_bytes -= static_cast<int64_t>(size);
       ++stats_.reuses;
     }
@@ -52,8 +54,7 @@ c10::DataPtr CachingCpuAllocator::allocate(size_t bytes) {
 void CachingCpuAllocator::Free(void* ptr) { Instance().FreeBlock(ptr); }
 
 void CachingCpuAllocator::FreeBlock(void* ptr) {
-  size_t size = 0;
-  bool unmap = false;
+  std::vector<Cached> unmap;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = live_.find(ptr);
@@ -64,17 +65,23 @@ void CachingCpuAllocator::FreeBlock(void* ptr) {
       small(ptr);
       return;
     }
-    size = it->second;
+    const size_t size = it->second;
     live_.erase(it);
     stats_.live_bytes -= static_cast<int64_t>(size);
-    if (static_cast<size_t>(stats_.cached_bytes) + size > cache_limit_) {
-      unmap = true;
-    } else {
-      free_[size].push_back(ptr);
-      stats_.cached_bytes += static_cast<int64_t>(size);
+    lru_.push_front(Cached{ptr, size});
+    free_[size].push_back(lru_.begin());
+    stats_.cached_bytes += static_cast<int64_t>(size);
+    // Over the limit: unmap the blocks freed longest ago (sizes no longer in use), not this one.
+    while (static_cast<size_t>(stats_.cached_bytes) > cache_limit_) {
+      const Cached victim = lru_.back();
+      auto& of_size = free_[victim.size];  // Oldest first: the victim is at the front.
+      of_size.erase(of_size.begin());
+      lru_.pop_back();
+      stats_.cached_bytes -= static_cast<int64_t>(victim.size);
+      unmap.push_back(victim);
     }
   }
-  if (unmap) ::munmap(ptr, size);
+  for (const Cached& c : unmap) ::munmap(c.block, c.size);
 }
 
 void CachingCpuAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
@@ -92,15 +99,14 @@ void CachingCpuAllocator::ResetPeak() {
 }
 
 void CachingCpuAllocator::ReleaseCached() {
-  std::map<size_t, std::vector<void*>> cached;
+  std::list<Cached> cached;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    cached.swap(free_);
+    cached.swap(lru_);
+    free_.clear();
     stats_.cached_bytes = 0;
   }
-  for (auto& [size, blocks] : cached) {
-    for (void* block : blocks) ::munmap(block, size);
-  }
+  for (const Cached& c : cached) ::munmap(c.block, c.size);
 }
 
 }  // namespace elrun::trainer

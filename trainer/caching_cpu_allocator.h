@@ -10,9 +10,10 @@
 // How: requests of at least kMinBytes are rounded up to whole pages and served from a per-size
 // free list, else from a fresh anonymous mapping; freed blocks go back to their list, so a steady step reuses
 // the same blocks and the resident memory is, per size, the most blocks of that size ever live
-// at once. Free blocks beyond `cache_limit` bytes are unmapped at once, so a one-off large
-// allocation (a checkpoint export, say) does not stay resident for good. Smaller requests go
-// to c10's default CPU allocator.
+// at once. When the free blocks exceed `cache_limit` bytes, those freed longest ago are unmapped,
+// so one-off sizes (an evaluation batch, a checkpoint export) neither stay resident for good nor
+// push the training step's own blocks out of the cache. Smaller requests go to c10's default
+// CPU allocator.
 // Thread-safe (one mutex): Gloo's and autograd's threads allocate too. One instance per process
 // (c10's allocator registry keeps a raw pointer, and deleters are plain functions).
 #ifndef ELRUN_TRAINER_CACHING_CPU_ALLOCATOR_H_
@@ -20,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <list>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -65,8 +67,14 @@ class CachingCpuAllocator final : public c10::Allocator {
 
   const size_t cache_limit_;
   mutable std::mutex mu_;
-  std::unordered_map<void*, size_t> live_;      // Block -> its size.
-  std::map<size_t, std::vector<void*>> free_;  // Size -> free blocks of that size.
+  struct Cached {
+    void* block = nullptr;
+    size_t size = 0;
+  };
+  std::unordered_map<void*, size_t> live_;  // Block -> its size.
+  std::list<Cached> lru_;                   // Free blocks, the most recently freed first.
+  // Size -> its free blocks in lru_, the oldest first.
+  std::map<size_t, std::vector<std::list<Cached>::iterator>> free_;
   Stats stats_;
 };
 

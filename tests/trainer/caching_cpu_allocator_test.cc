@@ -2,10 +2,11 @@
 // their size, small ones go to c10's allocator, free blocks past the cache limit are unmapped.
 #include "trainer/caching_cpu_allocator.h"
 
-#include <doctest/doctest.h>
-
 #include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
+
+// After LibTorch's headers: c10's logging defines a CHECK of its own.
+#include <doctest/doctest.h>
 
 namespace elrun::trainer {
 namespace {
@@ -63,6 +64,32 @@ TEST_CASE("Large tensors reuse freed blocks; small ones and the cache limit beha
   }
   torch::Tensor u = torch::empty({kMiB / 2 + 990});
   CHECK(u.data_ptr() == block);
+}
+
+TEST_CASE("Over the cache limit, the blocks freed longest ago go, not the ones in use") {
+  CachingCpuAllocator& allocator = CachingCpuAllocator::Instance(/*cache_limit=*/12 * kMiB);
+  CachingCpuAllocator::Install();
+  allocator.ReleaseCached();
+  void* old_block = nullptr;
+  {
+    torch::Tensor old = torch::empty({2 * kMiB});  // 8 MiB of a size used once (an eval batch).
+    old_block = old.data_ptr();
+  }
+  void* step_blocks[2] = {nullptr, nullptr};
+  {
+    // A training step's two 4 MiB tensors, freed after the old one: 16 MiB cached is over the
+    // 12 MiB limit, so the old 8 MiB block is unmapped and these stay.
+    torch::Tensor a = torch::empty({kMiB}), b = torch::empty({kMiB});
+    step_blocks[0] = a.data_ptr();
+    step_blocks[1] = b.data_ptr();
+  }
+  CHECK(allocator.stats().cached_bytes == 8 * kMiB);
+  const auto before = allocator.stats();
+  torch::Tensor again = torch::empty({kMiB});  // The next step reuses them: no new mapping.
+  CHECK(allocator.stats().maps == before.maps);
+  CHECK(allocator.stats().reuses == before.reuses + 1);
+  CHECK((again.data_ptr() == step_blocks[0] || again.data_ptr() == step_blocks[1]));
+  CHECK(again.data_ptr() != old_block);
 }
 
 }  // namespace
