@@ -39,8 +39,6 @@ namespace {
 
 int64_t Bytes(const torch::Tensor& t) { return t.numel() * t.element_size(); }
 
-c10::StorageImpl* StorageOf(const torch::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
-
 bool Allocated(const torch::Tensor& t) { return BufferPool::HasMemory(t); }
 
 // A flat [numel] tensor whose storage has no memory yet: the pool lends it some while needed
@@ -235,8 +233,7 @@ void FullyShardedDataParallel::Builder::TakeChild(const std::string& name, torch
   auto built = std::make_unique<Built>();
   built->child = name;
   built->hash = HashValues(values);
-  child.to(device_);  // One child's parameters at a time on the device.
-  params = ChildParams(name, child, &count);
+  child.to(device_);  // One child's parameters at a time on the device (set_data: same tensors).
   const int n = options_.strategy == ShardingStrategy::kNoShard ? 1 : pg_->getSize();
   built->unit = MakeUnit(*pools_, options_, pg_->getRank(), n, name, params, &built->info);
   built_.push_back(std::move(built));
