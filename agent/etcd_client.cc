@@ -69,7 +69,6 @@ std::string PrefixEnd(const std::string& prefix) {
 }
 
 EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {}
-EtcdClient::~EtcdClient() = default;
 
 absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(const EtcdOptions& options) {
   if (options.endpoints.empty()) return absl::InvalidArgumentError("no etcd endpoint");
@@ -205,7 +204,106 @@ absl::StatusOr<int64_t> EtcdClient::GrantLease(int64_t ttl_seconds) {
   return response.id();
 }
 
+// A lease keepalive stream driven from the caller's thread through its own completion queue,
+// so that every wait is bounded.
+class EtcdClient::KeepAliveStream {
+ public:
+  KeepAliveStream(etcdpb::Lease::Stub& stub, std::unique_ptr<grpc::ClientContext> context)
+      : context_(std::move(context)), stream_(stub.PrepareAsyncLeaseKeepAlive(context_.get(), &cq_)) {}
+  ~KeepAliveStream() {
+    context_->TryCancel();
+    while (pending_ > 0) {  // Cancelled: they complete at once.
+      void* tag;
+      bool ok;
+      if (!cq_.Next(&tag, &ok)) break;
+      --pending_;
+    }
+    if (started_) {
+      grpc::Status status;
+      stream_->Finish(&status, this);
+      void* tag;
+      bool ok;
+      (void)cq_.Next(&tag, &ok);
+    }
+    cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+
+  bool Start(std::chrono::milliseconds timeout) {
+    stream_->StartCall(this);
+    ++pending_;
+    started_ = Await(timeout);
+    return started_;
+  }
+
+  // One renewal; false when the stream failed or did not answer within `timeout`.
+  bool Renew(int64_t lease_id, std::chrono::milliseconds timeout, etcdpb::LeaseKeepAliveResponse* response) {
+    etcdpb::LeaseKeepAliveRequest request;
+    request.set_id(lease_id);
+    stream_->Write(request, this);
+    ++pending_;
+    if (!Await(timeout)) return false;
+    stream_->Read(response, this);
+    ++pending_;
+    return Await(timeout) && response->id() == lease_id;
+  }
+
+ private:
+  // Waits for the one operation in flight.
+  bool Await(std::chrono::milliseconds timeout) {
+    void* tag;
+    bool ok;
+    auto deadline = std::chrono::system_clock::now() + timeout;
+    if (cq_.AsyncNext(&tag, &ok, deadline) != grpc::CompletionQueue::GOT_EVENT) return false;
+    --pending_;
+    return ok;
+  }
+
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientAsyncReaderWriterInterface<etcdpb::LeaseKeepAliveRequest, etcdpb::LeaseKeepAliveResponse>>
+      stream_;
+  int pending_ = 0;
+  bool started_ = false;
+};
+
+EtcdClient::~EtcdClient() = default;  // (KeepAliveStream is complete here.)
+
 absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease_id) {
+  std::lock_guard<std::mutex> lock(keepalive_mu_);
+  if (!keepalive_) {
+    size_t index;
+    {
+      std::lock_guard<std::mutex> guard(mu_);
+      index = current_;
+    }
+    auto context = std::make_unique<grpc::ClientContext>();
+    SetUp(*context, false);
+    auto stream = std::make_unique<KeepAliveStream>(*members_[index]->lease, std::move(context));
+    keepalive_member_ = index;
+    if (stream->Start(options_.call_timeout)) keepalive_ = std::move(stream);
+  }
+  if (keepalive_) {
+    etcdpb::LeaseKeepAliveResponse response;
+    if (keepalive_->Renew(lease_id, options_.call_timeout, &response)) {
+      if (response.ttl() <= 0) return absl::NotFoundError("etcd lease expired");
+      return response.ttl();
+    }
+    keepalive_.reset();
+  }
+  // Dead, stalled or refused: a call of its own on the next member says which, and moves on
+  // (a stalled member already took a call timeout; another would outlive short leases).
+  {
+    std::lock_guard<std::mutex> guard(mu_);
+    if (current_ == keepalive_member_) current_ = (current_ + 1) % members_.size();
+  }
+  return KeepAliveOnce(lease_id);
+}
+
+absl::StatusOr<int64_t> EtcdClient::KeepAliveOnce(int64_t lease_id) {
   etcdpb::LeaseKeepAliveResponse response;
   absl::Status status = Retry("lease keepalive", [&](Member& member, grpc::ClientContext& context) {
     auto stream = member.lease->LeaseKeepAlive(&context);
