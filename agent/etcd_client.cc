@@ -329,7 +329,7 @@ absl::Status EtcdClient::RevokeLease(int64_t lease_id) {
   });
 }
 
-absl::StatusOr<std::unique_ptr<EtcdWatch>> EtcdClient::Watch(const std::string& key, const std::string& range_end,
+absl::StatusOr<std::unique_ptr<EtcdWatch>> EtcdClient::Watch(const std::vector<WatchRange>& ranges,
                                                              int64_t start_revision) {
   std::unique_ptr<EtcdWatch> watch;
   absl::Status status = Retry("watch", [&](Member& member, grpc::ClientContext& unused) {
@@ -338,23 +338,36 @@ absl::StatusOr<std::unique_ptr<EtcdWatch>> EtcdClient::Watch(const std::string& 
     opened->context_ = std::make_unique<grpc::ClientContext>();
     SetUp(*opened->context_, false);
     opened->stream_ = member.watch->Watch(opened->context_.get());
-    etcdpb::WatchRequest request;
-    auto* create = request.mutable_create_request();
-    create->set_key(key);
-    create->set_range_end(range_end);
-    create->set_start_revision(start_revision);
-    etcdpb::WatchResponse created;
-    if (!opened->stream_->Write(request) || !opened->stream_->Read(&created)) {
+    auto fail = [&](grpc::Status why) {
       opened->context_->TryCancel();
       grpc::Status finished = opened->stream_->Finish();
+      if (!why.ok()) return why;
       return finished.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "watch stream ended") : finished;
+    };
+    for (const WatchRange& range : ranges) {
+      etcdpb::WatchRequest request;
+      auto* create = request.mutable_create_request();
+      create->set_key(range.key);
+      create->set_range_end(range.range_end);
+      create->set_start_revision(start_revision);
+      if (!opened->stream_->Write(request)) return fail(grpc::Status::OK);
     }
-    if (!created.created() || created.canceled()) {
-      opened->context_->TryCancel();
-      opened->stream_->Finish();
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("watch refused: ", created.cancel_reason(),
-                                       created.compact_revision() > 0 ? " (history compacted)" : ""));
+    // etcd creates the watchers in order; a watcher's first events may come before the next
+    // one's creation: they are kept for Read.
+    size_t created = 0;
+    while (created < ranges.size()) {
+      etcdpb::WatchResponse response;
+      if (!opened->stream_->Read(&response)) return fail(grpc::Status::OK);
+      if (response.canceled()) {
+        return fail(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                 absl::StrCat("watch refused: ", response.cancel_reason(),
+                                              response.compact_revision() > 0 ? " (history compacted)" : "")));
+      }
+      if (response.created()) {
+        ++created;
+        if (response.events_size() == 0) continue;
+      }
+      opened->early_.push_back(std::move(response));
     }
     watch = std::move(opened);
     return grpc::Status::OK;
@@ -370,7 +383,14 @@ EtcdWatch::~EtcdWatch() {
   }
 }
 
-bool EtcdWatch::Read(etcdpb::WatchResponse* response) { return stream_->Read(response); }
+bool EtcdWatch::Read(etcdpb::WatchResponse* response) {
+  if (!early_.empty()) {
+    *response = std::move(early_.front());
+    early_.pop_front();
+    return true;
+  }
+  return stream_->Read(response);
+}
 
 absl::Status EtcdWatch::Finish() {
   grpc::Status status = stream_->Finish();

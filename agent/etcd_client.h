@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -59,9 +60,14 @@ class EtcdClient {
   absl::StatusOr<int64_t> KeepAlive(int64_t lease_id);
   absl::Status RevokeLease(int64_t lease_id);
 
-  // Opens a watch of [key, range_end) from `start_revision` on a reachable member.
-  absl::StatusOr<std::unique_ptr<EtcdWatch>> Watch(const std::string& key, const std::string& range_end,
-                                                   int64_t start_revision);
+  // One watched range: [key, range_end), or the key alone when range_end is empty.
+  struct WatchRange {
+    std::string key;
+    std::string range_end;
+  };
+  // Opens one watch stream on a reachable member with a watcher per range, each from
+  // `start_revision`; returns once etcd has created them all.
+  absl::StatusOr<std::unique_ptr<EtcdWatch>> Watch(const std::vector<WatchRange>& ranges, int64_t start_revision);
 
   const EtcdOptions& options() const { return options_; }
 
@@ -88,7 +94,8 @@ class EtcdClient {
   size_t keepalive_member_ = 0;                  // Its member. Guarded by keepalive_mu_.
 };
 
-// One watch stream. Read blocks for the next response; Cancel (any thread) makes it return.
+// One watch stream. Read blocks for the next response (events of any of its watchers); Cancel
+// (any thread) makes it return.
 class EtcdWatch {
  public:
   ~EtcdWatch();
@@ -102,6 +109,7 @@ class EtcdWatch {
   EtcdWatch() = default;
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<etcdpb::WatchRequest, etcdpb::WatchResponse>> stream_;
+  std::deque<etcdpb::WatchResponse> early_;  // Events read while waiting for the creations.
 };
 
 }  // namespace elrun::rdzv

@@ -5,11 +5,13 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "agent/session_auth.h"
 
 namespace elrun::rdzv {
@@ -56,15 +58,22 @@ etcdpb::Compare NoneIn(const std::string& key, const std::string& range_end) {
 
 }  // namespace
 
-// Where the replica's coordinator sends to one session: this node's own messages are
-// delivered; the others' are theirs to deliver (their replica sends the same).
+// Where the replica's coordinator sends to one session: outputs, in order, counted per session.
 class EtcdRendezvous::Sink : public SessionSink {
  public:
   Sink(EtcdRendezvous* owner, uint64_t session) : owner_(owner), session_(session) {}
   void Send(const v1::CoordinatorMessage& message) override {
-    if (session_ == owner_->session_) owner_->Deliver(message);
+    v1::OutEntry entry;
+    *entry.mutable_message() = message;
+    owner_->Output(session_, std::move(entry));
   }
-  void Close(const absl::Status& status) override { owner_->closing_.push_back({session_, status}); }
+  void Close(const absl::Status& status) override {
+    v1::OutEntry entry;
+    entry.mutable_closed()->set_code(static_cast<int32_t>(status.code()));
+    entry.mutable_closed()->set_message(std::string(status.message()));
+    owner_->Output(session_, std::move(entry));
+    owner_->closing_.push_back({session_, status});
+  }
 
  private:
   EtcdRendezvous* const owner_;
@@ -90,50 +99,88 @@ absl::StatusOr<std::unique_ptr<EtcdRendezvous>> EtcdRendezvous::Open(const EtcdR
 
   const std::string base = options.prefix + options.run_id + "/";
   const std::string nodes = base + "nodes/";
+  const std::string presence_key = nodes + options.node_id;
+  const std::string connect_key = base + "log/c/" + options.node_id;
   v1::LogEntry connect;
   connect.set_time_ms(WallMs());
   connect.set_connect(options.node_id);
+  // One transaction in the common case, a node joining a live job: the node just before this
+  // one in line (read before this node's presence is put), its presence and its connect entry
+  // (the create revision of both: the transaction's revision).
   etcdpb::TxnRequest txn;
   *txn.add_compare() = NoneIn(nodes, PrefixEnd(nodes));
-  // No live node: whatever log is there is a dead job's, and this node starts the run afresh.
-  auto* clear = txn.add_success()->mutable_request_delete_range();
-  clear->set_key(base + "log/");
-  clear->set_range_end(PrefixEnd(base + "log/"));
+  // No live node: whatever log and outputs are there are a dead job's, and this node starts
+  // the run afresh. (A transaction may not delete a range and put a key inside it: the
+  // connect entry comes second.)
+  for (const char* part : {"log/", "out/"}) {
+    auto* clear = txn.add_success()->mutable_request_delete_range();
+    clear->set_key(base + part);
+    clear->set_range_end(PrefixEnd(base + part));
+  }
+  auto* before = txn.add_failure()->mutable_request_range();
+  before->set_key(nodes);
+  before->set_range_end(PrefixEnd(nodes));
+  before->set_sort_target(etcdpb::RangeRequest::CREATE);
+  before->set_sort_order(etcdpb::RangeRequest::DESCEND);
+  before->set_limit(1);
+  before->set_keys_only(true);
   for (auto* ops : {txn.mutable_success(), txn.mutable_failure()}) {
     auto* presence = ops->Add()->mutable_request_put();
-    presence->set_key(nodes + options.node_id);
+    presence->set_key(presence_key);
     presence->set_lease(*lease);
   }
+  *txn.add_failure()->mutable_request_txn() = CreateOnce(connect_key, connect.SerializeAsString());
   auto present = (*client)->Txn(txn);
   if (!present.ok()) return fail(present.status());
-  // (A transaction may not delete a range and put a key inside it: the entry comes second.)
-  auto joined = (*client)->Txn(CreateOnce(base + "log/c/" + options.node_id, connect.SerializeAsString()));
-  if (!joined.ok()) return fail(joined.status());
-  // The connect entry's create revision is the session id every replica gives this node.
-  etcdpb::RangeRequest own;
-  own.set_key(base + "log/c/" + options.node_id);
-  auto read = (*client)->Range(own);
-  if (!read.ok()) return fail(read.status());
-  if (read->kvs_size() != 1) return fail(absl::InternalError("etcd lost this node's connect entry"));
-  uint64_t session = static_cast<uint64_t>(read->kvs(0).create_revision());
+  std::optional<FirstLook> first;
+  uint64_t session = 0;
+  int64_t presence = 0;
+  if (!present->succeeded() && present->responses_size() == 3 &&
+      present->responses(2).response_txn().succeeded() &&
+      present->responses(0).response_range().kvs_size() == 1 &&
+      present->responses(0).response_range().kvs(0).key() != presence_key) {
+    // The usual case, at once. (Otherwise a retry after a lost reply, or the job's first node:
+    // read back below.)
+    int64_t revision = present->header().revision();
+    session = static_cast<uint64_t>(revision);
+    presence = revision;
+    first = FirstLook{present->responses(0).response_range().kvs(0).key(), revision};
+  } else {
+    auto joined = (*client)->Txn(CreateOnce(connect_key, connect.SerializeAsString()));
+    if (!joined.ok()) return fail(joined.status());
+    etcdpb::TxnRequest both;
+    for (const std::string& key : {connect_key, presence_key}) {
+      both.add_success()->mutable_request_range()->set_key(key);
+    }
+    auto read = (*client)->Txn(both);
+    if (!read.ok()) return fail(read.status());
+    if (read->responses_size() != 2 || read->responses(0).response_range().kvs_size() != 1 ||
+        read->responses(1).response_range().kvs_size() != 1) {
+      return fail(absl::InternalError("etcd lost this node's connect entry or its presence"));
+    }
+    session = static_cast<uint64_t>(read->responses(0).response_range().kvs(0).create_revision());
+    presence = read->responses(1).response_range().kvs(0).create_revision();
+  }
 
   int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fd < 0) return fail(absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno))));
   std::unique_ptr<EtcdRendezvous> rendezvous(
-      new EtcdRendezvous(options, *std::move(client), fd, *lease, session));
+      new EtcdRendezvous(options, *std::move(client), fd, *lease, session, presence));
+  rendezvous->first_look_ = std::move(first);
   rendezvous->reader_ = std::thread([r = rendezvous.get()] { r->ReadLoop(); });
   rendezvous->writer_ = std::thread([r = rendezvous.get()] { r->WriteLoop(); });
   return rendezvous;
 }
 
 EtcdRendezvous::EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<EtcdClient> client, int event_fd,
-                               int64_t lease, uint64_t session)
+                               int64_t lease, uint64_t session, int64_t presence_revision)
     : options_(std::move(options)),
       base_(options_.prefix + options_.run_id + "/"),
       client_(std::move(client)),
       event_fd_(event_fd),
       lease_(lease),
       session_(session),
+      presence_revision_(presence_revision),
       coordinator_(Coordinator::Options{
           options_.first_join_timeout, options_.token,
           // Every replica must give each session the same Challenge: a count, not a random.
@@ -147,7 +194,13 @@ EtcdRendezvous::EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<Et
 
 EtcdRendezvous::~EtcdRendezvous() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    // A leader leaving hands over what its replica made: the others would otherwise wait for
+    // the next in line to replay the log and write it.
+    if (leading_) {
+      flushed_.wait_for(lock, 2 * options_.etcd.call_timeout,
+                        [this] { return outputs_.empty() && outbox_.empty() && !writing_; });
+    }
     stop_ = true;
     if (watch_) watch_->Cancel();
   }
@@ -165,6 +218,8 @@ EtcdRendezvous::~EtcdRendezvous() {
   ::close(event_fd_);
 }
 
+std::string EtcdRendezvous::OutPrefix(uint64_t session) const { return absl::StrCat(base_, "out/", session, "/"); }
+
 bool EtcdRendezvous::Write(const v1::AgentMessage& message) {
   std::lock_guard<std::mutex> lock(mu_);
   if (ended_) return false;
@@ -173,7 +228,7 @@ bool EtcdRendezvous::Write(const v1::AgentMessage& message) {
   entry.set_time_ms(WallMs());
   entry.set_session(session_);
   *entry.mutable_message() = message;
-  outbox_.push_back({LogKey(absl::StrCat("m/", session_, "/", next_seq_++)), std::move(entry)});
+  outbox_.push_back({LogKey(absl::StrCat("m/", session_, "/", next_seq_++)), entry.SerializeAsString()});
   wake_.notify_all();
   return true;
 }
@@ -213,57 +268,223 @@ void EtcdRendezvous::End(const absl::Status& status) {
 void EtcdRendezvous::ReadLoop() {
   auto lost_since = std::chrono::steady_clock::now();
   while (true) {
+    bool leading;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stop_) return;
+      // A leader whose own session ended still leads until it leaves: the others' outputs.
+      if (stop_ || (ended_ && !leading_)) return;
+      leading = leading_;
     }
-    auto revision = CatchUp();
-    std::unique_ptr<EtcdWatch> watch;
-    if (revision.ok()) {
-      auto opened = client_->Watch(base_, PrefixEnd(base_), *revision + 1);
-      if (opened.ok()) {
-        watch = *std::move(opened);
-      } else {
-        revision = opened.status();
-      }
-    }
-    if (!revision.ok()) {
-      // Every member was tried for retry_for; a lease that outlives this is not likely.
-      if (std::chrono::steady_clock::now() - lost_since > options_.lease_ttl + options_.etcd.retry_for) {
-        End(absl::UnavailableError(absl::StrCat("lost the etcd cluster: ", revision.status().message())));
-        return;
-      }
+    absl::Status status = leading ? Lead() : Follow();
+    if (status.ok()) {
+      lost_since = std::chrono::steady_clock::now();
       continue;
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stop_) return;
-      watch_ = std::move(watch);
+    // Every member was tried for retry_for; a lease that outlives this is not likely.
+    if (std::chrono::steady_clock::now() - lost_since > options_.lease_ttl + options_.etcd.retry_for) {
+      End(absl::UnavailableError(absl::StrCat("lost the etcd cluster: ", status.message())));
+      return;
     }
-    etcdpb::WatchResponse response;
-    while (watch_->Read(&response)) {
-      if (response.canceled() || response.compact_revision() > 0) break;  // Read the keys again.
-      for (const mvccpb::Event& event : response.events()) {
-        const std::string& key = event.kv().key();
-        if (event.type() == mvccpb::Event::PUT && absl::StartsWith(key, base_ + "log/")) {
-          Apply(event.kv());
-        } else if (event.type() == mvccpb::Event::DELETE && absl::StartsWith(key, base_ + "nodes/")) {
-          OnPresenceGone(key.substr(base_.size() + 6));
-        }
-      }
-      Applied();
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    watch_->Cancel();
-    (void)watch_->Finish();
-    watch_.reset();
-    lost_since = std::chrono::steady_clock::now();
   }
+}
+
+absl::Status EtcdRendezvous::LookAround(std::string* ahead, int64_t* at) {
+  const std::string mine = OutPrefix(session_);
+  const std::string nodes = base_ + "nodes/";
+  etcdpb::RangeRequest page;
+  page.set_key(mine);
+  page.set_range_end(PrefixEnd(mine));
+  page.set_sort_target(etcdpb::RangeRequest::CREATE);
+  page.set_sort_order(etcdpb::RangeRequest::ASCEND);
+  page.set_limit(1000);
+  etcdpb::TxnRequest both;  // One snapshot: the outputs since the last seen, and the node ahead.
+  page.set_min_create_revision(outputs_seen_ + 1);
+  *both.add_success()->mutable_request_range() = page;
+  auto* before = both.add_success()->mutable_request_range();
+  before->set_key(nodes);
+  before->set_range_end(PrefixEnd(nodes));
+  before->set_sort_target(etcdpb::RangeRequest::CREATE);
+  before->set_sort_order(etcdpb::RangeRequest::DESCEND);
+  before->set_max_create_revision(presence_revision_ - 1);
+  before->set_limit(1);
+  before->set_keys_only(true);
+  auto read = client_->Txn(both);
+  if (!read.ok()) return read.status();
+  if (read->responses_size() != 2) return absl::InternalError("etcd answered a read with the wrong shape");
+  *at = read->header().revision();
+  const auto& predecessor = read->responses(1).response_range();
+  *ahead = predecessor.kvs_size() > 0 ? predecessor.kvs(0).key() : "";
+  const etcdpb::RangeResponse* outputs = &read->responses(0).response_range();
+  etcdpb::RangeResponse next;
+  while (true) {
+    for (const mvccpb::KeyValue& kv : outputs->kvs()) OnOutput(kv);
+    if (!outputs->more()) return absl::OkStatus();
+    page.set_min_create_revision(outputs_seen_ + 1);
+    page.set_revision(*at);
+    auto more = client_->Range(page);
+    if (!more.ok()) return more.status();
+    next = *std::move(more);
+    outputs = &next;
+  }
+}
+
+absl::Status EtcdRendezvous::Follow() {
+  const std::string mine = OutPrefix(session_);
+  std::string ahead;  // The live node just before this one in line.
+  int64_t at = 0;     // Every read at the first one's revision.
+  if (first_look_) {
+    // Open's transaction read it; no output can be older than this node's session.
+    ahead = first_look_->ahead;
+    at = first_look_->revision;
+    first_look_.reset();
+  } else {
+    absl::Status looked = LookAround(&ahead, &at);
+    if (!looked.ok()) return looked;
+  }
+  if (ahead.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ended_) leading_ = true;  // Every node before this one is gone.
+    return absl::OkStatus();
+  }
+  auto opened = client_->Watch({{mine, PrefixEnd(mine)}, {ahead, ""}}, at + 1);
+  if (!opened.ok()) return opened.status();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return absl::OkStatus();
+    watch_ = *std::move(opened);
+  }
+  bool gone = false;  // The predecessor.
+  etcdpb::WatchResponse response;
+  while (!gone && watch_->Read(&response)) {
+    if (response.canceled() || response.compact_revision() > 0) break;  // Read the keys again.
+    for (const mvccpb::Event& event : response.events()) {
+      if (event.type() == mvccpb::Event::PUT && absl::StartsWith(event.kv().key(), mine)) {
+        OnOutput(event.kv());
+      } else if (event.type() == mvccpb::Event::DELETE && event.kv().key() == ahead) {
+        gone = true;
+      }
+    }
+  }
+  // The watch ran, and ended (its member died, or the predecessor went): look again. Only
+  // reads and watches that cannot be opened count against the cluster.
+  std::lock_guard<std::mutex> lock(mu_);
+  watch_->Cancel();
+  (void)watch_->Finish();
+  watch_.reset();
+  return absl::OkStatus();
+}
+
+void EtcdRendezvous::OnOutput(const mvccpb::KeyValue& kv) {
+  outputs_seen_ = std::max(outputs_seen_, kv.create_revision());
+  uint64_t seq;
+  const std::string mine = OutPrefix(session_);
+  if (!absl::SimpleAtoi(absl::string_view(kv.key()).substr(mine.size()), &seq)) return;
+  v1::OutEntry entry;
+  if (!entry.ParseFromString(kv.value())) {
+    End(absl::DataLossError(absl::StrCat("an unreadable output of the coordinator in etcd at ", kv.key())));
+    return;
+  }
+  TakeOutput(seq, entry);
+}
+
+void EtcdRendezvous::TakeOutput(uint64_t seq, const v1::OutEntry& entry) {
+  uint64_t next;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    next = delivered_;
+  }
+  if (seq < next) return;  // Taken already (written again by a new leader, or read twice).
+  early_[seq] = entry;
+  for (auto it = early_.begin(); it != early_.end() && it->first == next; it = early_.erase(it), ++next) {
+    if (it->second.has_closed()) {
+      End(absl::Status(static_cast<absl::StatusCode>(it->second.closed().code()), it->second.closed().message()));
+    } else {
+      Deliver(it->second.message());
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  delivered_ = next;
+}
+
+absl::Status EtcdRendezvous::Lead() {
+  auto revision = CatchUp();
+  if (!revision.ok()) return revision.status();
+  const std::string log = base_ + "log/";
+  const std::string nodes = base_ + "nodes/";
+  auto opened = client_->Watch({{log, PrefixEnd(log)}, {nodes, PrefixEnd(nodes)}}, *revision + 1);
+  if (!opened.ok()) return opened.status();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return absl::OkStatus();
+    watch_ = *std::move(opened);
+  }
+  etcdpb::WatchResponse response;
+  while (watch_->Read(&response)) {
+    if (response.canceled() || response.compact_revision() > 0) break;  // Read the keys again.
+    for (const mvccpb::Event& event : response.events()) {
+      const std::string& key = event.kv().key();
+      if (event.type() == mvccpb::Event::PUT && absl::StartsWith(key, log)) {
+        Apply(event.kv());
+      } else if (event.type() == mvccpb::Event::DELETE && absl::StartsWith(key, nodes)) {
+        OnPresenceGone(key.substr(nodes.size()));
+      }
+    }
+    Applied();
+  }
+  // The watch ran, and ended (its member died, or the predecessor went): look again. Only
+  // reads and watches that cannot be opened count against the cluster.
+  std::lock_guard<std::mutex> lock(mu_);
+  watch_->Cancel();
+  (void)watch_->Finish();
+  watch_.reset();
+  return absl::OkStatus();
+}
+
+absl::Status EtcdRendezvous::ReadWritten(int64_t revision) {
+  const std::string out = base_ + "out/";
+  std::string from = out;
+  while (true) {
+    etcdpb::RangeRequest page;
+    page.set_key(from);
+    page.set_range_end(PrefixEnd(out));
+    page.set_keys_only(true);
+    page.set_limit(1000);
+    page.set_revision(revision);
+    auto read = client_->Range(page);
+    if (!read.ok()) return read.status();
+    for (const mvccpb::KeyValue& kv : read->kvs()) {
+      std::vector<absl::string_view> parts = absl::StrSplit(absl::string_view(kv.key()).substr(out.size()), '/');
+      uint64_t session, seq;
+      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &session) || !absl::SimpleAtoi(parts[1], &seq)) continue;
+      uint64_t& count = written_[session];
+      count = std::max(count, seq + 1);
+    }
+    if (!read->more() || read->kvs_size() == 0) break;
+    from = read->kvs(read->kvs_size() - 1).key() + std::string(1, '\0');
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> EtcdRendezvous::CatchUp() {
   const std::string log = base_ + "log/";
   int64_t at = 0;  // Every page is read at the first page's revision.
+  if (!replica_ready_) {
+    // Taking the lead: what the previous leaders wrote is not written again, and the fence
+    // and the leader key go first.
+    etcdpb::RangeRequest probe;
+    probe.set_key(base_ + "nodes/");
+    probe.set_range_end(PrefixEnd(base_ + "nodes/"));
+    probe.set_count_only(true);
+    auto read = client_->Range(probe);
+    if (!read.ok()) return read.status();
+    at = read->header().revision();
+    absl::Status written = ReadWritten(at);
+    if (!written.ok()) return written;
+    replica_ready_ = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    outputs_.push_front({base_ + "leader", options_.node_id});
+    wake_.notify_all();
+  }
   while (true) {
     etcdpb::RangeRequest page;
     page.set_key(log);
@@ -302,47 +523,34 @@ void EtcdRendezvous::OnPresenceGone(const std::string& node_id) {
   auto it = live_.find(node_id);
   if (it == live_.end()) return;
   uint64_t session = it->second;
-  // One agent logs it at once, the lowest live session but the lost one; the others only as
-  // staggered backups, so that a loss costs one write, not one per survivor.
-  const int place = Place(session);
   v1::LogEntry entry;
   entry.set_time_ms(WallMs());
   entry.set_session(session);
   entry.set_disconnect("its etcd lease ended (the agent left, died or stalled)");
   std::lock_guard<std::mutex> lock(mu_);
   if (!disconnects_asked_.insert(session).second) return;
-  Write_ write{LogKey(absl::StrCat("d/", session)), std::move(entry)};
-  if (place == 0) {
-    outbox_.push_back(std::move(write));
-  } else {
-    write.not_before = std::chrono::steady_clock::now() + place * options_.backup_delay;
-    backups_.push_back(std::move(write));
-  }
+  outbox_.push_back({LogKey(absl::StrCat("d/", session)), entry.SerializeAsString()});
   wake_.notify_all();
 }
 
-int EtcdRendezvous::Place(uint64_t excluding) const {
-  int place = 0;
-  for (const auto& [id, node] : sessions_) {
-    if (id == session_ || place >= 10) break;
-    if (id != excluding) ++place;
+void EtcdRendezvous::Output(uint64_t session, v1::OutEntry entry) {
+  const uint64_t seq = made_[session]++;
+  if (session == session_) {
+    // This node's own: taken here, once (those taken while following are not again).
+    TakeOutput(seq, entry);
+    return;
   }
-  return place;
+  auto written = written_.find(session);
+  if (written != written_.end() && seq < written->second) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  outputs_.push_back({absl::StrCat(OutPrefix(session), seq), entry.SerializeAsString()});
+  wake_.notify_all();
 }
 
 void EtcdRendezvous::Applied() {
-  const int place = Place(0);  // Sessions are etcd revisions, never 0.
   std::lock_guard<std::mutex> lock(mu_);
-  applied_time_ms_ = log_time_ms_;
-  place_ = place;
   replica_changed_ = true;
   wake_.notify_all();
-}
-
-bool EtcdRendezvous::StillNeeded(const Write_& write) const {
-  if (write.entry.has_disconnect()) return closed_.count(write.entry.session()) == 0;
-  if (write.entry.has_tick()) return applied_time_ms_ < write.entry.time_ms();
-  return true;
 }
 
 void EtcdRendezvous::CloseSession(uint64_t session, const absl::Status& status) {
@@ -350,10 +558,6 @@ void EtcdRendezvous::CloseSession(uint64_t session, const absl::Status& status) 
   if (it == sessions_.end()) return;
   live_.erase(it->second);
   sessions_.erase(it);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    closed_.insert(session);
-  }
   coordinator_.OnDisconnect(session, LogTime(log_time_ms_), std::string(status.message()));
   if (session == session_) End(status);
 }
@@ -381,7 +585,10 @@ void EtcdRendezvous::Apply(const mvccpb::KeyValue& kv) {
     case v1::LogEntry::kMessage:
       if (live && !entry.message().has_heartbeat()) {
         absl::Status status = coordinator_.OnMessage(session, entry.message(), now);
-        if (!status.ok()) closing_.push_back({session, status});
+        if (!status.ok()) {
+          // What the grpc backend's stream would end with: the agent hears why.
+          Sink(this, session).Close(status);
+        }
       }
       break;
     case v1::LogEntry::kDisconnect:
@@ -408,11 +615,33 @@ absl::Status EtcdRendezvous::Append(const std::string& key, const v1::LogEntry& 
   return written.status();
 }
 
+absl::Status EtcdRendezvous::WriteFenced(const std::vector<Put>& batch) {
+  etcdpb::TxnRequest txn;
+  auto* fence = txn.add_compare();
+  fence->set_key(base_ + "nodes/" + options_.node_id);
+  fence->set_target(etcdpb::Compare::CREATE);
+  fence->set_result(etcdpb::Compare::EQUAL);
+  fence->set_create_revision(presence_revision_);
+  for (const Put& put : batch) {
+    auto* request = txn.add_success()->mutable_request_put();
+    request->set_key(put.key);
+    request->set_value(put.value);
+    if (put.key == base_ + "leader") request->set_lease(lease_);
+  }
+  auto written = client_->Txn(txn);
+  if (!written.ok()) return written.status();
+  if (!written->succeeded()) return absl::NotFoundError("this node's presence in etcd is gone");
+  return absl::OkStatus();
+}
+
 void EtcdRendezvous::WriteLoop() {
   const auto renew_every = std::max(std::chrono::milliseconds(200), options_.lease_ttl / 3);
+  // etcd takes at most 128 operations (--max-txn-ops) and 1.5 MiB in one request.
+  constexpr size_t kBatchPuts = 100;
+  constexpr size_t kBatchBytes = 512 << 10;
   auto next_renewal = std::chrono::steady_clock::now() + renew_every;
   auto renewed_at = std::chrono::steady_clock::now();
-  int64_t ticked_for = -1;  // The deadline last logged (or backed up), not again.
+  int64_t ticked_for = -1;  // The deadline last logged, not again.
   std::unique_lock<std::mutex> lock(mu_);
   // Renews the lease when due (mu_ held; released around the call). A busy or electing cluster
   // fails a renewal now and then: only a lease that expired, or one not renewed for its whole
@@ -437,80 +666,103 @@ void EtcdRendezvous::WriteLoop() {
     }
     return true;
   };
-  // An entry is retried until it is written, the lease is lost (renewals go on meanwhile) or
-  // the node leaves: a busy cluster only delays the job.
-  auto append = [&](const Write_& write) {
+  // A write is retried until it is done, the lease is lost (renewals go on meanwhile) or the
+  // node leaves: a busy cluster only delays the job.
+  // After this node's own session ended, only a leader writes (its replica's outputs).
+  auto may_write = [this] { return !ended_ || leading_; };
+  auto retry = [&](const std::function<absl::Status()>& write) {
     absl::Status status;
-    while (!stop_ && !ended_) {
+    writing_ = true;
+    while (!stop_ && may_write()) {
       lock.unlock();
-      status = Append(write.key, write.entry);
+      status = write();
       lock.lock();
-      if (status.ok()) return;
       if (status.code() != absl::StatusCode::kUnavailable && status.code() != absl::StatusCode::kDeadlineExceeded) {
-        break;  // Refused (permissions, a bad request): no retry will do.
+        break;  // Refused (permissions, a bad request, the lead lost): no retry will do.
       }
       renew_if_due();
     }
+    writing_ = false;
+    if (status.code() == absl::StatusCode::kNotFound && leading_) {
+      // Deposed: this node's lease ended and another leads. It writes nothing more and leaves.
+      outputs_.clear();
+      outbox_.clear();
+      leading_ = false;
+      if (watch_) watch_->Cancel();
+    }
+    if (outputs_.empty() && outbox_.empty()) flushed_.notify_all();
     if (!status.ok() && !stop_ && !ended_) {
       lock.unlock();
-      End(absl::UnavailableError(absl::StrCat("cannot write to etcd: ", status.message())));
+      End(absl::UnavailableError(status.code() == absl::StatusCode::kNotFound
+                                     ? absl::StrCat("lost the lead of the job's rendezvous: ", status.message())
+                                     : absl::StrCat("cannot write to etcd: ", status.message())));
       lock.lock();
     }
   };
+  bool left = false;
   while (!stop_) {
     auto now = std::chrono::steady_clock::now();
+    if (!may_write()) {
+      // A follower whose session ended leaves the line at once: the node behind it must not
+      // wait for this one to take a lead it would not take.
+      if (!left) {
+        left = true;
+        lock.unlock();
+        (void)client_->RevokeLease(lease_);
+        lock.lock();
+      }
+      wake_.wait(lock, [this] { return stop_; });
+      continue;
+    }
     // The lease first: renewals must not queue behind a burst of entries.
     if (renew_if_due()) continue;
-    if (!outbox_.empty()) {
-      Write_ next = std::move(outbox_.front());
+    if (may_write() && !outbox_.empty()) {
+      Put next = std::move(outbox_.front());
       outbox_.pop_front();
-      append(next);
+      retry([&] {
+        auto written = client_->Txn(CreateOnce(next.key, next.value));
+        return written.status();
+      });
+      continue;
+    }
+    if (may_write() && !outputs_.empty()) {
+      std::vector<Put> batch;
+      size_t bytes = 0;
+      while (!outputs_.empty() && batch.size() < kBatchPuts &&
+             (batch.empty() || bytes + outputs_.front().value.size() <= kBatchBytes)) {
+        bytes += outputs_.front().key.size() + outputs_.front().value.size();
+        batch.push_back(std::move(outputs_.front()));
+        outputs_.pop_front();
+      }
+      retry([&] { return WriteFenced(batch); });
       continue;
     }
     auto wait_until = next_renewal;
-    // Backups of another agent's write that has not appeared in time.
-    bool wrote = false;
-    for (auto it = backups_.begin(); it != backups_.end();) {
-      if (!StillNeeded(*it)) {
-        it = backups_.erase(it);
-      } else if (it->not_before <= now) {
-        Write_ next = std::move(*it);
-        backups_.erase(it);
-        append(next);
-        wrote = true;
-        break;
-      } else {
-        wait_until = std::min(wait_until, it->not_before);
-        ++it;
-      }
-    }
-    if (wrote) continue;
-    // A timeout due in log time: log a tick so that every replica applies it at that time.
+    // A timeout due in log time: the leader logs a tick so that the replica (and any that
+    // takes over) applies it at that time.
     // (The coordinator's lock is taken without mu_: the reader holds it while delivering.)
     replica_changed_ = false;
-    lock.unlock();
-    std::optional<TimePoint> deadline = coordinator_.NextDeadline();
-    lock.lock();
-    if (deadline) {
-      int64_t due = std::chrono::duration_cast<std::chrono::milliseconds>(deadline->time_since_epoch()).count();
-      int64_t wall = WallMs();
-      if (due <= wall && due != ticked_for) {
-        ticked_for = due;
-        v1::LogEntry tick;
-        tick.set_time_ms(due);
-        tick.set_tick(true);
-        Write_ write{LogKey(absl::StrCat("t/", due)), std::move(tick)};
-        if (place_ == 0) {
-          outbox_.push_back(std::move(write));
-        } else {
-          write.not_before = now + place_ * options_.backup_delay;
-          backups_.push_back(std::move(write));
+    if (leading_) {
+      lock.unlock();
+      std::optional<TimePoint> deadline = coordinator_.NextDeadline();
+      lock.lock();
+      if (deadline) {
+        int64_t due = std::chrono::duration_cast<std::chrono::milliseconds>(deadline->time_since_epoch()).count();
+        int64_t wall = WallMs();
+        if (due <= wall && due != ticked_for) {
+          ticked_for = due;
+          v1::LogEntry tick;
+          tick.set_time_ms(due);
+          tick.set_tick(true);
+          outbox_.push_back({LogKey(absl::StrCat("t/", due)), tick.SerializeAsString()});
+          continue;
         }
-        continue;
+        if (due > wall) wait_until = std::min(wait_until, now + std::chrono::milliseconds(due - wall));
       }
-      if (due > wall) wait_until = std::min(wait_until, now + std::chrono::milliseconds(due - wall));
     }
-    wake_.wait_until(lock, wait_until, [this] { return stop_ || !outbox_.empty() || replica_changed_; });
+    wake_.wait_until(lock, wait_until, [&] {
+      return stop_ || (may_write() && (!outbox_.empty() || !outputs_.empty())) || replica_changed_;
+    });
   }
 }
 

@@ -1,16 +1,21 @@
 // The etcd-v3 rendezvous backend: the job's rendezvous state lives in etcd, and no elrun
 // process is a single point of failure. Every input of the job's coordinator - a node's
 // arrival, each of its messages, the end of its lease, a timeout falling due - is a key
-// created under <prefix><run id>/log/, and etcd's revision orders them. Each agent replays that
-// log into its own Coordinator (agent/coordinator.h, the same logic the grpc backend runs), so
-// every agent takes the same decisions - rounds, ranks, the restart budget - and acts on the
-// ones addressed to itself. Liveness is a lease per agent that holds its key under nodes/:
-// kill -9 an agent and its lease expires after the lease TTL (heartbeat_timeout); stop it
-// cleanly and the lease is revoked at once; either way the survivors log its disconnect.
-// Watches push every new entry; the log is read back from its keys (not etcd's history), so
-// compaction does no harm and a node arriving late replays the job from the start. The first
-// node of a run id with no live node clears what a dead job left; the last node to leave
-// deletes the job's keys. Same interface as RendezvousClient. Thread-safe as documented.
+// created under <prefix><run id>/log/, and etcd's revision orders them. One agent leads: it
+// replays that log into its Coordinator (agent/coordinator.h, the same logic the grpc backend
+// runs) and writes what the coordinator sends each session under out/<session>/<seq>; every
+// agent watches only its own outputs, so a job of N nodes costs etcd O(N) writes and events,
+// not a copy of every entry for every agent. Liveness is a lease per agent that holds its key
+// under nodes/: kill -9 an agent and its lease expires after the lease TTL
+// (heartbeat_timeout); stop it cleanly and the lease is revoked at once; either way the leader
+// logs its disconnect. The leader is the live node whose nodes/ key is oldest; each other node
+// watches the node just before it, and the one whose predecessors are all gone takes the lead:
+// it replays the log from its keys (not etcd's history, so compaction does no harm), takes the
+// same decisions its predecessor took, and writes only the outputs that were not written yet.
+// The leader's writes are fenced by its own nodes/ key, so a leader whose lease expired
+// (stalled, cut off) writes nothing after its successor has taken over. The first node of a
+// run id with no live node clears what a dead job left; the last node to leave deletes the
+// job's keys. Same interface as RendezvousClient. Thread-safe as documented.
 #ifndef ELRUN_AGENT_ETCD_RENDEZVOUS_H_
 #define ELRUN_AGENT_ETCD_RENDEZVOUS_H_
 
@@ -45,12 +50,8 @@ struct EtcdRendezvousOptions {
   std::chrono::milliseconds lease_ttl{5000};
   std::string token;  // The rendezvous token, checked on every Join as the grpc backend does.
   // A session that sends no Join this long (in log time) after its arrival is closed. Long:
-  // a node that arrives late first replays the job's log, and a dead one loses its lease.
+  // a dead node loses its lease anyway, and a busy cluster may delay a live one's Join.
   std::chrono::milliseconds first_join_timeout{600000};
-  // A disconnect or a timeout is logged at once by one agent (the live one with the lowest
-  // session); the k-th next one logs it after k times this (at most 10 times) if it has not
-  // appeared by then, so that an overloaded cluster is not sent one write per agent.
-  std::chrono::milliseconds backup_delay{1000};
 };
 
 class EtcdRendezvous : public AgentChannel {
@@ -74,35 +75,53 @@ class EtcdRendezvous : public AgentChannel {
 
  private:
   class Sink;
-  struct Write_ {
+  // What Open's transaction saw: the node ahead ("" for none) at the session's revision.
+  struct FirstLook {
+    std::string ahead;
+    int64_t revision = 0;
+  };
+  struct Put {
     std::string key;
-    v1::LogEntry entry;
-    // A backup of another agent's write: not before this, and not once the entry is applied.
-    std::chrono::steady_clock::time_point not_before{};
+    std::string value;
   };
 
   EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<EtcdClient> client, int event_fd,
-                 int64_t lease, uint64_t session);
+                 int64_t lease, uint64_t session, int64_t presence_revision);
   std::string LogKey(const std::string& name) const { return base_ + "log/" + name; }
+  std::string OutPrefix(uint64_t session) const;
 
-  // Reader thread: reads the log from its keys, then follows it with a watch; again after the
-  // watch breaks (a member died) from where it stopped.
+  // Reader thread: follows this node's outputs until it leads, then the job's log; again after
+  // a watch breaks (a member died) from where it stopped.
   void ReadLoop();
+  // Delivers this node's outputs while the node just before it lives. OK: look again (the
+  // predecessor is gone, or this node leads now).
+  absl::Status Follow();
+  // Takes this node's outputs since the last seen and finds the live node just before it in
+  // line ("": none, this node leads), at one revision (*at).
+  absl::Status LookAround(std::string* ahead, int64_t* at);
+  void OnOutput(const mvccpb::KeyValue& kv);
+  void TakeOutput(uint64_t seq, const v1::OutEntry& entry);
+  // Replays the log into the replica and follows it with a watch, with the nodes' presence.
+  absl::Status Lead();
   absl::StatusOr<int64_t> CatchUp();
+  // The outputs the previous leaders wrote: the highest seq of each session (once, on taking
+  // the lead).
+  absl::Status ReadWritten(int64_t revision);
   void Apply(const mvccpb::KeyValue& kv);
   void OnPresenceGone(const std::string& node_id);
-  // This node's place among the live sessions but `excluding`, at most 10 (reader thread): 0
-  // logs a disconnect or a tick at once, place k as a backup after k * backup_delay.
-  int Place(uint64_t excluding) const;
-  // After a batch of entries: lets the writer see the replica's new deadline and designation.
+  // One output of the replica to `session`: delivered here when it is this node's, queued for
+  // etcd when it is another's and its predecessor did not write it.
+  void Output(uint64_t session, v1::OutEntry entry);
+  // After a batch of entries: lets the writer see the replica's new deadline.
   void Applied();
-  // Whether a backup write is still needed (its entry not applied yet). Writer thread, mu_ held.
-  bool StillNeeded(const Write_& write) const;
   void CloseSession(uint64_t session, const absl::Status& status);
 
-  // Writer thread: appends entries, renews the lease, logs due timeouts.
+  // Writer thread: appends entries, writes outputs, renews the lease, logs due timeouts.
   void WriteLoop();
   absl::Status Append(const std::string& key, const v1::LogEntry& entry);
+  // Writes a batch of outputs if this node's presence (its lead) still holds. NotFound: it
+  // does not.
+  absl::Status WriteFenced(const std::vector<Put>& batch);
   void End(const absl::Status& status);
   void Deliver(const v1::CoordinatorMessage& message);
 
@@ -111,27 +130,36 @@ class EtcdRendezvous : public AgentChannel {
   std::unique_ptr<EtcdClient> client_;
   const int event_fd_;
   const int64_t lease_;
-  const uint64_t session_;  // This node's.
+  const uint64_t session_;            // This node's.
+  const int64_t presence_revision_;   // Its nodes/ key's create revision: its place in line.
 
-  // The replica; touched by the reader thread (and NextDeadline by the writer).
+  // Reader thread only.
+  std::optional<FirstLook> first_look_;      // Set by Open, used by the first Follow.
+  std::map<uint64_t, v1::OutEntry> early_;  // Outputs past a gap, until it fills.
+  int64_t outputs_seen_ = 0;                // Create revision of the last output read.
+  // The replica (leader); touched by the reader thread (and NextDeadline by the writer).
   Coordinator coordinator_;
   std::map<uint64_t, std::unique_ptr<Sink>> sinks_;
   std::map<std::string, uint64_t> live_;      // Node id -> its session, while connected.
   std::map<uint64_t, std::string> sessions_;  // The reverse of live_.
   std::vector<std::pair<uint64_t, absl::Status>> closing_;  // Closed by the coordinator.
+  std::map<uint64_t, uint64_t> made_;         // Outputs made for each session so far.
+  std::map<uint64_t, uint64_t> written_;      // Outputs previous leaders wrote, per session.
+  bool replica_ready_ = false;                // written_ read: the replica may write.
   int64_t applied_ = 0;      // The last log entry applied (its create revision).
   int64_t log_time_ms_ = 0;  // The replica's clock.
   uint64_t nonces_ = 0;
 
   mutable std::mutex mu_;
   std::condition_variable wake_;                // The writer's.
+  std::condition_variable flushed_;             // Nothing left to write (a leader leaving).
+  bool writing_ = false;                        // The writer is in a write. Guarded by mu_.
   std::deque<v1::CoordinatorMessage> inbox_;    // Guarded by mu_.
   std::optional<absl::Status> ended_;           // Guarded by mu_.
-  std::deque<Write_> outbox_;                   // Guarded by mu_.
-  std::deque<Write_> backups_;                  // Guarded by mu_.
-  std::set<uint64_t> closed_;                   // Sessions applied as closed. Guarded by mu_.
-  int64_t applied_time_ms_ = 0;                 // log_time_ms_ for the writer. Guarded by mu_.
-  int place_ = 0;  // This node's place among the live sessions (0: logs timeouts at once). mu_.
+  uint64_t delivered_ = 0;                      // This node's outputs taken. Guarded by mu_.
+  bool leading_ = false;                        // Guarded by mu_.
+  std::deque<Put> outbox_;                      // Log entries to append. Guarded by mu_.
+  std::deque<Put> outputs_;                     // The leader's, to write. Guarded by mu_.
   std::set<uint64_t> disconnects_asked_;        // Guarded by mu_.
   bool stop_ = false;                           // Guarded by mu_.
   bool replica_changed_ = false;                // Guarded by mu_.

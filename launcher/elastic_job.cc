@@ -38,7 +38,7 @@ class ClientSession : public RendezvousSession {
   rdzv::AgentChannel& channel_;
 };
 
-// The etcd-v3 backend's channel: this node's replica of the job's log in etcd.
+// The etcd-v3 backend's channel: this node's session in the job's rendezvous in etcd.
 absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> OpenEtcd(const JobSpec& spec, const RdzvSettings& rdzv,
                                                              const std::string& node_id) {
   rdzv::EtcdRendezvousOptions options;

@@ -1,6 +1,6 @@
 // etcd_load: many simulated rendezvous nodes of the etcd-v3 backend in one process, for
 // etcd_scale_bench.py. Each node is a real EtcdRendezvous (its own EtcdClient, lease, reader
-// and writer threads, its own replica of the coordinator) that behaves as an elrun agent
+// and writer threads; the one that leads replays the job's log) that behaves as an elrun agent
 // without workers and without a token: it answers the Challenge with a Join (client nonce, no
 // proof), and joins again after each RoundEnded. --open-threads threads open the sessions;
 // one epoll thread drives every node over their event_fds.

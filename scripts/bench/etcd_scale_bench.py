@@ -1,17 +1,17 @@
 #!/usr/bin/python3
 """Rendezvous at scale, etcd-v3 backend: a real etcd (1 member, or --members 3) on loopback
 against N simulated nodes (scripts/bench/etcd_load: N real EtcdRendezvous sessions in one
-process, each with its own lease, reader and writer threads and replica of the coordinator; no
-workers, no token). gRPC would carry all N over one connection per member; each member listens
+process, each with its own lease, reader and writer threads; one of them leads and replays the
+job's log into the coordinator; no workers, no token). gRPC would carry all N over one connection per member; each member listens
 on --connections client ports and etcd_load spreads the nodes over them.
 
 For each N in --sizes, with a fresh etcd cluster per run:
   open          etcd_load's start to every EtcdRendezvous::Open returned (etcd_load's clock)
   formation     etcd_load's start to every live node holding RoundStarted (etcd_load's clock);
-                the sessions are opened from --open-threads threads while the first ones already
-                replay the log, so formation includes the open phase
+                the sessions are opened from --open-threads threads while the leader already
+                answers the first ones, so formation includes the open phase
   etcd CPU      user+sys of the etcd member processes from etcd_load's start to formation
-  agents CPU    etcd_load's own user+sys up to formation: the N agents' replicas together
+  agents CPU    etcd_load's own user+sys up to formation: the N agents together
   steady        CPU share (cores) over --steady seconds while the job just holds (lease
                 keepalives only): of etcd (the members together) and of etcd_load (the agents)
   re-formation  the 1% of nodes with the highest group ranks are destroyed (each revokes its
@@ -339,7 +339,7 @@ def main():
             cell(n, "etcd_rss_mib", "MiB", 1, tgt("etcd_rss_mib")), cell(n, "load_rss_mib", "MiB", 1),
             leave_text))
     print("\nall nodes leave: from \"quit\" to etcd_load's exit, every node destroyed (lease revoked) "
-          "from 32 threads while the others still replay the log (bounded by --quit-timeout %.0f s)."
+          "from 32 threads while the others are still in the job (bounded by --quit-timeout %.0f s)."
           % args.quit_timeout)
     print("\nTargets (those of the gRPC backend at 10,000 nodes, asked of the etcd backend at %d): "
           "formation ≤ 2 s, peak RSS ≤ 256 MiB (etcd), steady cost under 0.2 of a core (etcd), "

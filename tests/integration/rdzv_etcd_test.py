@@ -3,6 +3,8 @@
 leader killed with SIGKILL mid-job costs no restart, and one stopped with SIGSTOP does not stall
 the job; an agent killed with SIGKILL is lost when
 its lease expires and the survivors form a new round, and a node that arrives scales the job up;
+the leading agent (the one that replays the log) killed with SIGKILL, or stalled with SIGSTOP
+past its lease: the next in line takes over;
 two jobs on one cluster stay apart; etcd's user and password, and TLS to etcd, are honoured;
 a wrong password or an unreachable cluster is a one-line error."""
 import signal
@@ -113,6 +115,57 @@ class EtcdRendezvousTest(RdzvTestCase):
         self.assertIn("a node was lost", stderr)
         self.assertIn("etcd lease ended", stderr)
         print("node lost %.2f s after kill -9 (lease TTL %d s)" % (lost_after, LEASE_S))
+        self.assertEqual(cluster.keys(PREFIX), [])
+
+    def test_leading_agent_killed_the_next_takes_over(self):
+        # One agent leads (replays the log, writes everyone's outputs): its kill -9 must cost
+        # only a new round of the survivors, led by the next in line, with no restart spent.
+        cluster = self.cluster()
+        agents = [self.agent(cluster, node, nnodes="2:3", nproc=1) for node in (1, 2, 3)]
+        self.check_round(self.wait_workers(3, alive=agents, what="round 1's 3 workers"), 3, 3)
+        leader_key = PREFIX + "job/leader"
+        node_id = cluster.get(leader_key)
+        self.assertIsNotNone(node_id, "expected the leading agent's id at %s" % leader_key)
+        pid = int(node_id.split(":")[-2])
+        victim = [a for a in agents if a.proc.pid == pid]
+        self.assertEqual(len(victim), 1, "no agent has the leader's pid %d (%s)" % (pid, node_id))
+        survivors = [a for a in agents if a is not victim[0]]
+        victim[0].proc.kill()
+        killed_at = time.monotonic()
+        second = self.wait_workers(2, alive=survivors, what="round 2 of the 2 survivors",
+                                   timeout=LOSS_BOUND_S)
+        lost_after = time.monotonic() - killed_at
+        self.check_round(second, 2, 2)
+        successor = cluster.get(leader_key)
+        self.assertIn(int(successor.split(":")[-2]), [a.proc.pid for a in survivors], successor)
+        self.release(2)
+        self.assertAllExit(survivors, 0)
+        self.assertIn("a node was lost", survivors[0].result().err)
+        print("leading agent lost %.2f s after kill -9 (lease TTL %d s)" % (lost_after, LEASE_S))
+        self.assertEqual(cluster.keys(PREFIX), [])
+
+    def test_leading_agent_stalled_is_deposed_and_leaves(self):
+        # SIGSTOP the leading agent past its lease: the next in line leads the survivors' new
+        # round; resumed, the stalled agent finds its lease gone, writes nothing and exits 1.
+        cluster = self.cluster()
+        agents = [self.agent(cluster, node, nnodes="2:3", nproc=1) for node in (1, 2, 3)]
+        self.check_round(self.wait_workers(3, alive=agents, what="round 1's 3 workers"), 3, 3)
+        leader_key = PREFIX + "job/leader"
+        pid = int(cluster.get(leader_key).split(":")[-2])
+        stalled = [a for a in agents if a.proc.pid == pid][0]
+        survivors = [a for a in agents if a is not stalled]
+        stalled.proc.send_signal(signal.SIGSTOP)
+        try:
+            second = self.wait_workers(2, alive=survivors, what="round 2 of the 2 survivors",
+                                       timeout=LOSS_BOUND_S)
+        finally:
+            stalled.proc.send_signal(signal.SIGCONT)
+        self.check_round(second, 2, 2)
+        self.assertIn(int(cluster.get(leader_key).split(":")[-2]), [a.proc.pid for a in survivors])
+        self.assertAllExit([stalled], 1)
+        self.assertIn("etcd lease", stalled.result().err)  # Expired, or ended (its replica saw it).
+        self.release(3)  # The stalled node's worker too, if it still runs.
+        self.assertAllExit(survivors, 0)
         self.assertEqual(cluster.keys(PREFIX), [])
 
     def test_two_jobs_on_one_cluster_stay_apart(self):
