@@ -23,8 +23,9 @@ PACKAGES=(
   dataset-fashion-mnist python3-matplotlib
   # Integration tests: procps (ps) and iproute2 (ss) for process and port checks.
   procps iproute2 time
-  # TLS tests make a throw-away CA and certificates; libcrypto's HMAC for the rendezvous proofs.
-  openssl libssl-dev
+  # TLS tests make a throw-away CA and certificates; libcrypto's HMAC for the rendezvous proofs;
+  # libsodium's Ed25519 for the run credential (twice as fast to verify as libcrypto's here).
+  openssl libssl-dev libsodium-dev
   # The rendezvous fuzzer (tests/fuzz): clang with libFuzzer and the sanitizer runtimes.
   clang libclang-rt-14-dev
   # A real Slurm for tests/integration/slurm_test.py: controller, node daemons, srun, munge.

@@ -16,6 +16,7 @@ _PKG_CONFIG_LIBS = {
     "crypto": ["libcrypto"],
     "grpc": ["grpc++", "protobuf"],
     "protobuf": ["protobuf"],
+    "sodium": ["libsodium"],
     "spdlog": ["spdlog"],
     "zlib": ["zlib"],
 }
