@@ -110,7 +110,8 @@ void Coordinator::OnConnect(SessionId id, SessionSink* sink, TimePoint now) {
   Send(id, challenge);
 }
 
-absl::Status Coordinator::VerifyProof(const Session& session, const v1::Join& join) const {
+absl::Status Coordinator::VerifyProof(const Session& session, const v1::Join& join,
+                                      std::optional<bool> signature_valid) const {
   if (!key_.empty()) {
     if (join.proof().empty()) {
       return absl::UnauthenticatedError(
@@ -123,8 +124,9 @@ absl::Status Coordinator::VerifyProof(const Session& session, const v1::Join& jo
   }
   if (!join.run_key().empty() &&
       (join.client_nonce().size() != kNonceBytes ||
-       !VerifyJoinSignature(join.run_key(), join.run_signature(), session.nonce, join.client_nonce(),
-                            join.run_id(), join.node_id()))) {
+       !(signature_valid ? *signature_valid
+                         : VerifyJoinSignature(join.run_key(), join.run_signature(), session.nonce,
+                                               join.client_nonce(), join.run_id(), join.node_id())))) {
     return absl::UnauthenticatedError("the Join's run key signature does not verify");
   }
   return absl::OkStatus();
@@ -142,18 +144,36 @@ void Coordinator::Welcome(SessionId id, Session& session, const v1::Join& join) 
 }
 
 absl::Status Coordinator::OnMessage(SessionId id, const v1::AgentMessage& message, TimePoint now) {
+  // A first Join's run key signature, the costliest check (an Ed25519 verification), is
+  // verified before taking the lock, so that the many sessions of a job's start verify on
+  // every thread at once. A session's nonce never changes, and its messages come one at a time.
+  std::optional<bool> signature_valid;
+  if (message.has_join() && !message.join().run_key().empty()) {
+    std::string nonce;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto session = sessions_.find(id);
+      if (session != sessions_.end() && !session->second.authenticated) nonce = session->second.nonce;
+    }
+    const v1::Join& join = message.join();
+    if (!nonce.empty()) {
+      signature_valid = VerifyJoinSignature(join.run_key(), join.run_signature(), nonce, join.client_nonce(),
+                                            join.run_id(), join.node_id());
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  absl::Status status = HandleMessage(id, message, now);
+  absl::Status status = HandleMessage(id, message, now, signature_valid);
   if (!status.ok()) {
     ++counters_.refused[absl::AsciiStrToLower(absl::StatusCodeToString(status.code()))];
   }
   return status;
 }
 
-absl::Status Coordinator::HandleMessage(SessionId id, const v1::AgentMessage& message, TimePoint now) {
+absl::Status Coordinator::HandleMessage(SessionId id, const v1::AgentMessage& message, TimePoint now,
+                                        std::optional<bool> signature_valid) {
   auto session = sessions_.find(id);
   if (session == sessions_.end()) return absl::NotFoundError("unknown session");
-  if (message.has_join()) return HandleJoin(id, session->second, message.join(), now);
+  if (message.has_join()) return HandleJoin(id, session->second, message.join(), now, signature_valid);
 
   Job* job = FindJob(session->second.run_id);
   if (job == nullptr || job->nodes.count(id) == 0) {
@@ -167,12 +187,12 @@ absl::Status Coordinator::HandleMessage(SessionId id, const v1::AgentMessage& me
   return absl::InvalidArgumentError("empty message");
 }
 
-absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::Join& join,
-                                     TimePoint now) {
+absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::Join& join, TimePoint now,
+                                     std::optional<bool> signature_valid) {
   // The proof before anything else (an agent of another version is told that instead), so
   // that a peer without the token learns nothing from the checks below.
   if (!session.authenticated && join.protocol_version() == kProtocolVersion) {
-    absl::Status proven = VerifyProof(session, join);
+    absl::Status proven = VerifyProof(session, join, signature_valid);
     if (!proven.ok()) return proven;
   }
   absl::Status valid = ValidateJoin(join);

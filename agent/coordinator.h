@@ -194,13 +194,16 @@ class Coordinator {
   };
 
   // The proofs of a session's first Join (token, run key signature); Unauthenticated when one
-  // is missing or wrong.
-  absl::Status VerifyProof(const Session& session, const v1::Join& join) const;
+  // is missing or wrong. `signature_valid`: the run key signature, when OnMessage verified it
+  // outside the lock.
+  absl::Status VerifyProof(const Session& session, const v1::Join& join, std::optional<bool> signature_valid) const;
   // Marks the session authenticated and sends its Welcome, the coordinator's own proof.
   void Welcome(SessionId id, Session& session, const v1::Join& join);
 
-  absl::Status HandleMessage(SessionId id, const v1::AgentMessage& message, TimePoint now);
-  absl::Status HandleJoin(SessionId id, Session& session, const v1::Join& join, TimePoint now);
+  absl::Status HandleMessage(SessionId id, const v1::AgentMessage& message, TimePoint now,
+                             std::optional<bool> signature_valid);
+  absl::Status HandleJoin(SessionId id, Session& session, const v1::Join& join, TimePoint now,
+                          std::optional<bool> signature_valid);
   absl::Status HandleWorkersEnded(Job& job, Node& node, const v1::WorkersEnded& ended);
   absl::Status HandlePaces(SessionId id, Job& job, Node& node, const v1::Paces& paces);
   void MaybeCompleteRound(Job& job, TimePoint now);
