@@ -92,6 +92,17 @@ class EtcdRendezvousTest(RdzvTestCase):
         self.assertNoMoreWorkers()
         cluster.kill(leader, signal.SIGCONT, wait=False)
 
+    def kill_and_wait_round(self, victim, survivors, name):
+        """SIGKILLs victim; the 2 survivors' next round must start within LOSS_BOUND_S. Returns
+        its records and how long after the kill it started."""
+        victim.proc.kill()
+        killed_at = time.monotonic()
+        records = self.wait_workers(2, alive=survivors, what="%s of the 2 survivors" % name,
+                                    timeout=LOSS_BOUND_S)
+        lost_after = time.monotonic() - killed_at
+        self.check_round(records, 2, 2)
+        return records, lost_after
+
     def test_agent_killed_survivors_form_a_new_round_and_a_newcomer_scales_up(self):
         cluster = self.cluster()
         agents = [self.agent(cluster, node, nnodes="2:3", nproc=1) for node in (1, 2)]
@@ -102,12 +113,7 @@ class EtcdRendezvousTest(RdzvTestCase):
         self.check_round(second, 3, 3)
         victim = [a for a in agents if a.node == [r["node"] for r in second if r["group"] == 1][0]][0]
         survivors = [a for a in agents if a is not victim]
-        victim.proc.kill()
-        killed_at = time.monotonic()
-        third = self.wait_workers(2, alive=survivors, what="round 3 of the 2 survivors",
-                                  timeout=LOSS_BOUND_S)
-        lost_after = time.monotonic() - killed_at
-        self.check_round(third, 2, 2)
+        third, lost_after = self.kill_and_wait_round(victim, survivors, "round 3")
         self.assertEqual(sorted(r["node"] for r in third), sorted(a.node for a in survivors))
         self.release(2)
         self.assertAllExit(survivors, 0)
@@ -117,27 +123,30 @@ class EtcdRendezvousTest(RdzvTestCase):
         print("node lost %.2f s after kill -9 (lease TTL %d s)" % (lost_after, LEASE_S))
         self.assertEqual(cluster.keys(PREFIX), [])
 
+    LEADER_KEY = PREFIX + "job/leader"
+
+    def leading_agent(self, cluster, agents):
+        """The agent whose id (host:pid:suffix) the job's leader key holds."""
+        node_id = cluster.get(self.LEADER_KEY)
+        self.assertIsNotNone(node_id, "expected the leading agent's id at %s" % self.LEADER_KEY)
+        pid = int(node_id.split(":")[-2])
+        leader = [a for a in agents if a.proc.pid == pid]
+        self.assertEqual(len(leader), 1, "no agent has the leader's pid %d (%s)" % (pid, node_id))
+        return leader[0]
+
+    def three_nodes_and_their_leader(self, cluster):
+        agents = [self.agent(cluster, node, nnodes="2:3", nproc=1) for node in (1, 2, 3)]
+        self.check_round(self.wait_workers(3, alive=agents, what="round 1's 3 workers"), 3, 3)
+        leader = self.leading_agent(cluster, agents)
+        return leader, [a for a in agents if a is not leader]
+
     def test_leading_agent_killed_the_next_takes_over(self):
         # One agent leads (replays the log, writes everyone's outputs): its kill -9 must cost
         # only a new round of the survivors, led by the next in line, with no restart spent.
         cluster = self.cluster()
-        agents = [self.agent(cluster, node, nnodes="2:3", nproc=1) for node in (1, 2, 3)]
-        self.check_round(self.wait_workers(3, alive=agents, what="round 1's 3 workers"), 3, 3)
-        leader_key = PREFIX + "job/leader"
-        node_id = cluster.get(leader_key)
-        self.assertIsNotNone(node_id, "expected the leading agent's id at %s" % leader_key)
-        pid = int(node_id.split(":")[-2])
-        victim = [a for a in agents if a.proc.pid == pid]
-        self.assertEqual(len(victim), 1, "no agent has the leader's pid %d (%s)" % (pid, node_id))
-        survivors = [a for a in agents if a is not victim[0]]
-        victim[0].proc.kill()
-        killed_at = time.monotonic()
-        second = self.wait_workers(2, alive=survivors, what="round 2 of the 2 survivors",
-                                   timeout=LOSS_BOUND_S)
-        lost_after = time.monotonic() - killed_at
-        self.check_round(second, 2, 2)
-        successor = cluster.get(leader_key)
-        self.assertIn(int(successor.split(":")[-2]), [a.proc.pid for a in survivors], successor)
+        victim, survivors = self.three_nodes_and_their_leader(cluster)
+        _, lost_after = self.kill_and_wait_round(victim, survivors, "round 2")
+        self.leading_agent(cluster, survivors)
         self.release(2)
         self.assertAllExit(survivors, 0)
         self.assertIn("a node was lost", survivors[0].result().err)
@@ -148,12 +157,7 @@ class EtcdRendezvousTest(RdzvTestCase):
         # SIGSTOP the leading agent past its lease: the next in line leads the survivors' new
         # round; resumed, the stalled agent finds its lease gone, writes nothing and exits 1.
         cluster = self.cluster()
-        agents = [self.agent(cluster, node, nnodes="2:3", nproc=1) for node in (1, 2, 3)]
-        self.check_round(self.wait_workers(3, alive=agents, what="round 1's 3 workers"), 3, 3)
-        leader_key = PREFIX + "job/leader"
-        pid = int(cluster.get(leader_key).split(":")[-2])
-        stalled = [a for a in agents if a.proc.pid == pid][0]
-        survivors = [a for a in agents if a is not stalled]
+        stalled, survivors = self.three_nodes_and_their_leader(cluster)
         stalled.proc.send_signal(signal.SIGSTOP)
         try:
             second = self.wait_workers(2, alive=survivors, what="round 2 of the 2 survivors",
@@ -161,7 +165,7 @@ class EtcdRendezvousTest(RdzvTestCase):
         finally:
             stalled.proc.send_signal(signal.SIGCONT)
         self.check_round(second, 2, 2)
-        self.assertIn(int(cluster.get(leader_key).split(":")[-2]), [a.proc.pid for a in survivors])
+        self.leading_agent(cluster, survivors)
         self.assertAllExit([stalled], 1)
         self.assertIn("etcd lease", stalled.result().err)  # Expired, or ended (its replica saw it).
         self.release(3)  # The stalled node's worker too, if it still runs.
