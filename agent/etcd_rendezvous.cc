@@ -716,7 +716,7 @@ void EtcdRendezvous::WriteLoop() {
     }
     // The lease first: renewals must not queue behind a burst of entries.
     if (renew_if_due()) continue;
-    if (may_write() && !outbox_.empty()) {
+    if (!outbox_.empty()) {
       Put next = std::move(outbox_.front());
       outbox_.pop_front();
       retry([&] {
@@ -725,7 +725,7 @@ void EtcdRendezvous::WriteLoop() {
       });
       continue;
     }
-    if (may_write() && !outputs_.empty()) {
+    if (!outputs_.empty()) {
       std::vector<Put> batch;
       size_t bytes = 0;
       while (!outputs_.empty() && batch.size() < kBatchPuts &&
