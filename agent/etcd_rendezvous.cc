@@ -397,7 +397,12 @@ void EtcdRendezvous::TakeOutput(uint64_t seq, const v1::OutEntry& entry) {
   early_[seq] = entry;
   for (auto it = early_.begin(); it != early_.end() && it->first == next; it = early_.erase(it), ++next) {
     if (it->second.has_closed()) {
-      End(absl::Status(static_cast<absl::StatusCode>(it->second.closed().code()), it->second.closed().message()));
+      // An ending is never OK, whatever code the entry carries (it is read from etcd).
+      int code = it->second.closed().code();
+      End(absl::Status(code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+                           ? static_cast<absl::StatusCode>(code)
+                           : absl::StatusCode::kUnavailable,
+                       it->second.closed().message()));
     } else {
       Deliver(it->second.message());
     }
