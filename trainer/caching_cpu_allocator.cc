@@ -36,14 +36,14 @@ c10::DataPtr CachingCpuAllocator::allocate(size_t bytes) {
       ++stats_.reuses;
     }
   }
-  if (block == nullptr) {
+  const bool mapped = block == nullptr;
+  if (mapped) {
     block = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     TORCH_CHECK(block != MAP_FAILED, "CachingCpuAllocator: out of memory mapping ", size, " bytes: ",
                 std::strerror(errno));
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.maps;
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (mapped) ++stats_.maps;
   live_[block] = size;
   stats_.live_bytes += static_cast<int64_t>(size);
   stats_.peak_mapped_bytes = std::max(stats_.peak_mapped_bytes, stats_.live_bytes + stats_.cached_bytes);

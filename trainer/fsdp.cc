@@ -213,7 +213,7 @@ struct FullyShardedDataParallel::Builder::Built {
   std::string child;
   std::unique_ptr<Unit> unit;
   FsdpUnitInfo info;
-  uint64_t hash = 0;
+  int64_t hash = 0;  // HashValues, 62 bits: its negation fits too (checked with one MAX).
 };
 
 FullyShardedDataParallel::Builder::Builder(c10::intrusive_ptr<c10d::Backend> pg, FsdpOptions options,
@@ -232,7 +232,7 @@ void FullyShardedDataParallel::Builder::TakeChild(const std::string& name, torch
   for (const auto& p : params) values.push_back(p.second);
   auto built = std::make_unique<Built>();
   built->child = name;
-  built->hash = HashValues(values);
+  built->hash = static_cast<int64_t>(HashValues(values) & 0x3fffffffffffffffull);
   child.to(device_);  // One child's parameters at a time on the device (set_data: same tensors).
   const int n = options_.strategy == ShardingStrategy::kNoShard ? 1 : pg_->getSize();
   built->unit = MakeUnit(*pools_, options_, pg_->getRank(), n, name, params, &built->info);
@@ -263,7 +263,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> m
     const int64_t count = static_cast<int64_t>(built.built_.size());
     torch::Tensor bounds = torch::empty({2 * count}, torch::kInt64);
     for (int64_t u = 0; u < count; ++u) {
-      const int64_t h = static_cast<int64_t>(built.built_[u]->hash & 0x3fffffffffffffffull);
+      const int64_t h = built.built_[u]->hash;
       bounds[u] = h;
       bounds[count + u] = -h;
     }
@@ -274,7 +274,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> m
     pg_->allreduce(one, max)->wait();
     bounds = bounds.cpu();
     for (int64_t u = 0; u < count; ++u) {
-      const int64_t h = static_cast<int64_t>(built.built_[u]->hash & 0x3fffffffffffffffull);
+      const int64_t h = built.built_[u]->hash;
       TORCH_CHECK(bounds[u].item<int64_t>() == h && bounds[count + u].item<int64_t>() == -h,
                   "FullyShardedDataParallel: the ranks initialised different values for '", built.built_[u]->child,
                   "' (every rank must seed its generator alike before building the model)");
@@ -362,8 +362,7 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   for (auto& unit : units_) {
     if (unit->gather_work) unit->gather_work->wait();
     if (unit->reduce_scatter.active()) unit->reduce_scatter.Finish(unit->shard.grad(), 1.0, true);
-    if (unit->receive.index >= 0) pools_->For(ReduceDtype(*unit)).Return(unit->receive);
-    if (unit->cast.index >= 0) pools_->For(ReduceDtype(*unit)).Return(unit->cast);
+    ReturnReduceLoans(*unit);
     if (unit->all_reduce) unit->all_reduce->wait();
     // The module outlives this wrapper: leave no parameter pointing into the pool's memory.
     pools_->For(unit->full).TakeFrom(unit->full);
@@ -499,6 +498,13 @@ c10::ScalarType FullyShardedDataParallel::ReduceDtype(const Unit& unit) const {
   return options_.reduce_dtype.value_or(unit.flat_grad.scalar_type());
 }
 
+void FullyShardedDataParallel::ReturnReduceLoans(Unit& unit) {
+  for (BufferPool::Loan* loan : {&unit.receive, &unit.cast}) {
+    if (loan->index >= 0) pools_->For(ReduceDtype(unit)).Return(*loan);
+    *loan = {};
+  }
+}
+
 void FullyShardedDataParallel::EnsureGradShard(Unit& unit) {
   if (unit.shard.grad().defined()) return;
   // The optimizer's zero_grad() set the gradient shard to None (LibTorch 2's default): start from
@@ -605,8 +611,7 @@ void FullyShardedDataParallel::FinishReductions(size_t keep) {
         break;
       case ShardingStrategy::kShardOptimizer: {
         unit.reduce_scatter.Finish(unit.shard.grad(), scale, false);
-        pools_->For(ReduceDtype(unit)).Return(unit.receive);
-        unit.receive = {};
+        ReturnReduceLoans(unit);
         const int64_t s = unit.shard.numel();
         unit.flat_grad.narrow(0, 0, rank_ * s).zero_();  // Other ranks' shards: reduced there.
         unit.flat_grad.narrow(0, (rank_ + 1) * s, unit.flat_grad.numel() - (rank_ + 1) * s).zero_();
@@ -616,10 +621,7 @@ void FullyShardedDataParallel::FinishReductions(size_t keep) {
       case ShardingStrategy::kShardGradOp:
       case ShardingStrategy::kFullShard:
         unit.reduce_scatter.Finish(unit.shard.grad(), scale, true);
-        pools_->For(ReduceDtype(unit)).Return(unit.receive);
-        unit.receive = {};
-        if (unit.cast.index >= 0) pools_->For(ReduceDtype(unit)).Return(unit.cast);
-        unit.cast = {};
+        ReturnReduceLoans(unit);
         pools_->For(unit.flat_grad).TakeFrom(unit.flat_grad);
         break;
     }

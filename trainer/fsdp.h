@@ -173,6 +173,8 @@ class FullyShardedDataParallel : private ChildForwardHooks {
                                         const std::string& name, const NamedParamList& params,
                                         FsdpUnitInfo* info);
   c10::ScalarType ReduceDtype(const Unit& unit) const;
+  // Gives back a reduction's receive space and its cast copy of the gradient, where lent.
+  void ReturnReduceLoans(Unit& unit);
   void BeforeChild(const std::string& name) override;
   torch::Tensor RunChild(const std::string& name, const torch::Tensor& input, const ChildFn& run) override;
   torch::Tensor AfterChild(const std::string& name, torch::Tensor output) override;
