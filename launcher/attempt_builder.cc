@@ -29,7 +29,8 @@ absl::StatusOr<NodeAssignment> AttemptBuilder::Assign() {
   } else if (spec_.max_nodes == 1) {
     auto picked = pick_port_();
     if (!picked.ok()) return picked.status();
-    port = *picked;
+    port = picked->port();
+    held_port_ = std::move(*picked);
   }
   return StaticAssignment(spec_, addr, port);
 }

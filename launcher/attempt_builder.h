@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,13 +15,14 @@
 #include "launcher/job_spec.h"
 #include "launcher/log_layout.h"
 #include "launcher/numa_binding.h"
+#include "launcher/port_reservation.h"
 #include "launcher/worker_launch.h"
 
 namespace elrun {
 
 class AttemptBuilder {
  public:
-  using PortPicker = std::function<absl::StatusOr<int>()>;
+  using PortPicker = std::function<absl::StatusOr<PortReservation>()>;
 
   // `spec`, `layout` and `parent_env` must outlive the builder.
   AttemptBuilder(const JobSpec& spec, std::vector<std::string> argv_template, std::string run_id,
@@ -46,8 +48,8 @@ class AttemptBuilder {
 
  private:
   // The static / single-node assignment of an attempt: MASTER_PORT is --master-port, else a
-  // fresh free port for a one-node job (no stale TIME_WAIT from the previous attempt), else the
-  // torchrun default 29500 that the other nodes also assume.
+  // fresh port for a one-node job (no stale TIME_WAIT from the previous attempt), held until the
+  // next attempt's pick, else the torchrun default 29500 that the other nodes also assume.
   absl::StatusOr<NodeAssignment> Assign();
 
   const JobSpec& spec_;
@@ -57,6 +59,7 @@ class AttemptBuilder {
   const std::map<std::string, std::string>& parent_env_;
   const PortPicker pick_port_;
   NodeAssignment node_;
+  std::optional<PortReservation> held_port_;  // The current attempt's MASTER_PORT, if picked.
   std::vector<CpuBinding> bindings_;
   std::map<std::string, std::string> extra_env_;
 };

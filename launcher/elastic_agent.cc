@@ -184,6 +184,7 @@ void ElasticAgent::Join() {
     Finish(kExitJobFailed);
     return;
   }
+  held_port_ = std::move(*port);  // The previous round's port goes back.
   v1::AgentMessage message;
   v1::Join* join = message.mutable_join();
   join->set_protocol_version(rdzv::kProtocolVersion);
@@ -193,7 +194,7 @@ void ElasticAgent::Join() {
   join->set_role(spec_.role);
   join->set_rank_hint(spec_.node_rank_given ? spec_.node_rank : -1);
   join->set_master_addr(master_addr_);
-  join->set_master_port(*port);
+  join->set_master_port(held_port_->port());
   v1::JobSettings* settings = join->mutable_settings();
   settings->set_min_nodes(spec_.min_nodes);
   settings->set_max_nodes(spec_.max_nodes);

@@ -39,7 +39,8 @@ class ElasticAgent {
   using PortPicker = AttemptBuilder::PortPicker;
 
   // Everything is borrowed and must outlive the agent. `pick_port` gives the port this node's
-  // worker rank 0 would host the store on, asked at each Join.
+  // worker rank 0 would host the store on, asked at each Join; the agent holds it until the
+  // next Join, so nothing else on the host takes it before that worker binds it.
   ElasticAgent(const JobSpec& spec, const RdzvSettings& rdzv, ProcessTable& table, const Clock& clock,
                RendezvousSession& session, AttemptBuilder& builder, std::string master_addr,
                std::string node_id, PortPicker pick_port);
@@ -110,6 +111,7 @@ class ElasticAgent {
   const std::string key_;  // TokenKey of the token; empty without one.
   const PortPicker pick_port_;
 
+  std::optional<PortReservation> held_port_;  // The port the last Join offered.
   Phase phase_ = Phase::kJoining;
   std::unique_ptr<Supervisor> supervisor_;  // The current round's workers.
   std::unique_ptr<Supervisor> failed_;      // The last group that failed here, for the report.

@@ -20,6 +20,8 @@
 #include "launcher/elastic_agent.h"
 #include "launcher/host_info.h"
 #include "launcher/job_runtime.h"
+#include "launcher/job_spec.h"
+#include "launcher/port_reservation.h"
 
 namespace elrun {
 namespace {
@@ -136,11 +138,11 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
     return kExitJobFailed;
   }
 
-  AttemptBuilder builder(spec, argv_template, spec.rdzv_id, rt.layout(), env, PickFreePort);
+  AttemptBuilder builder(spec, argv_template, spec.rdzv_id, rt.layout(), env, PortReservation::Take);
   rt.PrepareBuilder(builder);
   ClientSession session(**client);
   RealClock clock;
-  ElasticAgent agent(spec, rdzv, rt.table(), clock, session, builder, master_addr, node_id, PickFreePort);
+  ElasticAgent agent(spec, rdzv, rt.table(), clock, session, builder, master_addr, node_id, PortReservation::Take);
   agent_ptr = &agent;
   rt.OnWatchdogSignal([&agent](int pid, const std::string& why) { agent.OnWorkerSignalled(pid, why); });
   if (HeartbeatServer* heartbeat = rt.heartbeat(); heartbeat != nullptr && spec.straggler_factor) {

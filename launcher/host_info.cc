@@ -35,35 +35,6 @@ DeviceCounts DetectDevices(const std::map<std::string, std::string>& env) {
   return counts;
 }
 
-absl::StatusOr<int> PickFreePort() {
-  int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  bool v6 = fd >= 0;
-  if (!v6) fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  sockaddr_storage addr{};
-  socklen_t len;
-  if (v6) {
-    auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);
-    a6->sin6_family = AF_INET6;
-    a6->sin6_addr = in6addr_any;  // Dual-stack: free for IPv4 and IPv6 alike.
-    len = sizeof(sockaddr_in6);
-  } else {
-    auto* a4 = reinterpret_cast<sockaddr_in*>(&addr);
-    a4->sin_family = AF_INET;
-    a4->sin_addr.s_addr = htonl(INADDR_ANY);
-    len = sizeof(sockaddr_in);
-  }
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    int error = errno;
-    ::close(fd);
-    return absl::InternalError(absl::StrCat("bind to port 0: ", std::strerror(error)));
-  }
-  ::close(fd);
-  return v6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
-            : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-}
-
 std::string RandomRunId() {
   unsigned char bytes[8] = {};
   ssize_t ignored = ::getrandom(bytes, sizeof(bytes), 0);

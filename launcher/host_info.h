@@ -1,5 +1,5 @@
-// Facts about this machine that the launcher needs: device counts for --nproc-per-node, a free
-// TCP port, a fresh run id, the host name. Thread-safe.
+// Facts about this machine that the launcher needs: device counts for --nproc-per-node, a fresh
+// run id, the host name. Thread-safe.
 #ifndef ELRUN_LAUNCHER_HOST_INFO_H_
 #define ELRUN_LAUNCHER_HOST_INFO_H_
 
@@ -14,9 +14,6 @@ namespace elrun {
 
 // Online CPUs, and NVIDIA GPUs from /proc/driver/nvidia/gpus limited by CUDA_VISIBLE_DEVICES.
 DeviceCounts DetectDevices(const std::map<std::string, std::string>& env);
-
-// A TCP port that is free on every interface right now: bind port 0, read it back, close.
-absl::StatusOr<int> PickFreePort();
 
 // 16 random hex digits.
 std::string RandomRunId();

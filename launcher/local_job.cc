@@ -6,6 +6,7 @@
 #include "launcher/attempt_builder.h"
 #include "launcher/entrypoint.h"
 #include "launcher/host_info.h"
+#include "launcher/port_reservation.h"
 #include "launcher/job_runtime.h"
 #include "launcher/supervisor.h"
 
@@ -25,7 +26,7 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
   JobRuntime& rt = **runtime;
 
   RealClock clock;
-  AttemptBuilder builder(spec, argv_template, run_id, rt.layout(), env, PickFreePort);
+  AttemptBuilder builder(spec, argv_template, run_id, rt.layout(), env, PortReservation::Take);
   rt.PrepareBuilder(builder);
   Supervisor supervisor(
       SupervisorOptions{spec.max_restarts, spec.shutdown_timeout}, &rt.table(), &clock,

@@ -1,10 +1,13 @@
 #include "launcher/attempt_builder.h"
+#include "tests/port_probe.h"
 #include "tests/temp_dir.h"
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 namespace elrun {
 namespace {
@@ -20,15 +23,15 @@ struct Fixture {
   std::string dir = testing::MakeTempDir("attempt");
   JobSpec spec;
   std::map<std::string, std::string> env{{"PATH", "/bin"}};
-  int next_port = 40000;
-  int picks = 0;
+  std::vector<int> picked;  // Each port the builder reserved, in order.
   LogLayout layout{dir, "run"};
 
   AttemptBuilder Builder() {
     return AttemptBuilder(spec, {"/bin/worker", "--rank", "${local_rank}"}, "run", layout, env,
-                          [this]() -> absl::StatusOr<int> {
-                            ++picks;
-                            return next_port++;
+                          [this]() -> absl::StatusOr<PortReservation> {
+                            auto held = PortReservation::Take();
+                            if (held.ok()) picked.push_back(held->port());
+                            return held;
                           });
   }
 };
@@ -46,7 +49,8 @@ TEST_CASE("one launch per local rank, with its argv, env, logs and prefix") {
   CHECK(second.rank == 1);
   CHECK(second.argv == std::vector<std::string>{"/bin/worker", "--rank", "1"});
   CHECK(EnvValue(second, "LOCAL_RANK") == "1");
-  CHECK(EnvValue(second, "MASTER_PORT") == "40000");
+  REQUIRE(f.picked.size() == 1);
+  CHECK(EnvValue(second, "MASTER_PORT") == std::to_string(f.picked[0]));
   CHECK(EnvValue(second, "TORCHELASTIC_ERROR_FILE") == f.dir + "/run/attempt_0/1/error.json");
   CHECK(second.error_file == f.dir + "/run/attempt_0/1/error.json");
   CHECK(second.console_prefix == "[r1]:");
@@ -71,15 +75,19 @@ TEST_CASE("--numa-binding: each local rank carries its CPUs and memory node, in 
   }
 }
 
-TEST_CASE("single-node jobs get a fresh free port per attempt") {
+TEST_CASE("single-node jobs get a fresh port per attempt, held until the next attempt's pick") {
   Fixture f;
   auto builder = f.Builder();
   auto first = builder.Build(0, 0);
   auto second = builder.Build(1, 1);
   REQUIRE(first.ok());
   REQUIRE(second.ok());
-  CHECK(EnvValue((*first)[0], "MASTER_PORT") == "40000");
-  CHECK(EnvValue((*second)[0], "MASTER_PORT") == "40001");
+  REQUIRE(f.picked.size() == 2);
+  CHECK(f.picked[0] != f.picked[1]);
+  CHECK(EnvValue((*first)[0], "MASTER_PORT") == std::to_string(f.picked[0]));
+  CHECK(EnvValue((*second)[0], "MASTER_PORT") == std::to_string(f.picked[1]));
+  CHECK(testing::PortHeld(f.picked[1]));  // Until the next attempt's pick.
+  CHECK_FALSE(testing::PortHeld(f.picked[0]));
   CHECK(EnvValue((*second)[0], "TORCHELASTIC_RESTART_COUNT") == "1");
   CHECK(EnvValue((*second)[0], "TORCHELASTIC_ERROR_FILE") == f.dir + "/run/attempt_1/0/error.json");
 }
@@ -90,7 +98,7 @@ TEST_CASE("--master-port wins on the static backend") {
   auto launches = f.Builder().Build(0, 0);
   REQUIRE(launches.ok());
   CHECK(EnvValue((*launches)[0], "MASTER_PORT") == "23456");
-  CHECK(f.picks == 0);
+  CHECK(f.picked.empty());
 }
 
 TEST_CASE("multi-node static jobs default to torchrun's 29500, never a random port") {
@@ -105,7 +113,7 @@ TEST_CASE("multi-node static jobs default to torchrun's 29500, never a random po
   CHECK(EnvValue((*launches)[1], "MASTER_ADDR") == "10.0.0.1");
   CHECK(EnvValue((*launches)[1], "RANK") == "3");
   CHECK((*launches)[1].rank == 3);
-  CHECK(f.picks == 0);
+  CHECK(f.picked.empty());
 }
 
 TEST_CASE("standalone uses --local-addr and ignores --master-port") {
@@ -117,13 +125,14 @@ TEST_CASE("standalone uses --local-addr and ignores --master-port") {
   auto launches = f.Builder().Build(0, 0);
   REQUIRE(launches.ok());
   CHECK(EnvValue((*launches)[0], "MASTER_ADDR") == "127.0.0.5");
-  CHECK(EnvValue((*launches)[0], "MASTER_PORT") == "40000");
+  REQUIRE(f.picked.size() == 1);
+  CHECK(EnvValue((*launches)[0], "MASTER_PORT") == std::to_string(f.picked[0]));
 }
 
 TEST_CASE("a port that cannot be picked fails the attempt") {
   Fixture f;
   AttemptBuilder builder(f.spec, {"/bin/w"}, "run", f.layout, f.env,
-                         []() -> absl::StatusOr<int> { return absl::InternalError("no ports"); });
+                         []() -> absl::StatusOr<PortReservation> { return absl::InternalError("no ports"); });
   CHECK(builder.Build(0, 0).status().message() == "no ports");
 }
 

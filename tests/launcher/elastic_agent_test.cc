@@ -13,6 +13,7 @@
 #include "agent/session_auth.h"
 #include "launcher/log_layout.h"
 #include "tests/launcher/fake_process_table.h"
+#include "tests/port_probe.h"
 #include "tests/temp_dir.h"
 
 namespace elrun {
@@ -58,9 +59,13 @@ struct Fixture {
   RecordingSession session;
   LogLayout layout{dir, "job"};
   std::map<std::string, std::string> env{{"PATH", "/bin"}};
-  AttemptBuilder builder{spec, {"/bin/worker"}, "job", layout, env, [] { return absl::StatusOr<int>(23456); }};
-  ElasticAgent agent{spec, rdzv, table, clock, session, builder, "10.0.0.7", "nodeA",
-                     [] { return absl::StatusOr<int>(23456); }};
+  std::vector<int> offered;  // Each port the agent reserved for a Join, in order.
+  AttemptBuilder builder{spec, {"/bin/worker"}, "job", layout, env, [] { return PortReservation::Take(); }};
+  ElasticAgent agent{spec, rdzv, table, clock, session, builder, "10.0.0.7", "nodeA", [this] {
+                       auto held = PortReservation::Take();
+                       if (held.ok()) offered.push_back(held->port());
+                       return held;
+                     }};
   std::string server_nonce = std::string(rdzv::kNonceBytes, 'S');
 
   void Send(const v1::CoordinatorMessage& message) { agent.OnMessage(message); }
@@ -117,7 +122,9 @@ TEST_CASE("nothing before the Challenge; the first Join proves the token without
   CHECK(join.proof().find("s3cret") == std::string::npos);
   CHECK(join.nproc() == 2);
   CHECK(join.master_addr() == "10.0.0.7");
-  CHECK(join.master_port() == 23456);
+  REQUIRE(f.offered.size() == 1);
+  CHECK(join.master_port() == f.offered[0]);
+  CHECK(testing::PortHeld(f.offered[0]));  // Nothing else on the host takes it before rank 0 binds.
   CHECK(join.settings().max_restarts() == 1);
   CHECK_FALSE(f.agent.done());
 }
@@ -223,6 +230,10 @@ TEST_CASE("RoundEnded stops the workers, then the agent rejoins without a second
   CHECK(rejoin.run_id() == "job");
   CHECK(rejoin.proof().empty());
   CHECK(rejoin.client_nonce().empty());
+  REQUIRE(f.offered.size() == 2);  // A fresh port; the first round's goes back.
+  CHECK(rejoin.master_port() == f.offered[1]);
+  CHECK(testing::PortHeld(f.offered[1]));
+  CHECK_FALSE(testing::PortHeld(f.offered[0]));
   f.Send(f.Round(2, 0));
   CHECK(f.table.spawned().size() == 4);
   f.Send(f.Round(2, 0));  // An old round again: ignored while running.
