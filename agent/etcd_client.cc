@@ -54,7 +54,6 @@ struct EtcdClient::Member {
   std::unique_ptr<etcdpb::Lease::Stub> lease;
   std::unique_ptr<etcdpb::Watch::Stub> watch;
   std::unique_ptr<etcdpb::Auth::Stub> auth;
-  std::unique_ptr<etcdpb::Maintenance::Stub> maintenance;
 };
 
 std::string PrefixEnd(const std::string& prefix) {
@@ -99,7 +98,6 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(const EtcdOption
     member->lease = etcdpb::Lease::NewStub(member->channel);
     member->watch = etcdpb::Watch::NewStub(member->channel);
     member->auth = etcdpb::Auth::NewStub(member->channel);
-    member->maintenance = etcdpb::Maintenance::NewStub(member->channel);
     client->members_.push_back(std::move(member));
   }
   if (!options.user.empty()) {
@@ -282,7 +280,6 @@ absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease_id) {
       std::lock_guard<std::mutex> guard(mu_);
       index = current_;
     }
-    index = LeaderOr(index);
     auto context = std::make_unique<grpc::ClientContext>();
     SetUp(*context, false);
     auto stream = std::make_unique<KeepAliveStream>(*members_[index]->lease, std::move(context));
@@ -304,23 +301,6 @@ absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease_id) {
     if (current_ == keepalive_member_) current_ = (current_ + 1) % members_.size();
   }
   return KeepAliveOnce(lease_id);
-}
-
-size_t EtcdClient::LeaderOr(size_t fallback) {
-  if (members_.size() == 1) return fallback;
-  // Each member's own id (its answers' header) and the leader it names; the first answer
-  // that names a leader sets which id to look for.
-  uint64_t leader = 0;
-  for (size_t k = 0; k < members_.size(); ++k) {
-    size_t index = (fallback + k) % members_.size();
-    grpc::ClientContext context;
-    SetUp(context, true);
-    etcdpb::StatusResponse status;
-    if (!members_[index]->maintenance->Status(&context, etcdpb::StatusRequest(), &status).ok()) continue;
-    if (leader == 0) leader = status.leader();
-    if (leader != 0 && status.header().member_id() == leader) return index;
-  }
-  return fallback;
 }
 
 absl::StatusOr<int64_t> EtcdClient::KeepAliveOnce(int64_t lease_id) {

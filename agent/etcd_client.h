@@ -55,10 +55,8 @@ class EtcdClient {
   absl::StatusOr<int64_t> GrantLease(int64_t ttl_seconds);
   // The lease's remaining TTL in seconds after renewing it; NotFound when it has expired.
   // Renews over one long-lived stream (as etcd's own clients do: a new stream per renewal
-  // costs etcd several times more), opened on the raft leader when the members name one: a
-  // follower forwards every renewal to the leader as an HTTP request of its own. A stream that
-  // fails or does not answer within the call timeout is dropped and that renewal retried as a
-  // call of its own on the members in turn; the next renewal opens a stream anew.
+  // costs etcd several times more); a stream that fails or does not answer within the call
+  // timeout is dropped and that renewal retried as a call of its own on the members in turn.
   absl::StatusOr<int64_t> KeepAlive(int64_t lease_id);
   absl::Status RevokeLease(int64_t lease_id);
 
@@ -78,9 +76,6 @@ class EtcdClient {
   class KeepAliveStream;
   explicit EtcdClient(EtcdOptions options);
   absl::StatusOr<int64_t> KeepAliveOnce(int64_t lease_id);
-  // The member that leads etcd's raft, found with Maintenance.Status (at most one call per
-  // member, each within the call timeout); `fallback` when none answers or names a leader.
-  size_t LeaderOr(size_t fallback);
 
   // Runs `call` on members in turn until one answers, re-authenticating once on an expired
   // token; gives up after retry_for.

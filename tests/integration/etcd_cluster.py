@@ -508,9 +508,9 @@ class EtcdCluster:
         _RUNNING.pop(m.proc.pid, None)
         return rc
 
-    def _metrics(self, i):
-        """Member i's Prometheus metrics (the text of /metrics on its client URL), or None when
-        it does not answer within a second."""
+    def _active_peers(self, i):
+        """How many peers member i's raft transport counts as connected (the
+        etcd_network_active_peers gauge of its /metrics), or None when it does not answer."""
         context = None
         if self.tls is not None:
             context = ssl.create_default_context(cafile=self.tls.ca)
@@ -519,28 +519,11 @@ class EtcdCluster:
         try:
             with urllib.request.urlopen(self.client_url(i) + "/metrics", timeout=1.0,
                                         context=context) as reply:
-                return reply.read().decode("utf-8", "replace")
+                body = reply.read().decode("utf-8", "replace")
         except (OSError, ValueError):
             return None
-
-    def _metric_sum(self, i, prefix):
-        """The sum of member i's samples whose line starts with prefix; None when it does not
-        answer."""
-        body = self._metrics(i)
-        if body is None:
-            return None
         return sum(float(line.rsplit(None, 1)[1]) for line in body.splitlines()
-                   if line.startswith(prefix))
-
-    def _active_peers(self, i):
-        """How many peers member i's raft transport counts as connected (the
-        etcd_network_active_peers gauge of its /metrics), or None when it does not answer."""
-        return self._metric_sum(i, "etcd_network_active_peers{")
-
-    def messages_received(self, i, method):
-        """How many gRPC messages of `method` (e.g. "LeaseKeepAlive") member i has received
-        since it started (grpc_server_msg_received_total), or None when it does not answer."""
-        return self._metric_sum(i, 'grpc_server_msg_received_total{grpc_method="%s",' % method)
+                   if line.startswith("etcd_network_active_peers{"))
 
     def _stop_all(self):
         """SIGTERM to every running member, SIGKILL to those still running after
