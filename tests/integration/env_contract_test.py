@@ -70,7 +70,7 @@ class TorchWorkersTest(ElrunTestCase):
                                  "<log_dir>/<run_id>/attempt_<n>/<local_rank>/error.json")
 
     def test_static_with_master_port_role_run_id_and_inherited_settings(self):
-        port = harness.free_port()
+        port = self.reserve_port()
         logs = self.path("logs")
         expect = {
             "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_NAME": "trainer",
@@ -135,13 +135,13 @@ class DumpEnvTest(ElrunTestCase):
                              "expected the error file under <default log dir>/none/attempt_0/0/")
 
     def test_two_static_nodes_rank_layout(self):
-        port = harness.free_port()
+        port = self.reserve_port()
         self.check_two_static_nodes(["--master_addr", "127.0.0.1", "--master_port", str(port)], port)
 
     def test_two_static_nodes_through_rdzv_endpoint(self):
         # torchrun's default backend is static: --rdzv-endpoint HOST:PORT is node 0's store, so
         # the workers' MASTER_ADDR:MASTER_PORT, and no other port is opened.
-        port = harness.free_port()
+        port = self.reserve_port()
         self.check_two_static_nodes(["--rdzv_endpoint", "127.0.0.1:%d" % port], port)
 
     def check_two_static_nodes(self, address_args, port):

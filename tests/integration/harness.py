@@ -92,10 +92,28 @@ TORCHRUN_RELAX = ["TORCHELASTIC_ERROR_FILE", "MASTER_ADDR", "TORCH_NCCL_ASYNC_ER
 
 
 def free_port():
-    """A port that was free a moment ago (bind 0, close); only for options that need a number."""
+    """A port that was free a moment ago (bind 0, close); only for options that need a number
+    that nothing will listen on. For a port a child will listen on, reserve_port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class ReservedPort:
+    """A TCP port held for a child process to listen on, as elrun holds MASTER_PORT (see
+    launcher/port_reservation.h): bound with SO_REUSEADDR on every address and never listened
+    on, so that no other socket on the host - another test's port-0 bind, a connection's
+    ephemeral port - is given it, while the child's listener, which sets SO_REUSEADDR too
+    (TCPStore, elrun's coordinator, slurmctld and slurmd), binds it. close() gives it back."""
+
+    def __init__(self):
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind(("0.0.0.0", 0))
+        self.port = self._socket.getsockname()[1]
+
+    def close(self):
+        self._socket.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,6 +448,12 @@ class ElrunTestCase(unittest.TestCase):
             else:
                 env[key] = str(value)
         return env
+
+    def reserve_port(self):
+        """A port held for a child to listen on until the test ends (ReservedPort)."""
+        reserved = ReservedPort()
+        self.addCleanup(reserved.close)
+        return reserved.port
 
     def path(self, *parts):
         return os.path.join(self.tmp, *parts)

@@ -12,7 +12,7 @@ JOINED = "joined; waiting for the round to complete"
 class EmbeddedCoordinatorTest(RdzvTestCase):
 
     def test_first_elrun_hosts_three_nodes_finish(self):
-        port = harness.free_port()  # Bound and closed here: the only way to name one up front.
+        port = self.reserve_port()  # Held until the test ends; the host binds it (SO_REUSEADDR).
         host = self.start_agent(1, port, nnodes=3, nproc=2)
         self.pump(lambda: HOSTING % port in host.stderr, "node 1 to host the coordinator",
                   10, alive=[host])

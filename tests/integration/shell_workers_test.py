@@ -213,7 +213,7 @@ class OptionSourcesTest(ElrunTestCase):
     def test_pet_env_for_other_options(self):
         script = ('echo "$TORCHELASTIC_MAX_RESTARTS $ROLE_NAME $TORCHELASTIC_RUN_ID $MASTER_PORT"'
                   ' > "$OUT_DIR/opts.$LOCAL_RANK"')
-        port = harness.free_port()
+        port = self.reserve_port()
         result = self.elrun(sh(script), env=self.env(
             PET_MAX_RESTARTS="2", PET_ROLE="worker", PET_RDZV_ID="from-env",
             PET_MASTER_PORT=str(port)))

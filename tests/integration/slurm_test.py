@@ -51,7 +51,7 @@ class SlurmCluster:
     """munged + slurmctld + one slurmd per node name, all under `root`, in their own sessions."""
 
     def __init__(self, root, nodes):
-        self.root, self.nodes, self.procs = root, nodes, []
+        self.root, self.nodes, self.procs, self.reserved = root, nodes, [], []
         self.conf = os.path.join(root, "slurm.conf")
         self.env = dict(os.environ, SLURM_CONF=self.conf)
 
@@ -68,7 +68,9 @@ class SlurmCluster:
                               "--pid-file=" + self.path("munged.pid"),
                               "--log-file=" + self.path("munged.log"),
                               "--seed-file=" + self.path("munge.seed")])
-        ports = [harness.free_port() for _ in range(2 + len(self.nodes))]
+        # Held until stop(): slurmctld and each slurmd bind theirs with SO_REUSEADDR.
+        self.reserved = [harness.ReservedPort() for _ in range(2 + len(self.nodes))]
+        ports = [r.port for r in self.reserved]
         lines = [
             "ClusterName=elrun", "SlurmctldHost=localhost(127.0.0.1)",
             "SlurmctldPort=%d" % ports[0], "SlurmdPort=%d" % ports[1],
@@ -143,6 +145,8 @@ class SlurmCluster:
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait(timeout=15)
+        for reserved in self.reserved:
+            reserved.close()
 
 
 @harness.elrun_only("elrun takes its topology from SLURM_*; torchrun needs flags")
