@@ -20,6 +20,7 @@
 #include "launcher/attempt_builder.h"
 #include "launcher/exit_status.h"
 #include "launcher/job_spec.h"
+#include "launcher/port_reservation.h"
 #include "launcher/process_table.h"
 #include "launcher/rdzv_settings.h"
 #include "launcher/supervisor.h"

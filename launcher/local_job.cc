@@ -6,8 +6,8 @@
 #include "launcher/attempt_builder.h"
 #include "launcher/entrypoint.h"
 #include "launcher/host_info.h"
-#include "launcher/port_reservation.h"
 #include "launcher/job_runtime.h"
+#include "launcher/port_reservation.h"
 #include "launcher/supervisor.h"
 
 namespace elrun {
