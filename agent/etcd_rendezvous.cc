@@ -104,47 +104,83 @@ absl::StatusOr<std::unique_ptr<EtcdRendezvous>> EtcdRendezvous::Open(const EtcdR
   v1::LogEntry connect;
   connect.set_time_ms(WallMs());
   connect.set_connect(options.node_id);
-  // One transaction in the common case, a node joining a live job: the node just before this
-  // one in line (read before this node's presence is put), its presence and its connect entry
-  // (the create revision of both: the transaction's revision).
-  etcdpb::TxnRequest txn;
-  *txn.add_compare() = NoneIn(nodes, PrefixEnd(nodes));
-  // No live node: whatever log and outputs are there are a dead job's, and this node starts
-  // the run afresh. (A transaction may not delete a range and put a key inside it: the
-  // connect entry comes second.)
-  for (const char* part : {"log/", "out/"}) {
-    auto* clear = txn.add_success()->mutable_request_delete_range();
-    clear->set_key(base + part);
-    clear->set_range_end(PrefixEnd(base + part));
-  }
-  auto* before = txn.add_failure()->mutable_request_range();
-  before->set_key(nodes);
-  before->set_range_end(PrefixEnd(nodes));
-  before->set_sort_target(etcdpb::RangeRequest::CREATE);
-  before->set_sort_order(etcdpb::RangeRequest::DESCEND);
-  before->set_limit(1);
-  before->set_keys_only(true);
-  for (auto* ops : {txn.mutable_success(), txn.mutable_failure()}) {
+  // The last node to join holds tail (its presence key), under its own lease: tail exists
+  // while that node lives, and then it is the node just before the next one in line.
+  const std::string tail_key = base + "tail";
+  auto put_presence = [&](google::protobuf::RepeatedPtrField<etcdpb::RequestOp>* ops) {
     auto* presence = ops->Add()->mutable_request_put();
     presence->set_key(presence_key);
     presence->set_lease(*lease);
+    auto* tail = ops->Add()->mutable_request_put();
+    tail->set_key(tail_key);
+    tail->set_value(presence_key);
+    tail->set_lease(*lease);
+  };
+  // A joining node's one transaction while the last node to join lives (every node of a
+  // forming job): it reads tail and takes its place, in O(1) for etcd. Reading the line from
+  // nodes/ (below) is O(N) for etcd, each time: O(N^2) for a job of N nodes.
+  etcdpb::TxnRequest join;
+  auto* last_lives = join.add_compare();
+  last_lives->set_key(tail_key);
+  last_lives->set_target(etcdpb::Compare::CREATE);
+  last_lives->set_result(etcdpb::Compare::GREATER);
+  last_lives->set_create_revision(0);
+  join.add_success()->mutable_request_range()->set_key(tail_key);
+  put_presence(join.mutable_success());
+  *join.add_success()->mutable_request_txn() = CreateOnce(connect_key, connect.SerializeAsString());
+  auto joined_fast = (*client)->Txn(join);
+  if (!joined_fast.ok()) return fail(joined_fast.status());
+  // What this node's transaction saw: the node ahead (empty if it does not know) and the
+  // transaction's revision, or nothing: the job has no live last node.
+  std::optional<FirstLook> seen;
+  if (joined_fast->succeeded()) {
+    seen = FirstLook{"", joined_fast->header().revision()};
+    const auto& r = joined_fast->responses();
+    if (r.size() == 4 && r[3].response_txn().succeeded() && r[0].response_range().kvs_size() == 1) {
+      seen->ahead = r[0].response_range().kvs(0).value();
+    }
+  } else {
+    // No live last node: the job's first node, or its last node to join is gone. One
+    // transaction: the node just before this one in line (read before this node's presence is
+    // put), its presence and its connect entry (the create revision of both: the transaction's
+    // revision).
+    etcdpb::TxnRequest txn;
+    *txn.add_compare() = NoneIn(nodes, PrefixEnd(nodes));
+    // No live node: whatever log and outputs are there are a dead job's, and this node starts
+    // the run afresh. (A transaction may not delete a range and put a key inside it: the
+    // connect entry comes second.)
+    for (const char* part : {"log/", "out/"}) {
+      auto* clear = txn.add_success()->mutable_request_delete_range();
+      clear->set_key(base + part);
+      clear->set_range_end(PrefixEnd(base + part));
+    }
+    auto* before = txn.add_failure()->mutable_request_range();
+    before->set_key(nodes);
+    before->set_range_end(PrefixEnd(nodes));
+    before->set_sort_target(etcdpb::RangeRequest::CREATE);
+    before->set_sort_order(etcdpb::RangeRequest::DESCEND);
+    before->set_limit(1);
+    before->set_keys_only(true);
+    put_presence(txn.mutable_success());
+    put_presence(txn.mutable_failure());
+    *txn.add_failure()->mutable_request_txn() = CreateOnce(connect_key, connect.SerializeAsString());
+    auto present = (*client)->Txn(txn);
+    if (!present.ok()) return fail(present.status());
+    const auto& r = present->responses();
+    if (!present->succeeded() && r.size() == 4 && r[3].response_txn().succeeded() &&
+        r[0].response_range().kvs_size() == 1) {
+      seen = FirstLook{r[0].response_range().kvs(0).key(), present->header().revision()};
+    }
   }
-  *txn.add_failure()->mutable_request_txn() = CreateOnce(connect_key, connect.SerializeAsString());
-  auto present = (*client)->Txn(txn);
-  if (!present.ok()) return fail(present.status());
   std::optional<FirstLook> first;
   uint64_t session = 0;
   int64_t presence = 0;
-  if (!present->succeeded() && present->responses_size() == 3 &&
-      present->responses(2).response_txn().succeeded() &&
-      present->responses(0).response_range().kvs_size() == 1 &&
-      present->responses(0).response_range().kvs(0).key() != presence_key) {
+  if (seen && absl::StartsWith(seen->ahead, nodes) && seen->ahead != presence_key) {
     // The usual case, at once. (Otherwise a retry after a lost reply, or the job's first node:
     // read back below.)
-    int64_t revision = present->header().revision();
-    session = static_cast<uint64_t>(revision);
-    presence = revision;
-    first = FirstLook{present->responses(0).response_range().kvs(0).key(), revision};
+    session = static_cast<uint64_t>(seen->revision);
+    presence = seen->revision;
+    first = std::move(seen);
   } else {
     auto joined = (*client)->Txn(CreateOnce(connect_key, connect.SerializeAsString()));
     if (!joined.ok()) return fail(joined.status());
@@ -297,23 +333,37 @@ absl::Status EtcdRendezvous::LookAround(std::string* ahead, int64_t* at) {
   page.set_sort_target(etcdpb::RangeRequest::CREATE);
   page.set_sort_order(etcdpb::RangeRequest::ASCEND);
   page.set_limit(1000);
+  // The live node just before this one: the last of the line up to this node's place.
+  etcdpb::RangeRequest line;
+  line.set_key(nodes);
+  line.set_range_end(PrefixEnd(nodes));
+  line.set_sort_target(etcdpb::RangeRequest::CREATE);
+  line.set_sort_order(etcdpb::RangeRequest::DESCEND);
+  line.set_max_create_revision(presence_revision_ - 1);
+  line.set_limit(1);
+  line.set_keys_only(true);
+  etcdpb::RangeRequest known;
+  known.set_key(*ahead);
+  known.set_keys_only(true);
+  const bool hint = !ahead->empty();
   etcdpb::TxnRequest both;  // One snapshot: the outputs since the last seen, and the node ahead.
   page.set_min_create_revision(outputs_seen_ + 1);
   *both.add_success()->mutable_request_range() = page;
-  auto* before = both.add_success()->mutable_request_range();
-  before->set_key(nodes);
-  before->set_range_end(PrefixEnd(nodes));
-  before->set_sort_target(etcdpb::RangeRequest::CREATE);
-  before->set_sort_order(etcdpb::RangeRequest::DESCEND);
-  before->set_max_create_revision(presence_revision_ - 1);
-  before->set_limit(1);
-  before->set_keys_only(true);
+  *both.add_success()->mutable_request_range() = hint ? known : line;
   auto read = client_->Txn(both);
   if (!read.ok()) return read.status();
   if (read->responses_size() != 2) return absl::InternalError("etcd answered a read with the wrong shape");
   *at = read->header().revision();
-  const auto& predecessor = read->responses(1).response_range();
-  *ahead = predecessor.kvs_size() > 0 ? predecessor.kvs(0).key() : "";
+  const etcdpb::RangeResponse* predecessor = &read->responses(1).response_range();
+  etcdpb::RangeResponse looked;
+  if (hint && predecessor->kvs_size() == 0) {  // Gone: read the line at the same revision.
+    line.set_revision(*at);
+    auto read_line = client_->Range(line);
+    if (!read_line.ok()) return read_line.status();
+    looked = *std::move(read_line);
+    predecessor = &looked;
+  }
+  *ahead = predecessor->kvs_size() > 0 ? predecessor->kvs(0).key() : "";
   const etcdpb::RangeResponse* outputs = &read->responses(0).response_range();
   etcdpb::RangeResponse next;
   while (true) {
@@ -330,17 +380,17 @@ absl::Status EtcdRendezvous::LookAround(std::string* ahead, int64_t* at) {
 
 absl::Status EtcdRendezvous::Follow() {
   const std::string mine = OutPrefix(session_);
-  std::string ahead;  // The live node just before this one in line.
-  int64_t at = 0;     // Every read at the first one's revision.
+  int64_t at = 0;  // Every read at the first one's revision.
   if (first_look_) {
     // Open's transaction read it; no output can be older than this node's session.
-    ahead = first_look_->ahead;
+    ahead_ = first_look_->ahead;
     at = first_look_->revision;
     first_look_.reset();
   } else {
-    absl::Status looked = LookAround(&ahead, &at);
+    absl::Status looked = LookAround(&ahead_, &at);
     if (!looked.ok()) return looked;
   }
+  const std::string ahead = ahead_;
   if (ahead.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!ended_) leading_ = true;  // Every node before this one is gone.
@@ -365,6 +415,7 @@ absl::Status EtcdRendezvous::Follow() {
       }
     }
   }
+  if (gone) ahead_.clear();  // The next look reads the line.
   // The watch ran, and ended (its member died, or the predecessor went): look again. Only
   // reads and watches that cannot be opened count against the cluster.
   std::lock_guard<std::mutex> lock(mu_);

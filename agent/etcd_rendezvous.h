@@ -96,8 +96,10 @@ class EtcdRendezvous : public AgentChannel {
   // Delivers this node's outputs while the node just before it lives. OK: look again (the
   // predecessor is gone, or this node leads now).
   absl::Status Follow();
-  // Takes this node's outputs since the last seen and finds the live node just before it in
-  // line ("": none, this node leads), at one revision (*at).
+  // Takes this node's outputs since the last seen and finds a live node before it in line
+  // ("": none, this node leads), at one revision (*at). *ahead on entry: the node that was
+  // ahead ("": none known); while it lives it stays ahead, found in O(1) for etcd, where
+  // reading the line is O(N) (a member's death breaks every agent's watch at once).
   absl::Status LookAround(std::string* ahead, int64_t* at);
   void OnOutput(const mvccpb::KeyValue& kv);
   void TakeOutput(uint64_t seq, const v1::OutEntry& entry);
@@ -135,6 +137,7 @@ class EtcdRendezvous : public AgentChannel {
 
   // Reader thread only.
   std::optional<FirstLook> first_look_;      // Set by Open, used by the first Follow.
+  std::string ahead_;                        // The live node followed; "" once it is gone.
   std::map<uint64_t, v1::OutEntry> early_;  // Outputs past a gap, until it fills.
   int64_t outputs_seen_ = 0;                // Create revision of the last output read.
   // The replica (leader); touched by the reader thread (and NextDeadline by the writer).
