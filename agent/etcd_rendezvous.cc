@@ -17,6 +17,10 @@
 namespace elrun::rdzv {
 namespace {
 
+// The spare lease of EtcdQuietTrim: outlives any burst of writes; a leader that dies holding
+// one leaves it to expire, which is a delete-only commit too.
+constexpr std::chrono::seconds kSpareLeaseTtl{60};
+
 int64_t WallMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
@@ -245,6 +249,7 @@ EtcdRendezvous::~EtcdRendezvous() {
   writer_.join();
   // Leave: the lease's keys go at once; the last node of the job removes the rest.
   (void)client_->RevokeLease(lease_);
+  if (trim_.lease() != 0) (void)client_->RevokeLease(trim_.lease());
   etcdpb::TxnRequest cleanup;
   *cleanup.add_compare() = NoneIn(base_ + "nodes/", PrefixEnd(base_ + "nodes/"));
   auto* erase = cleanup.add_success()->mutable_request_delete_range();
@@ -605,6 +610,7 @@ void EtcdRendezvous::Output(uint64_t session, v1::OutEntry entry) {
 
 void EtcdRendezvous::Applied() {
   std::lock_guard<std::mutex> lock(mu_);
+  trim_.Wrote(std::chrono::steady_clock::now());
   replica_changed_ = true;
   wake_.notify_all();
 }
@@ -791,6 +797,7 @@ void EtcdRendezvous::WriteLoop() {
         outputs_.pop_front();
       }
       retry([&] { return WriteFenced(batch); });
+      trim_.Wrote(std::chrono::steady_clock::now());
       continue;
     }
     auto wait_until = next_renewal;
@@ -814,6 +821,33 @@ void EtcdRendezvous::WriteLoop() {
           continue;
         }
         if (due > wall) wait_until = std::min(wait_until, now + std::chrono::milliseconds(due - wall));
+      }
+      // After a burst of writes, etcd's read buffer goes with the spare lease (etcd_quiet_trim.h).
+      switch (trim_.Due(now)) {
+        case EtcdQuietTrim::Step::kGrant: {
+          lock.unlock();
+          auto spare = client_->GrantLease(kSpareLeaseTtl.count());
+          lock.lock();
+          if (spare.ok()) {
+            trim_.Granted(*spare);
+          } else {
+            trim_.GrantFailed();
+          }
+          continue;
+        }
+        case EtcdQuietTrim::Step::kRevoke: {
+          const int64_t spare = trim_.lease();
+          lock.unlock();
+          (void)client_->RevokeLease(spare);  // Or it expires: a delete-only commit as well.
+          lock.lock();
+          trim_.Revoked(now);
+          continue;
+        }
+        case EtcdQuietTrim::Step::kNone:
+          break;
+      }
+      if (std::optional<std::chrono::steady_clock::time_point> trim_due = trim_.NextDue()) {
+        wait_until = std::min(wait_until, *trim_due);
       }
     }
     wake_.wait_until(lock, wait_until, [&] {

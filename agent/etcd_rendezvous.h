@@ -37,6 +37,7 @@
 #include "agent/agent_channel.h"
 #include "agent/coordinator.h"
 #include "agent/etcd_client.h"
+#include "agent/etcd_quiet_trim.h"
 #include "proto/rendezvous.pb.h"
 
 namespace elrun::rdzv {
@@ -168,6 +169,8 @@ class EtcdRendezvous : public AgentChannel {
   bool replica_changed_ = false;                // Guarded by mu_.
   uint64_t next_seq_ = 0;                       // Guarded by mu_.
   std::unique_ptr<EtcdWatch> watch_;            // Guarded by mu_ (Cancel from the destructor).
+  // The leader's: when it clears etcd's read buffer after a burst of writes. Guarded by mu_.
+  EtcdQuietTrim trim_{std::chrono::seconds(1)};
   std::thread reader_;
   std::thread writer_;
 };

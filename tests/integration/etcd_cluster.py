@@ -416,6 +416,22 @@ class EtcdCluster:
         out = self.etcdctl("get", "--prefix", "--keys-only", "-w", "json", "--", prefix)
         return sorted(_b64(kv["key"]) for kv in json.loads(out).get("kvs") or [])
 
+    def metric(self, i, name):
+        """The value of member i's unlabelled metric `name` (a counter or gauge of /metrics).
+        Raises EtcdError when the member does not answer or has no such metric."""
+        body = self._metrics(i, timeout=ETCDCTL_TIMEOUT_S)
+        if body is None:
+            raise EtcdError("member %d did not serve /metrics\n%s" % (i, self.logs()))
+        for line in body.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise EtcdError("member %d has no metric %s" % (i, name))
+
+    def leases(self):
+        """The ids of the cluster's leases, sorted."""
+        out = json.loads(self.etcdctl("lease", "list", "-w", "json"))
+        return sorted(lease["id"] for lease in out.get("leases") or [])
+
     # -- leadership and failures ----------------------------------------------------------------
 
     def _status(self, i, timeout=5.0):
@@ -508,19 +524,25 @@ class EtcdCluster:
         _RUNNING.pop(m.proc.pid, None)
         return rc
 
-    def _active_peers(self, i):
-        """How many peers member i's raft transport counts as connected (the
-        etcd_network_active_peers gauge of its /metrics), or None when it does not answer."""
+    def _metrics(self, i, timeout=1.0):
+        """Member i's /metrics (Prometheus text), or None when it does not answer."""
         context = None
         if self.tls is not None:
             context = ssl.create_default_context(cafile=self.tls.ca)
             context.load_cert_chain(self.tls.client_cert or self.tls.cert,
                                     self.tls.client_key or self.tls.key)
         try:
-            with urllib.request.urlopen(self.client_url(i) + "/metrics", timeout=1.0,
+            with urllib.request.urlopen(self.client_url(i) + "/metrics", timeout=timeout,
                                         context=context) as reply:
-                body = reply.read().decode("utf-8", "replace")
+                return reply.read().decode("utf-8", "replace")
         except (OSError, ValueError):
+            return None
+
+    def _active_peers(self, i):
+        """How many peers member i's raft transport counts as connected (the
+        etcd_network_active_peers gauge of its /metrics), or None when it does not answer."""
+        body = self._metrics(i)
+        if body is None:
             return None
         return sum(float(line.rsplit(None, 1)[1]) for line in body.splitlines()
                    if line.startswith("etcd_network_active_peers{"))

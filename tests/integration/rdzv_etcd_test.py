@@ -5,12 +5,14 @@ the job; an agent killed with SIGKILL is lost when
 its lease expires and the survivors form a new round, and a node that arrives scales the job up;
 the leading agent (the one that replays the log) killed with SIGKILL, or stalled with SIGSTOP
 past its lease: the next in line takes over;
-two jobs on one cluster stay apart; etcd's user and password, and TLS to etcd, are honoured;
+a quiet job's leader makes etcd drop its read buffer (agent/etcd_quiet_trim.h), and no lease
+is left behind; two jobs on one cluster stay apart; etcd's user and password, and TLS to etcd, are honoured;
 a wrong password or an unreachable cluster is a one-line error."""
 import signal
 import time
 import unittest
 
+import etcd_cluster
 import harness
 from etcd_cluster import EtcdCluster, make_tls_files
 from rdzv_harness import GATED, RdzvTestCase
@@ -60,6 +62,36 @@ class EtcdRendezvousTest(RdzvTestCase):
                          ([(1, 0), (2, 1)], [(1, 1), (2, 0)]), True, self.summary())
         self.assertAllExit(agents, 0)
         self.assertEqual(cluster.keys(PREFIX), [], "expected the job's keys removed at its end")
+
+    def test_a_quiet_job_makes_etcd_drop_its_read_buffer_and_leaks_no_lease(self):
+        # etcd 3.4 copies its read buffer into every read, each lease renewal's included, until
+        # a delete-only commit drops it (agent/etcd_quiet_trim.h). The leading agent makes one
+        # once the job has written nothing for a second: it revokes the spare lease it granted
+        # when the job began to write.
+        cluster = self.cluster()
+        agents = [self.agent(cluster, node) for node in (1, 2)]
+        self.check_round(self.wait_workers(4, alive=agents, what="round 1's 4 workers"), 4, 2)
+
+        def spares():  # (granted, revoked) beyond the 2 agents' own leases, on one member.
+            return (cluster.metric(0, "etcd_debugging_lease_granted_total") - 2,
+                    cluster.metric(0, "etcd_debugging_lease_revoked_total"))
+
+        deadline = time.monotonic() + 10.0
+        for _ in range(200):  # Bounded: each round polls etcd or times out.
+            granted, revoked = spares()
+            if granted >= 1 and revoked == granted or time.monotonic() >= deadline:
+                break
+            self.hold(etcd_cluster.POLL_S, agents)  # Polls etcd; the job must go on meanwhile.
+        self.assertGreaterEqual(granted, 1, "expected the leader to grant a spare lease")
+        self.assertEqual(revoked, granted, "expected every spare lease revoked once the job was "
+                         "quiet\n%s" % self.summary())
+        self.assertEqual(len(cluster.leases()), 2, "expected only the 2 agents' leases left")
+        self.hold(1.5, agents)  # Quiet: no trim again while nothing is written.
+        self.assertEqual(spares(), (granted, revoked))
+        self.release(4)
+        self.assertAllExit(agents, 0)
+        self.assertEqual(cluster.keys(PREFIX), [])
+        self.assertEqual(cluster.leases(), [], "expected no lease left after the job")
 
     def test_leader_killed_mid_job_costs_no_restart(self):
         cluster = self.cluster()
