@@ -347,9 +347,10 @@ absl::Status EtcdRendezvous::LookAround(std::string* ahead, int64_t* at) {
   line.set_max_create_revision(presence_revision_ - 1);
   line.set_limit(1);
   line.set_keys_only(true);
-  etcdpb::RangeRequest known;
+  etcdpb::RangeRequest known;  // Still there, and not another node's under the same id.
   known.set_key(*ahead);
   known.set_keys_only(true);
+  known.set_max_create_revision(presence_revision_ - 1);
   const bool hint = !ahead->empty();
   etcdpb::TxnRequest both;  // One snapshot: the outputs since the last seen, and the node ahead.
   page.set_min_create_revision(outputs_seen_ + 1);
