@@ -4,7 +4,8 @@ leader killed with SIGKILL mid-job costs no restart, and one stopped with SIGSTO
 the job; an agent killed with SIGKILL is lost when
 its lease expires and the survivors form a new round, and a node that arrives scales the job up;
 the leading agent (the one that replays the log) killed with SIGKILL, or stalled with SIGSTOP
-past its lease: the next in line takes over;
+past its lease: the next in line takes over; a node that joins after the last node to join
+died finds its place from the line;
 a quiet job's leader makes etcd drop its read buffer (agent/etcd_quiet_trim.h), and no lease
 is left behind; two jobs on one cluster stay apart; etcd's user and password, and TLS to etcd, are honoured;
 a wrong password or an unreachable cluster is a one-line error."""
@@ -157,14 +158,52 @@ class EtcdRendezvousTest(RdzvTestCase):
 
     LEADER_KEY = PREFIX + "job/leader"
 
+    TAIL_KEY = PREFIX + "job/tail"
+
+    def agent_with_id(self, agents, node_id):
+        """The agent whose node id (host:pid:suffix) is node_id."""
+        pid = int(node_id.split(":")[-2])
+        found = [a for a in agents if a.proc.pid == pid]
+        self.assertEqual(len(found), 1, "no agent has pid %d (%s)" % (pid, node_id))
+        return found[0]
+
     def leading_agent(self, cluster, agents):
-        """The agent whose id (host:pid:suffix) the job's leader key holds."""
+        """The agent whose id the job's leader key holds."""
         node_id = cluster.get(self.LEADER_KEY)
         self.assertIsNotNone(node_id, "expected the leading agent's id at %s" % self.LEADER_KEY)
-        pid = int(node_id.split(":")[-2])
-        leader = [a for a in agents if a.proc.pid == pid]
-        self.assertEqual(len(leader), 1, "no agent has the leader's pid %d (%s)" % (pid, node_id))
-        return leader[0]
+        return self.agent_with_id(agents, node_id)
+
+    def test_a_node_joining_after_the_last_joiner_died_reads_its_place_from_the_line(self):
+        # The last node to join holds tail (its key under nodes/) under its own lease, and the
+        # next node to join reads it to find the node just before it. Once that node is dead
+        # tail is gone too, and a joining node reads the line under nodes/ instead.
+        cluster = self.cluster()
+        agents = [self.agent(cluster, node, nnodes="2:3", nproc=1) for node in (1, 2)]
+        self.check_round(self.wait_workers(2, alive=agents, what="round 1's 2 workers"), 2, 2)
+        tail = cluster.get(self.TAIL_KEY)
+        self.assertIsNotNone(tail, "expected the last node to join at %s" % self.TAIL_KEY)
+        self.assertTrue(tail.startswith(PREFIX + "job/nodes/"), tail)
+        last = self.agent_with_id(agents, tail[len(PREFIX + "job/nodes/"):])
+        survivor = [a for a in agents if a is not last][0]
+        last.proc.kill()
+        deadline = time.monotonic() + LOSS_BOUND_S
+        for _ in range(int(LOSS_BOUND_S / etcd_cluster.POLL_S) + 10):  # Bounded: polls etcd.
+            if cluster.get(self.TAIL_KEY) is None or time.monotonic() >= deadline:
+                break
+            self.hold(etcd_cluster.POLL_S, [survivor])
+        self.assertIsNone(cluster.get(self.TAIL_KEY), "expected tail gone with its node's lease")
+        newcomer = self.agent(cluster, 3, nnodes="2:3", nproc=1)
+        records = self.wait_workers(2, alive=[survivor, newcomer],
+                                    what="round 2 of the survivor and the newcomer")
+        self.check_round(records, 2, 2)
+        self.assertEqual(sorted(r["node"] for r in records), sorted([survivor.node, 3]))
+        tail = cluster.get(self.TAIL_KEY)
+        self.assertIsNotNone(tail, "expected the newcomer at %s" % self.TAIL_KEY)
+        self.assertIs(self.agent_with_id([survivor, newcomer], tail[len(PREFIX + "job/nodes/"):]),
+                      newcomer)
+        self.release(2)
+        self.assertAllExit([survivor, newcomer], 0)
+        self.assertEqual(cluster.keys(PREFIX), [])
 
     def three_nodes_and_their_leader(self, cluster):
         agents = [self.agent(cluster, node, nnodes="2:3", nproc=1) for node in (1, 2, 3)]
