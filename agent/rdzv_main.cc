@@ -13,9 +13,9 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "agent/coordinator_server.h"
 #include "agent/http_listener.h"
+#include "agent/process_setup.h"
 #include "agent/status_page.h"
 
 namespace {
@@ -32,11 +32,7 @@ bool WritePortFile(const std::string& path, int port) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Debian's Abseil is built with Mutex deadlock detection on (a debug aid): locks that gRPC
-  // and the coordinator take walk a lock graph; perf put 1.5% of the daemon's samples there
-  // (GraphCycles::GetId, DeadlockCheck) with 10,000 nodes heartbeating. Off, as in release
-  // builds.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  elrun::SetUpProcess();
   elrun::rdzv::ServerOptions options;
   std::string port_file;
   std::string http_listen;

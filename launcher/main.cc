@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "agent/process_setup.h"
 #include "launcher/elastic_job.h"
 #include "launcher/entrypoint.h"
 #include "launcher/env_contract.h"
@@ -47,6 +48,7 @@ void ScrubTokens(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  elrun::SetUpProcess();
   std::map<std::string, std::string> env = elrun::EnvToMap(environ);
   std::vector<std::string> args(argv + 1, argv + argc);
   auto lookup = [&env](const std::string& name) -> std::optional<std::string> {

@@ -46,6 +46,7 @@
 #include <CLI/CLI.hpp>
 
 #include "agent/etcd_rendezvous.h"
+#include "agent/process_setup.h"
 #include "agent/session_auth.h"
 #include "proto/rendezvous.pb.h"
 
@@ -394,6 +395,7 @@ class Load {
 }  // namespace
 
 int main(int argc, char** argv) {
+  elrun::SetUpProcess();  // As elrun does: the simulated nodes cost what real agents cost.
   Settings settings;
   CLI::App app("etcd_load: simulated elrun nodes on the etcd-v3 rendezvous backend (for etcd_scale_bench.py)");
   app.add_option("--endpoints", settings.endpoints,

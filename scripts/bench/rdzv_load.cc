@@ -29,6 +29,7 @@
 #include <CLI/CLI.hpp>
 
 #include "agent/coordinator.h"
+#include "agent/process_setup.h"
 #include "agent/session_auth.h"
 #include "proto/rendezvous.grpc.pb.h"
 
@@ -271,6 +272,7 @@ void Node::OnDone(const grpc::Status&) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  elrun::SetUpProcess();  // As elrun does: the simulated nodes cost what real agents cost.
   Settings settings;
   CLI::App app("rdzv_load: simulated elrun nodes against one elrun-rdzv (for rdzv_scale_bench.py)");
   app.add_option("--endpoint", settings.endpoint, "elrun-rdzv HOST:PORT")->required();
