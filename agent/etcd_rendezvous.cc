@@ -209,6 +209,7 @@ absl::StatusOr<std::unique_ptr<EtcdRendezvous>> EtcdRendezvous::Open(const EtcdR
   rendezvous->first_look_ = std::move(first);
   rendezvous->reader_ = std::thread([r = rendezvous.get()] { r->ReadLoop(); });
   rendezvous->writer_ = std::thread([r = rendezvous.get()] { r->WriteLoop(); });
+  rendezvous->renewer_ = std::thread([r = rendezvous.get()] { r->RenewLoop(); });
   return rendezvous;
 }
 
@@ -245,8 +246,10 @@ EtcdRendezvous::~EtcdRendezvous() {
     if (watch_) watch_->Cancel();
   }
   wake_.notify_all();
+  renew_wake_.notify_all();
   reader_.join();
   writer_.join();
+  renewer_.join();
   // Leave: the lease's keys go at once; the last node of the job removes the rest.
   (void)client_->RevokeLease(lease_);
   if (trim_.lease() != 0) (void)client_->RevokeLease(trim_.lease());
@@ -697,40 +700,54 @@ absl::Status EtcdRendezvous::WriteFenced(const std::vector<Put>& batch) {
   return absl::OkStatus();
 }
 
-void EtcdRendezvous::WriteLoop() {
+// ------------------------------------------------------------------------- the renewer
+
+void EtcdRendezvous::RenewLoop() {
   const auto renew_every = std::max(std::chrono::milliseconds(200), options_.lease_ttl / 3);
-  // etcd takes at most 128 operations (--max-txn-ops) and 1.5 MiB in one request.
-  constexpr size_t kBatchPuts = 100;
-  constexpr size_t kBatchBytes = 512 << 10;
-  auto next_renewal = std::chrono::steady_clock::now() + renew_every;
   auto renewed_at = std::chrono::steady_clock::now();
-  int64_t ticked_for = -1;  // The deadline last logged, not again.
   std::unique_lock<std::mutex> lock(mu_);
-  // Renews the lease when due (mu_ held; released around the call). A busy or electing cluster
-  // fails a renewal now and then: only a lease that expired, or one not renewed for its whole
-  // TTL, ends the session.
-  auto renew_if_due = [&] {
-    if (std::chrono::steady_clock::now() < next_renewal) return false;
+  while (true) {
+    // While this node may write: a follower whose session ended has left the line (the writer
+    // revoked its lease); a leader whose own session ended still fences its writes with it.
+    auto next = std::chrono::steady_clock::now() + renew_every;
+    renew_wake_.wait_until(lock, next, [this] { return stop_; });
+    if (stop_) return;
+    if (ended_ && !leading_) continue;
     lock.unlock();
     auto renewed = client_->KeepAlive(lease_);
     lock.lock();
-    next_renewal = std::chrono::steady_clock::now() + renew_every;
-    if (renewed.ok()) renewed_at = std::chrono::steady_clock::now();
-    if (!renewed.ok() && !stop_ &&
-        (renewed.status().code() == absl::StatusCode::kNotFound ||
-         std::chrono::steady_clock::now() - renewed_at >= options_.lease_ttl)) {
-      lock.unlock();
-      End(absl::UnavailableError(
-          renewed.status().code() == absl::StatusCode::kNotFound
-              ? absl::StrCat("this node's etcd lease expired (stalled or cut off for longer than the ",
-                             options_.lease_ttl.count() / 1000.0, " s heartbeat_timeout)")
-              : absl::StrCat("cannot renew the etcd lease: ", renewed.status().message())));
-      lock.lock();
+    if (renewed.ok()) {
+      renewed_at = std::chrono::steady_clock::now();
+      continue;
     }
-    return true;
-  };
-  // A write is retried until it is done, the lease is lost (renewals go on meanwhile) or the
-  // node leaves: a busy cluster only delays the job.
+    // A busy or electing cluster fails a renewal now and then: only a lease that expired, or
+    // one not renewed for its whole TTL, ends the session.
+    if (stop_ || (renewed.status().code() != absl::StatusCode::kNotFound &&
+                  std::chrono::steady_clock::now() - renewed_at < options_.lease_ttl)) {
+      continue;
+    }
+    lock.unlock();
+    End(absl::UnavailableError(
+        renewed.status().code() == absl::StatusCode::kNotFound
+            ? absl::StrCat("this node's etcd lease expired (stalled or cut off for longer than the ",
+                           options_.lease_ttl.count() / 1000.0, " s heartbeat_timeout)")
+            : absl::StrCat("cannot renew the etcd lease: ", renewed.status().message())));
+    lock.lock();
+  }
+}
+
+// ------------------------------------------------------------------------- the writer
+
+void EtcdRendezvous::WriteLoop() {
+  // etcd takes at most 128 operations (--max-txn-ops) and 1.5 MiB in one request.
+  constexpr size_t kBatchPuts = 100;
+  constexpr size_t kBatchBytes = 512 << 10;
+  // How long the writer waits when nothing falls due (it is woken for any work).
+  constexpr std::chrono::seconds kIdle{60};
+  int64_t ticked_for = -1;  // The deadline last logged, not again.
+  std::unique_lock<std::mutex> lock(mu_);
+  // A write is retried until it is done, the lease is lost (the renewer renews meanwhile) or
+  // the node leaves: a busy cluster only delays the job.
   // After this node's own session ended, only a leader writes (its replica's outputs).
   auto may_write = [this] { return !ended_ || leading_; };
   auto retry = [&](const std::function<absl::Status()>& write) {
@@ -743,7 +760,6 @@ void EtcdRendezvous::WriteLoop() {
       if (status.code() != absl::StatusCode::kUnavailable && status.code() != absl::StatusCode::kDeadlineExceeded) {
         break;  // Refused (permissions, a bad request, the lead lost): no retry will do.
       }
-      renew_if_due();
     }
     writing_ = false;
     if (status.code() == absl::StatusCode::kNotFound && leading_) {
@@ -777,8 +793,6 @@ void EtcdRendezvous::WriteLoop() {
       wake_.wait(lock, [this] { return stop_; });
       continue;
     }
-    // The lease first: renewals must not queue behind a burst of entries.
-    if (renew_if_due()) continue;
     if (!outbox_.empty()) {
       Put next = std::move(outbox_.front());
       outbox_.pop_front();
@@ -801,7 +815,7 @@ void EtcdRendezvous::WriteLoop() {
       trim_.Wrote(std::chrono::steady_clock::now());
       continue;
     }
-    auto wait_until = next_renewal;
+    auto wait_until = now + kIdle;
     // A timeout due in log time: the leader logs a tick so that the replica (and any that
     // takes over) applies it at that time.
     // (The coordinator's lock is taken without mu_: the reader holds it while delivering.)

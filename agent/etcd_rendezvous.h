@@ -119,7 +119,11 @@ class EtcdRendezvous : public AgentChannel {
   void Applied();
   void CloseSession(uint64_t session, const absl::Status& status);
 
-  // Writer thread: appends entries, writes outputs, renews the lease, logs due timeouts.
+  // Renewer thread: renews the lease every TTL/3, on its own so that no write waiting on a
+  // stalled member delays it; ends the session when etcd says the lease expired, or when it
+  // could not renew it for a whole TTL.
+  void RenewLoop();
+  // Writer thread: appends entries, writes outputs, logs due timeouts.
   void WriteLoop();
   absl::Status Append(const std::string& key, const v1::LogEntry& entry);
   // Writes a batch of outputs if this node's presence (its lead) still holds. NotFound: it
@@ -156,6 +160,7 @@ class EtcdRendezvous : public AgentChannel {
 
   mutable std::mutex mu_;
   std::condition_variable wake_;                // The writer's.
+  std::condition_variable renew_wake_;          // The renewer's: only to stop.
   std::condition_variable flushed_;             // Nothing left to write (a leader leaving).
   bool writing_ = false;                        // The writer is in a write. Guarded by mu_.
   std::deque<v1::CoordinatorMessage> inbox_;    // Guarded by mu_.
@@ -173,6 +178,7 @@ class EtcdRendezvous : public AgentChannel {
   EtcdQuietTrim trim_{std::chrono::seconds(1)};
   std::thread reader_;
   std::thread writer_;
+  std::thread renewer_;
 };
 
 }  // namespace elrun::rdzv
