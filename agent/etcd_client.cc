@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <random>
 #include <thread>
 #include <utility>
@@ -54,6 +55,7 @@ struct EtcdClient::Member {
   std::unique_ptr<etcdpb::Lease::Stub> lease;
   std::unique_ptr<etcdpb::Watch::Stub> watch;
   std::unique_ptr<etcdpb::Auth::Stub> auth;
+  std::unique_ptr<etcdpb::Maintenance::Stub> maintenance;
 };
 
 std::string PrefixEnd(const std::string& prefix) {
@@ -98,6 +100,7 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(const EtcdOption
     member->lease = etcdpb::Lease::NewStub(member->channel);
     member->watch = etcdpb::Watch::NewStub(member->channel);
     member->auth = etcdpb::Auth::NewStub(member->channel);
+    member->maintenance = etcdpb::Maintenance::NewStub(member->channel);
     client->members_.push_back(std::move(member));
   }
   if (!options.user.empty()) {
@@ -137,12 +140,12 @@ void EtcdClient::SetUp(grpc::ClientContext& context, bool deadline) {
 }
 
 template <typename Call>
-absl::Status EtcdClient::Retry(const char* what, Call call) {
+absl::Status EtcdClient::Retry(const char* what, Call call, std::optional<RetryPlan> plan) {
   auto give_up = std::chrono::steady_clock::now() + options_.retry_for;
   size_t index;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    index = current_;
+    index = plan ? plan->start % members_.size() : current_;
   }
   bool reauthenticated = false;
   grpc::Status last;
@@ -150,6 +153,7 @@ absl::Status EtcdClient::Retry(const char* what, Call call) {
     Member& member = *members_[index];
     grpc::ClientContext context;
     SetUp(context, true);
+    if (plan) context.set_deadline(std::chrono::system_clock::now() + std::min(plan->attempt, options_.call_timeout));
     last = call(member, context);
     if (last.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -280,6 +284,14 @@ absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease_id) {
       std::lock_guard<std::mutex> guard(mu_);
       index = current_;
     }
+    // The first stream goes to the etcd leader: a follower forwards each renewal to the leader
+    // as an HTTP request of its own, several times the cost of the renewal. A stream opened
+    // after a failure goes to the member that answered instead, unprobed: a stalled member
+    // would hold a probe as long as it held the renewal.
+    if (!leader_looked_up_) {
+      leader_looked_up_ = true;
+      index = LeaderOr(index);
+    }
     auto context = std::make_unique<grpc::ClientContext>();
     SetUp(*context, false);
     auto stream = std::make_unique<KeepAliveStream>(*members_[index]->lease, std::move(context));
@@ -294,16 +306,33 @@ absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease_id) {
     }
     keepalive_.reset();
   }
-  // Dead, stalled or refused: a call of its own on the next member says which, and moves on
-  // (a stalled member already took a call timeout; another would outlive short leases).
-  {
-    std::lock_guard<std::mutex> guard(mu_);
-    if (current_ == keepalive_member_) current_ = (current_ + 1) % members_.size();
-  }
-  return KeepAliveOnce(lease_id);
+  // Dead, stalled or refused: calls of their own on the other members, from the next one,
+  // each given a short while. (A stalled member already took a call timeout. A follower that
+  // has not yet seen its leader stall forwards the renewal there and holds it: the next
+  // member is tried meanwhile, and the first that knows the new leader renews the lease, which
+  // that leader has extended by an election timeout.)
+  return KeepAliveOnce(lease_id, RetryPlan{keepalive_member_ + 1, kFallbackAttempt});
 }
 
-absl::StatusOr<int64_t> EtcdClient::KeepAliveOnce(int64_t lease_id) {
+size_t EtcdClient::LeaderOr(size_t fallback) {
+  if (members_.size() == 1) return fallback;
+  // Each member names the leader's id and its own (its answer's header): at most one call per
+  // member, each short.
+  uint64_t leader = 0;
+  for (size_t k = 0; k < members_.size(); ++k) {
+    size_t index = (fallback + k) % members_.size();
+    grpc::ClientContext context;
+    SetUp(context, true);
+    context.set_deadline(std::chrono::system_clock::now() + std::min(kFallbackAttempt, options_.call_timeout));
+    etcdpb::StatusResponse status;
+    if (!members_[index]->maintenance->Status(&context, etcdpb::StatusRequest(), &status).ok()) continue;
+    if (leader == 0) leader = status.leader();
+    if (leader != 0 && status.header().member_id() == leader) return index;
+  }
+  return fallback;
+}
+
+absl::StatusOr<int64_t> EtcdClient::KeepAliveOnce(int64_t lease_id, std::optional<RetryPlan> plan) {
   etcdpb::LeaseKeepAliveResponse response;
   absl::Status status = Retry("lease keepalive", [&](Member& member, grpc::ClientContext& context) {
     auto stream = member.lease->LeaseKeepAlive(&context);
@@ -314,7 +343,7 @@ absl::StatusOr<int64_t> EtcdClient::KeepAliveOnce(int64_t lease_id) {
     grpc::Status finished = stream->Finish();
     if (got) return grpc::Status::OK;
     return finished.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "keepalive stream ended") : finished;
-  });
+  }, plan);
   if (!status.ok()) return status;
   if (response.ttl() <= 0) return absl::NotFoundError("etcd lease expired");
   return response.ttl();

@@ -13,6 +13,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,8 +56,10 @@ class EtcdClient {
   absl::StatusOr<int64_t> GrantLease(int64_t ttl_seconds);
   // The lease's remaining TTL in seconds after renewing it; NotFound when it has expired.
   // Renews over one long-lived stream (as etcd's own clients do: a new stream per renewal
-  // costs etcd several times more); a stream that fails or does not answer within the call
-  // timeout is dropped and that renewal retried as a call of its own on the members in turn.
+  // costs etcd several times more), the first one opened on the etcd leader. A stream that
+  // fails or does not answer within the call timeout is dropped, and that renewal retried as
+  // a call of its own on the other members in turn, each attempt short; the next stream opens
+  // on the member that answered.
   absl::StatusOr<int64_t> KeepAlive(int64_t lease_id);
   absl::Status RevokeLease(int64_t lease_id);
 
@@ -74,13 +77,26 @@ class EtcdClient {
  private:
   struct Member;
   class KeepAliveStream;
+  // Where Retry starts (an index into members_, taken modulo their number) and how long each
+  // attempt may take (at most the call timeout).
+  struct RetryPlan {
+    size_t start;
+    std::chrono::milliseconds attempt;
+  };
+  // A renewal's attempts after its stream failed: long enough for a renewal that a live
+  // leader answers, short against a lease of a few seconds.
+  static constexpr std::chrono::milliseconds kFallbackAttempt{500};
+
   explicit EtcdClient(EtcdOptions options);
-  absl::StatusOr<int64_t> KeepAliveOnce(int64_t lease_id);
+  absl::StatusOr<int64_t> KeepAliveOnce(int64_t lease_id, std::optional<RetryPlan> plan);
+  // The member that is the etcd leader now (Maintenance.Status), or `fallback` when none says.
+  size_t LeaderOr(size_t fallback);
 
   // Runs `call` on members in turn until one answers, re-authenticating once on an expired
-  // token; gives up after retry_for.
+  // token; gives up after retry_for. Without a plan: from the member that answered last, each
+  // attempt given the call timeout.
   template <typename Call>
-  absl::Status Retry(const char* what, Call call);
+  absl::Status Retry(const char* what, Call call, std::optional<RetryPlan> plan = std::nullopt);
   absl::Status Authenticate(Member& member);
   void SetUp(grpc::ClientContext& context, bool deadline);
 
@@ -92,6 +108,7 @@ class EtcdClient {
   std::mutex keepalive_mu_;
   std::unique_ptr<KeepAliveStream> keepalive_;  // Guarded by keepalive_mu_.
   size_t keepalive_member_ = 0;                  // Its member. Guarded by keepalive_mu_.
+  bool leader_looked_up_ = false;                // For the first stream. Guarded by keepalive_mu_.
 };
 
 // One watch stream. Read blocks for the next response (events of any of its watchers); Cancel

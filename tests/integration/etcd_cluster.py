@@ -416,16 +416,26 @@ class EtcdCluster:
         out = self.etcdctl("get", "--prefix", "--keys-only", "-w", "json", "--", prefix)
         return sorted(_b64(kv["key"]) for kv in json.loads(out).get("kvs") or [])
 
-    def metric(self, i, name):
-        """The value of member i's unlabelled metric `name` (a counter or gauge of /metrics).
-        Raises EtcdError when the member does not answer or has no such metric."""
+    def metric(self, i, name, labels=None):
+        """The value of member i's metric `name` (a counter or gauge of /metrics): the series
+        without labels, or the sum of those that carry every label=value of `labels`; 0 when
+        none has been exported yet for `labels`. Raises EtcdError when the member does not
+        answer, or has no unlabelled series `name`."""
         body = self._metrics(i, timeout=ETCDCTL_TIMEOUT_S)
         if body is None:
             raise EtcdError("member %d did not serve /metrics\n%s" % (i, self.logs()))
+        wanted = ['%s="%s"' % item for item in (labels or {}).items()]
+        total = 0.0
         for line in body.splitlines():
-            if line.startswith(name + " "):
+            if labels is None and line.startswith(name + " "):
                 return float(line.split()[1])
-        raise EtcdError("member %d has no metric %s" % (i, name))
+            if labels is not None and line.startswith(name + "{"):
+                series, value = line.rsplit(None, 1)
+                if all(w in series[len(name) + 1:-1].split(",") for w in wanted):
+                    total += float(value)
+        if labels is None:
+            raise EtcdError("member %d has no metric %s" % (i, name))
+        return total
 
     def leases(self):
         """The ids of the cluster's leases, sorted."""

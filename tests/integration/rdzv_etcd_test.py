@@ -1,14 +1,14 @@
 """The etcd-v3 rendezvous backend against a real 3-member etcd cluster on loopback
 (etcd_cluster.py): a job forms with the grpc backend's ranks and leaves no key behind; the etcd
 leader killed with SIGKILL mid-job costs no restart, and one stopped with SIGSTOP does not stall
-the job; an agent killed with SIGKILL is lost when
-its lease expires and the survivors form a new round, and a node that arrives scales the job up;
-the leading agent (the one that replays the log) killed with SIGKILL, or stalled with SIGSTOP
-past its lease: the next in line takes over; a node that joins after the last node to join
-died finds its place from the line;
-a quiet job's leader makes etcd drop its read buffer (agent/etcd_quiet_trim.h), and no lease
-is left behind; two jobs on one cluster stay apart; etcd's user and password, and TLS to etcd, are honoured;
-a wrong password or an unreachable cluster is a one-line error."""
+the job; an agent killed with SIGKILL is lost when its lease expires and the survivors form a
+new round, and a node that arrives scales the job up; the leading agent (the one that replays
+the log) killed with SIGKILL, or stalled with SIGSTOP past its lease: the next in line takes
+over; a node that joins after the last node to join died finds its place from the line; agents
+renew their leases on the etcd leader; a quiet job's leader makes etcd drop its read buffer
+(agent/etcd_quiet_trim.h), and no lease is left behind; two jobs on one cluster stay apart;
+etcd's user and password, and TLS to etcd, are honoured; a wrong password or an unreachable
+cluster is a one-line error."""
 import signal
 import time
 import unittest
@@ -93,6 +93,28 @@ class EtcdRendezvousTest(RdzvTestCase):
         self.assertAllExit(agents, 0)
         self.assertEqual(cluster.keys(PREFIX), [])
         self.assertEqual(cluster.leases(), [], "expected no lease left after the job")
+
+    def test_agents_renew_their_leases_on_the_etcd_leader(self):
+        # An etcd follower forwards each renewal to the leader as an HTTP request of its own,
+        # which costs etcd more than the renewal: the agents' keepalive streams are on the leader.
+        cluster = self.cluster()
+        agents = [self.agent(cluster, node) for node in (1, 2)]
+        self.check_round(self.wait_workers(4, alive=agents, what="round 1's 4 workers"), 4, 2)
+        leader = cluster.leader()
+
+        def renewals():  # LeaseKeepAlive requests each member received.
+            return [cluster.metric(i, "grpc_server_msg_received_total",
+                                   {"grpc_method": "LeaseKeepAlive"}) for i in range(3)]
+
+        before = renewals()
+        self.hold(2.0 * LEASE_S, agents)  # Each agent renews every LEASE_S/3.
+        grown = [a - b for a, b in zip(renewals(), before)]
+        self.assertEqual(cluster.leader(), leader, "the etcd leader changed during the test")
+        self.assertGreaterEqual(grown[leader], 4, "expected renewals on the leader: %s" % grown)
+        self.assertEqual([g for i, g in enumerate(grown) if i != leader], [0, 0],
+                         "expected no renewal on a follower: %s" % grown)
+        self.release(4)
+        self.assertAllExit(agents, 0)
 
     def test_leader_killed_mid_job_costs_no_restart(self):
         cluster = self.cluster()
