@@ -60,6 +60,19 @@ etcdpb::Compare NoneIn(const std::string& key, const std::string& range_end) {
   return compare;
 }
 
+// The last key of the line under `nodes` (the newest presence): a keys-only read, sorted by
+// create revision. etcd reads every key of the range to sort them: O(N) for a job of N nodes.
+etcdpb::RangeRequest LastInLine(const std::string& nodes) {
+  etcdpb::RangeRequest line;
+  line.set_key(nodes);
+  line.set_range_end(PrefixEnd(nodes));
+  line.set_sort_target(etcdpb::RangeRequest::CREATE);
+  line.set_sort_order(etcdpb::RangeRequest::DESCEND);
+  line.set_limit(1);
+  line.set_keys_only(true);
+  return line;
+}
+
 }  // namespace
 
 // Where the replica's coordinator sends to one session: outputs, in order, counted per session.
@@ -158,13 +171,7 @@ absl::StatusOr<std::unique_ptr<EtcdRendezvous>> EtcdRendezvous::Open(const EtcdR
       clear->set_key(base + part);
       clear->set_range_end(PrefixEnd(base + part));
     }
-    auto* before = txn.add_failure()->mutable_request_range();
-    before->set_key(nodes);
-    before->set_range_end(PrefixEnd(nodes));
-    before->set_sort_target(etcdpb::RangeRequest::CREATE);
-    before->set_sort_order(etcdpb::RangeRequest::DESCEND);
-    before->set_limit(1);
-    before->set_keys_only(true);
+    *txn.add_failure()->mutable_request_range() = LastInLine(nodes);
     put_presence(txn.mutable_success());
     put_presence(txn.mutable_failure());
     *txn.add_failure()->mutable_request_txn() = CreateOnce(connect_key, connect.SerializeAsString());
@@ -342,14 +349,8 @@ absl::Status EtcdRendezvous::LookAround(std::string* ahead, int64_t* at) {
   page.set_sort_order(etcdpb::RangeRequest::ASCEND);
   page.set_limit(1000);
   // The live node just before this one: the last of the line up to this node's place.
-  etcdpb::RangeRequest line;
-  line.set_key(nodes);
-  line.set_range_end(PrefixEnd(nodes));
-  line.set_sort_target(etcdpb::RangeRequest::CREATE);
-  line.set_sort_order(etcdpb::RangeRequest::DESCEND);
+  etcdpb::RangeRequest line = LastInLine(nodes);
   line.set_max_create_revision(presence_revision_ - 1);
-  line.set_limit(1);
-  line.set_keys_only(true);
   etcdpb::RangeRequest known;  // Still there, and not another node's under the same id.
   known.set_key(*ahead);
   known.set_keys_only(true);

@@ -106,6 +106,19 @@ def _pick_ports(host, count):
             s.close()
 
 
+def _series_sum(body, name, labels):
+    """The sum of the labelled series `name` of Prometheus text `body` that carry every
+    label=value of `labels` (all of them for {}); 0 when there is none."""
+    wanted = ['%s="%s"' % item for item in labels.items()]
+    total = 0.0
+    for line in body.splitlines():
+        if line.startswith(name + "{"):
+            series, value = line.rsplit(None, 1)
+            if all(w in series[len(name) + 1:-1].split(",") for w in wanted):
+                total += float(value)
+    return total
+
+
 class TlsFiles:
     """PEM files for a cluster with TLS on its client URLs (peers stay plain http): the CA that
     signed both certificates, the members' server certificate and key, optionally a client
@@ -424,18 +437,12 @@ class EtcdCluster:
         body = self._metrics(i, timeout=ETCDCTL_TIMEOUT_S)
         if body is None:
             raise EtcdError("member %d did not serve /metrics\n%s" % (i, self.logs()))
-        wanted = ['%s="%s"' % item for item in (labels or {}).items()]
-        total = 0.0
+        if labels is not None:
+            return _series_sum(body, name, labels)
         for line in body.splitlines():
-            if labels is None and line.startswith(name + " "):
+            if line.startswith(name + " "):
                 return float(line.split()[1])
-            if labels is not None and line.startswith(name + "{"):
-                series, value = line.rsplit(None, 1)
-                if all(w in series[len(name) + 1:-1].split(",") for w in wanted):
-                    total += float(value)
-        if labels is None:
-            raise EtcdError("member %d has no metric %s" % (i, name))
-        return total
+        raise EtcdError("member %d has no metric %s" % (i, name))
 
     def leases(self):
         """The ids of the cluster's leases, sorted."""
@@ -552,10 +559,7 @@ class EtcdCluster:
         """How many peers member i's raft transport counts as connected (the
         etcd_network_active_peers gauge of its /metrics), or None when it does not answer."""
         body = self._metrics(i)
-        if body is None:
-            return None
-        return sum(float(line.rsplit(None, 1)[1]) for line in body.splitlines()
-                   if line.startswith("etcd_network_active_peers{"))
+        return None if body is None else _series_sum(body, "etcd_network_active_peers", {})
 
     def _stop_all(self):
         """SIGTERM to every running member, SIGKILL to those still running after
