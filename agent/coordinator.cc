@@ -99,11 +99,11 @@ Coordinator::Coordinator(Options options)
     : first_join_timeout_(options.first_join_timeout),
       heartbeats_(options.heartbeats),
       key_(options.token.empty() ? std::string() : TokenKey(options.token)),
-      nonce_(options.nonce ? std::move(options.nonce) : RandomNonce) {}
+      nonce_(options.nonce ? std::move(options.nonce) : [](SessionId) { return RandomNonce(); }) {}
 
 void Coordinator::OnConnect(SessionId id, SessionSink* sink, TimePoint now) {
   std::lock_guard<std::mutex> lock(mu_);
-  Session& session = sessions_[id] = Session{sink, "", now, false, nonce_(), false};
+  Session& session = sessions_[id] = Session{sink, "", now, false, nonce_(id), false};
   unjoined_.insert({now, id});
   v1::CoordinatorMessage challenge;
   challenge.mutable_challenge()->set_nonce(session.nonce);

@@ -96,11 +96,11 @@ class Coordinator {
  public:
   // A session that sends no Join within `first_join_timeout` of opening is closed. With a
   // `token`, a session's first Join must prove it (session_auth.h); `nonce` makes each
-  // session's Challenge (RandomNonce; tests pass their own).
+  // session's Challenge from its id (RandomNonce when unset).
   struct Options {
     std::chrono::milliseconds first_join_timeout{10000};
     std::string token;
-    std::function<std::string()> nonce;
+    std::function<std::string(SessionId)> nonce;
     // False: a node's liveness is judged elsewhere (the etcd backend's leases) and silence
     // never evicts it; Heartbeat messages are then not expected.
     bool heartbeats = true;
@@ -225,7 +225,7 @@ class Coordinator {
   const std::chrono::milliseconds first_join_timeout_;
   const bool heartbeats_;
   const std::string key_;  // TokenKey(token), empty without a token.
-  const std::function<std::string()> nonce_;
+  const std::function<std::string(SessionId)> nonce_;
   mutable std::mutex mu_;
   std::condition_variable job_gone_;  // Notified when a job is erased.
   std::map<SessionId, Session> sessions_;  // Guarded by mu_.

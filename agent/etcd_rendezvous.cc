@@ -28,6 +28,15 @@ int64_t WallMs() {
 
 TimePoint LogTime(int64_t ms) { return TimePoint(std::chrono::milliseconds(ms)); }
 
+// A session's Challenge nonce, the same on every replica and known to the agent itself as soon
+// as it has its session id: the session id's bytes, zero-padded. (etcd's readers see every
+// key anyway; what a token proves does not rest on the nonce being secret.)
+std::string SessionNonce(uint64_t session) {
+  std::string nonce(kNonceBytes, '\0');
+  std::memcpy(nonce.data(), &session, sizeof(session));
+  return nonce;
+}
+
 void Signal(int fd) {
   uint64_t one = 1;
   (void)!::write(fd, &one, sizeof(one));
@@ -214,6 +223,11 @@ absl::StatusOr<std::unique_ptr<EtcdRendezvous>> EtcdRendezvous::Open(const EtcdR
   std::unique_ptr<EtcdRendezvous> rendezvous(
       new EtcdRendezvous(options, *std::move(client), fd, *lease, session, presence));
   rendezvous->first_look_ = std::move(first);
+  // A session's first output is its Challenge, which depends on nothing but its id: this node
+  // takes it now and answers without waiting for the leader, who does not write it.
+  v1::OutEntry challenge;
+  challenge.mutable_message()->mutable_challenge()->set_nonce(SessionNonce(session));
+  rendezvous->TakeOutput(0, challenge);
   rendezvous->reader_ = std::thread([r = rendezvous.get()] { r->ReadLoop(); });
   rendezvous->writer_ = std::thread([r = rendezvous.get()] { r->WriteLoop(); });
   rendezvous->renewer_ = std::thread([r = rendezvous.get()] { r->RenewLoop(); });
@@ -231,13 +245,9 @@ EtcdRendezvous::EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<Et
       presence_revision_(presence_revision),
       coordinator_(Coordinator::Options{
           options_.first_join_timeout, options_.token,
-          // Every replica must give each session the same Challenge: a count, not a random.
-          [this] {
-            std::string nonce(kNonceBytes, '\0');
-            uint64_t n = ++nonces_;
-            std::memcpy(nonce.data(), &n, sizeof(n));
-            return nonce;
-          },
+          // Every replica must give each session the same Challenge, and the agent makes its
+          // own (see Output).
+          SessionNonce,
           /*heartbeats=*/false}) {}
 
 EtcdRendezvous::~EtcdRendezvous() {
@@ -606,6 +616,8 @@ void EtcdRendezvous::Output(uint64_t session, v1::OutEntry entry) {
     TakeOutput(seq, entry);
     return;
   }
+  // Made by the agent itself when it opened the session (Open), never written.
+  if (seq == 0 && entry.has_message() && entry.message().has_challenge()) return;
   auto written = written_.find(session);
   if (written != written_.end() && seq < written->second) return;
   std::lock_guard<std::mutex> lock(mu_);

@@ -3,8 +3,9 @@
 // arrival, each of its messages, the end of its lease, a timeout falling due - is a key
 // created under <prefix><run id>/log/, and etcd's revision orders them. One agent leads: it
 // replays that log into its Coordinator (agent/coordinator.h, the same logic the grpc backend
-// runs) and writes what the coordinator sends each session under out/<session>/<seq>; every
-// agent watches only its own outputs, so a job of N nodes costs etcd O(N) writes and events,
+// runs) and writes what the coordinator sends each session under out/<session>/<seq> (all but
+// the first, the session's Challenge: its nonce is made from the session id, and the agent
+// makes it itself and answers at once); every agent watches only its own outputs, so a job of N nodes costs etcd O(N) writes and events,
 // not a copy of every entry for every agent. Liveness is a lease per agent that holds its key
 // under nodes/: kill -9 an agent and its lease expires after the lease TTL
 // (heartbeat_timeout); stop it cleanly and the lease is revoked at once; either way the leader
@@ -156,7 +157,6 @@ class EtcdRendezvous : public AgentChannel {
   bool replica_ready_ = false;                // written_ read: the replica may write.
   int64_t applied_ = 0;      // The last log entry applied (its create revision).
   int64_t log_time_ms_ = 0;  // The replica's clock.
-  uint64_t nonces_ = 0;
 
   mutable std::mutex mu_;
   std::condition_variable wake_;                // The writer's.

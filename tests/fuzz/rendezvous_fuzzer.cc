@@ -57,9 +57,9 @@ v1::AgentMessage ValidJoin(int session) {
 }
 
 void FuzzCoordinator(const uint8_t* data, size_t size) {
-  int nonces = 0;
-  Coordinator coordinator(Coordinator::Options{std::chrono::seconds(10), "",
-                                               [&nonces] { return std::string(32, static_cast<char>(nonces++)); }});
+  Coordinator coordinator(Coordinator::Options{std::chrono::seconds(10), "", [](SessionId id) {
+    return std::string(32, static_cast<char>(id));
+  }});
   constexpr int kSessions = 8;
   std::map<int, std::unique_ptr<CheckingSink>> sinks;
   TimePoint now{std::chrono::seconds(1000)};

@@ -7,7 +7,8 @@ the log) killed with SIGKILL, or stalled with SIGSTOP past its lease: the next i
 over; a node that joins after the last node to join died finds its place from the line; agents
 renew their leases on the etcd leader; a quiet job's leader makes etcd drop its read buffer
 (agent/etcd_quiet_trim.h), and no lease is left behind; two jobs on one cluster stay apart;
-etcd's user and password, and TLS to etcd, are honoured; a wrong password or an unreachable
+a rendezvous token is proven over etcd and a wrong or missing one refused; etcd's user and
+password, and TLS to etcd, are honoured; a wrong password or an unreachable
 cluster is a one-line error."""
 import signal
 import time
@@ -274,6 +275,25 @@ class EtcdRendezvousTest(RdzvTestCase):
             mine = [r for r in records if r["run"] == run]
             self.check_round(mine, 4, 2)
             self.assertEqual({r["node"] for r in mine}, nodes, self.summary())
+        self.assertAllExit(agents, 0)
+        self.assertEqual(cluster.keys(PREFIX), [])
+
+    def test_a_rendezvous_token_is_proven_over_etcd_and_a_wrong_one_refused(self):
+        # Each session's Challenge is made from its session id by the agent itself (the leader
+        # does not write it): the proofs of the Join and of the Welcome must still hold.
+        cluster = self.cluster()
+        token = {"ELRUN_RDZV_TOKEN": "s3cret-token"}
+        agents = [self.agent(cluster, node, env=token) for node in (1, 2)]
+        self.check_round(self.wait_workers(4, alive=agents, what="the token job's 4 workers"), 4, 2)
+        refused = [(self.agent(cluster, 3, env={"ELRUN_RDZV_TOKEN": "not-the-token"}), "wrong rendezvous token"),
+                   (self.agent(cluster, 4), "this coordinator requires a token")]
+        for outsider, reason in refused:
+            self.assertAllExit([outsider], 1)
+            lines = [l for l in outsider.result().err.splitlines() if l.startswith("elrun:")]
+            self.assertEqual(len(lines), 1, outsider.result().err)
+            self.assertIn("refused this node: " + reason, lines[0])
+        self.assertEqual([a.rc for a in agents], [None, None], "expected the job to run on\n%s" % self.summary())
+        self.release(4)
         self.assertAllExit(agents, 0)
         self.assertEqual(cluster.keys(PREFIX), [])
 
