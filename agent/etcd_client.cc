@@ -317,17 +317,23 @@ absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease_id) {
 size_t EtcdClient::LeaderOr(size_t fallback) {
   if (members_.size() == 1) return fallback;
   // Each member names the leader's id and its own (its answer's header): at most one call per
-  // member, each short.
+  // member, each short, and none to the last one when every other answered as a follower of
+  // the same leader (an endpoint per member, as etcd's clients are given).
   uint64_t leader = 0;
+  size_t followers = 0;
   for (size_t k = 0; k < members_.size(); ++k) {
     size_t index = (fallback + k) % members_.size();
+    if (followers == members_.size() - 1) return index;
     grpc::ClientContext context;
     SetUp(context, true);
     context.set_deadline(std::chrono::system_clock::now() + std::min(kFallbackAttempt, options_.call_timeout));
     etcdpb::StatusResponse status;
     if (!members_[index]->maintenance->Status(&context, etcdpb::StatusRequest(), &status).ok()) continue;
+    if (status.leader() == 0) continue;  // Electing: it does not know.
     if (leader == 0) leader = status.leader();
-    if (leader != 0 && status.header().member_id() == leader) return index;
+    if (status.leader() != leader) return fallback;  // An election in between: no guess.
+    if (status.header().member_id() == leader) return index;
+    ++followers;
   }
   return fallback;
 }
