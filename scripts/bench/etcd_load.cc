@@ -2,8 +2,9 @@
 // etcd_scale_bench.py. Each node is a real EtcdRendezvous (its own EtcdClient, lease, reader
 // and writer threads; the one that leads replays the job's log) that behaves as an elrun agent
 // without workers and without a token: it answers the Challenge with a Join (client nonce, no
-// proof), and joins again after each RoundEnded. --open-threads threads open the sessions;
-// one epoll thread drives every node over their event_fds.
+// proof), and joins again after each RoundEnded. Every session opens at once, each from a
+// thread of its own, as the agents of a real job start together (--open-threads K: K threads
+// take the nodes in turn instead); one epoll thread drives every node over their event_fds.
 //
 // gRPC shares one connection among channels of a process with the same target and arguments
 // (its global subchannel pool), so N EtcdClients to one address would multiplex every node's
@@ -67,7 +68,7 @@ struct Settings {
   int min_nodes = -1;
   int lease_ms = 5000;
   int last_call_ms = 1000;
-  int open_threads = 16;
+  int open_threads = 0;  // 0: one per node.
   int progress_ms = 1000;
 };
 
@@ -129,11 +130,12 @@ class Load {
     std::thread driver([this] { Drive(); });
     std::thread progress([this] { Progress(); });
 
-    // Open: a few threads take node indexes in turn.
+    // Open: the threads take node indexes in turn.
     std::atomic<int> next{0};
     std::atomic<bool> failed{false};
     std::vector<std::thread> openers;
-    for (int t = 0; t < std::max(1, s_.open_threads); ++t) {
+    const int open_threads = s_.open_threads > 0 ? std::min(s_.open_threads, s_.nodes) : s_.nodes;
+    for (int t = 0; t < open_threads; ++t) {
       openers.emplace_back([&] {
         while (!failed) {
           int i = next++;
@@ -412,8 +414,9 @@ int main(int argc, char** argv) {
   app.add_option("--last-call-ms", settings.last_call_ms, "the job's last_call_timeout_ms")
       ->check(CLI::Range(0, 600000))
       ->capture_default_str();
-  app.add_option("--open-threads", settings.open_threads, "threads opening the sessions")
-      ->check(CLI::Range(1, 1024))
+  app.add_option("--open-threads", settings.open_threads,
+                 "threads opening the sessions, taking the nodes in turn (0: one per node, all at once)")
+      ->check(CLI::Range(0, 100000))
       ->capture_default_str();
   app.add_option("--progress-ms", settings.progress_ms, "period of the progress lines (0: none)")
       ->capture_default_str();

@@ -8,8 +8,10 @@ on --connections client ports and etcd_load spreads the nodes over them.
 For each N in --sizes, with a fresh etcd cluster per run:
   open          etcd_load's start to every EtcdRendezvous::Open returned (etcd_load's clock)
   formation     etcd_load's start to every live node holding RoundStarted (etcd_load's clock);
-                the sessions are opened from --open-threads threads while the leader already
-                answers the first ones, so formation includes the open phase
+                every session opens at once (a thread each, as a real job's agents start
+                together; --open-threads K: K threads take the nodes in turn, so that each
+                opens after the one before it on its thread) while the leader already answers
+                the first ones, so formation includes the open phase
   etcd CPU      user+sys of the etcd member processes from etcd_load's start to formation
   agents CPU    etcd_load's own user+sys up to formation: the N agents together
   steady        CPU share (cores) over --steady seconds while the job just holds (lease
@@ -245,7 +247,8 @@ def main():
     ap.add_argument("--lease-ms", type=int, default=5000,
                     help="lease TTL = heartbeat_timeout (elrun's default 5 s)")
     ap.add_argument("--last-call-ms", type=int, default=1000)
-    ap.add_argument("--open-threads", type=int, default=16)
+    ap.add_argument("--open-threads", type=int, default=0,
+                    help="threads opening the sessions in turn (0: one per node, all at once)")
     ap.add_argument("--connections", type=int, default=32,
                     help="client ports per etcd member, so TCP connections per member from etcd_load "
                          "(1: gRPC shares one among all nodes)")
@@ -296,8 +299,10 @@ def main():
     print("Medians (min-max) of the runs that formed, of %d per N. Every node is a real EtcdRendezvous "
           "(lease TTL %d ms, renewed every TTL/3) in one etcd_load process on this machine, so "
           "the agents' CPU is N agents' work on this machine's cores; formation includes opening "
-          "the N sessions (%d threads); the nodes are spread over %d client connections per etcd "
-          "member.\n" % (args.runs, args.lease_ms, args.open_threads, args.connections))
+          "the N sessions (%s); the nodes are spread over %d client connections per etcd "
+          "member.\n" % (args.runs, args.lease_ms,
+                         "%d threads taking the nodes in turn" % args.open_threads if args.open_threads > 0
+                         else "all at once, a thread each", args.connections))
     print("| N | runs formed | sessions open | formation | etcd CPU to formation | agents CPU to formation "
           "| steady: etcd cores | steady: agents cores | re-formation after 1% lost | etcd peak RSS "
           "| etcd_load peak RSS | all nodes leave |")
