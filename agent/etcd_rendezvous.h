@@ -1,21 +1,21 @@
 // The etcd-v3 rendezvous backend: the job's rendezvous state lives in etcd, and no elrun
 // process is a single point of failure. Every input of the job's coordinator - a node's
-// arrival, each of its messages, the end of its lease, a timeout falling due - is a key
-// created under <prefix><run id>/log/, and etcd's revision orders them. One agent leads: it
-// replays that log into its Coordinator (agent/coordinator.h, the same logic the grpc backend
-// runs) and writes what the coordinator sends each session under out/<session>/<seq> (all but
-// the first, the session's Challenge: its nonce is made from the session id, and the agent
-// makes it itself and answers at once); every agent watches only its own outputs, so a job of N nodes costs etcd O(N) writes and events,
-// not a copy of every entry for every agent. Liveness is a lease per agent that holds its key
-// under nodes/: kill -9 an agent and its lease expires after the lease TTL
-// (heartbeat_timeout); stop it cleanly and the lease is revoked at once; either way the leader
-// logs its disconnect. The leader is the live node whose nodes/ key is oldest; each other node
-// watches the node just before it, and the one whose predecessors are all gone takes the lead:
-// it replays the log from its keys (not etcd's history, so compaction does no harm), takes the
-// same decisions its predecessor took, and writes only the outputs that were not written yet.
-// The leader's writes are fenced by its own nodes/ key, so a leader whose lease expired
-// (stalled, cut off) writes nothing after its successor has taken over. The first node of a
-// run id with no live node clears what a dead job left; the last node to leave deletes the
+// arrival, each of its messages, the end of its lease, a timeout falling due - is a key created
+// under <prefix><run id>/log/, and etcd's revision orders them. One agent leads: it replays
+// that log into its Coordinator (agent/coordinator.h, the same logic the grpc backend runs) and
+// writes what the coordinator sends each session under out/<session>/<seq> (all but the first,
+// the session's Challenge: its nonce is made from the session id, and the agent makes it itself
+// and answers at once); every agent watches only its own outputs, so a job of N nodes costs
+// etcd O(N) writes and events, not a copy of every entry for every agent. Liveness is a lease
+// per agent that holds its key under nodes/: kill -9 an agent and its lease expires after the
+// lease TTL (heartbeat_timeout); stop it cleanly and the lease is revoked at once; either way
+// the leader logs its disconnect. The leader is the live node whose nodes/ key is oldest; each
+// other node watches the node just before it, and the one whose predecessors are all gone takes
+// the lead: it replays the log from its keys (not etcd's history, so compaction does no harm),
+// takes the same decisions its predecessor took, and writes only the outputs that were not
+// written yet. The leader's writes are fenced by its own nodes/ key, so a leader whose lease
+// expired (stalled, cut off) writes nothing after its successor has taken over. The first node
+// of a run id with no live node clears what a dead job left; the last node to leave deletes the
 // job's keys. Same interface as RendezvousClient. Thread-safe as documented.
 #ifndef ELRUN_AGENT_ETCD_RENDEZVOUS_H_
 #define ELRUN_AGENT_ETCD_RENDEZVOUS_H_
