@@ -69,15 +69,23 @@ etcdpb::Compare NoneIn(const std::string& key, const std::string& range_end) {
   return compare;
 }
 
-// The last key of the line under `nodes` (the newest presence): a keys-only read, sorted by
-// create revision. etcd reads every key of the range to sort them: O(N) for a job of N nodes.
+// Up to `limit` keys under `prefix` in the order they were created (etcd reads every key of
+// the range to sort them).
+etcdpb::RangeRequest InCreateOrder(const std::string& prefix, etcdpb::RangeRequest::SortOrder order,
+                                   int64_t limit) {
+  etcdpb::RangeRequest range;
+  range.set_key(prefix);
+  range.set_range_end(PrefixEnd(prefix));
+  range.set_sort_target(etcdpb::RangeRequest::CREATE);
+  range.set_sort_order(order);
+  range.set_limit(limit);
+  return range;
+}
+
+// The last key of the line under `nodes` (the newest presence), keys only: O(N) for etcd in
+// a job of N nodes.
 etcdpb::RangeRequest LastInLine(const std::string& nodes) {
-  etcdpb::RangeRequest line;
-  line.set_key(nodes);
-  line.set_range_end(PrefixEnd(nodes));
-  line.set_sort_target(etcdpb::RangeRequest::CREATE);
-  line.set_sort_order(etcdpb::RangeRequest::DESCEND);
-  line.set_limit(1);
+  etcdpb::RangeRequest line = InCreateOrder(nodes, etcdpb::RangeRequest::DESCEND, 1);
   line.set_keys_only(true);
   return line;
 }
@@ -352,12 +360,7 @@ void EtcdRendezvous::ReadLoop() {
 absl::Status EtcdRendezvous::LookAround(std::string* ahead, int64_t* at) {
   const std::string mine = OutPrefix(session_);
   const std::string nodes = base_ + "nodes/";
-  etcdpb::RangeRequest page;
-  page.set_key(mine);
-  page.set_range_end(PrefixEnd(mine));
-  page.set_sort_target(etcdpb::RangeRequest::CREATE);
-  page.set_sort_order(etcdpb::RangeRequest::ASCEND);
-  page.set_limit(1000);
+  etcdpb::RangeRequest page = InCreateOrder(mine, etcdpb::RangeRequest::ASCEND, 1000);
   // The live node just before this one: the last of the line up to this node's place.
   etcdpb::RangeRequest line = LastInLine(nodes);
   line.set_max_create_revision(presence_revision_ - 1);
@@ -562,13 +565,8 @@ absl::StatusOr<int64_t> EtcdRendezvous::CatchUp() {
     wake_.notify_all();
   }
   while (true) {
-    etcdpb::RangeRequest page;
-    page.set_key(log);
-    page.set_range_end(PrefixEnd(log));
-    page.set_sort_target(etcdpb::RangeRequest::CREATE);
-    page.set_sort_order(etcdpb::RangeRequest::ASCEND);
+    etcdpb::RangeRequest page = InCreateOrder(log, etcdpb::RangeRequest::ASCEND, 1000);
     page.set_min_create_revision(applied_ + 1);
-    page.set_limit(1000);
     page.set_revision(at);
     auto read = client_->Range(page);
     if (!read.ok()) return read.status();
@@ -687,32 +685,6 @@ void EtcdRendezvous::Apply(const mvccpb::KeyValue& kv) {
   }
 }
 
-// ------------------------------------------------------------------------- the writer
-
-absl::Status EtcdRendezvous::Append(const std::string& key, const v1::LogEntry& entry) {
-  auto written = client_->Txn(CreateOnce(key, entry.SerializeAsString()));
-  return written.status();
-}
-
-absl::Status EtcdRendezvous::WriteFenced(const std::vector<Put>& batch) {
-  etcdpb::TxnRequest txn;
-  auto* fence = txn.add_compare();
-  fence->set_key(base_ + "nodes/" + options_.node_id);
-  fence->set_target(etcdpb::Compare::CREATE);
-  fence->set_result(etcdpb::Compare::EQUAL);
-  fence->set_create_revision(presence_revision_);
-  for (const Put& put : batch) {
-    auto* request = txn.add_success()->mutable_request_put();
-    request->set_key(put.key);
-    request->set_value(put.value);
-    if (put.key == base_ + "leader") request->set_lease(lease_);
-  }
-  auto written = client_->Txn(txn);
-  if (!written.ok()) return written.status();
-  if (!written->succeeded()) return absl::NotFoundError("this node's presence in etcd is gone");
-  return absl::OkStatus();
-}
-
 // ------------------------------------------------------------------------- the renewer
 
 void EtcdRendezvous::RenewLoop() {
@@ -750,6 +722,25 @@ void EtcdRendezvous::RenewLoop() {
 }
 
 // ------------------------------------------------------------------------- the writer
+
+absl::Status EtcdRendezvous::WriteFenced(const std::vector<Put>& batch) {
+  etcdpb::TxnRequest txn;
+  auto* fence = txn.add_compare();
+  fence->set_key(base_ + "nodes/" + options_.node_id);
+  fence->set_target(etcdpb::Compare::CREATE);
+  fence->set_result(etcdpb::Compare::EQUAL);
+  fence->set_create_revision(presence_revision_);
+  for (const Put& put : batch) {
+    auto* request = txn.add_success()->mutable_request_put();
+    request->set_key(put.key);
+    request->set_value(put.value);
+    if (put.key == base_ + "leader") request->set_lease(lease_);
+  }
+  auto written = client_->Txn(txn);
+  if (!written.ok()) return written.status();
+  if (!written->succeeded()) return absl::NotFoundError("this node's presence in etcd is gone");
+  return absl::OkStatus();
+}
 
 void EtcdRendezvous::WriteLoop() {
   // etcd takes at most 128 operations (--max-txn-ops) and 1.5 MiB in one request.

@@ -126,7 +126,6 @@ class EtcdRendezvous : public AgentChannel {
   void RenewLoop();
   // Writer thread: appends entries, writes outputs, logs due timeouts.
   void WriteLoop();
-  absl::Status Append(const std::string& key, const v1::LogEntry& entry);
   // Writes a batch of outputs if this node's presence (its lead) still holds. NotFound: it
   // does not.
   absl::Status WriteFenced(const std::vector<Put>& batch);
