@@ -8,17 +8,18 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
-#include "agent/process_setup.h"
-#include "launcher/elastic_job.h"
-#include "launcher/entrypoint.h"
-#include "launcher/env_contract.h"
-#include "launcher/host_info.h"
-#include "launcher/job_runtime.h"
-#include "launcher/local_job.h"
-#include "launcher/options.h"
-#include "launcher/output_pump.h"
-#include "launcher/rdzv_settings.h"
-#include "launcher/supervisor.h"
+#include "agent/net/process_setup.h"
+#include "launcher/job/elastic_job.h"
+#include "launcher/worker/entrypoint.h"
+#include "launcher/worker/env_contract.h"
+#include "launcher/os/host_info.h"
+#include "launcher/job/job_runtime.h"
+#include "launcher/report/console.h"
+#include "launcher/job/local_job.h"
+#include "launcher/cli/options.h"
+#include "launcher/os/output_pump.h"
+#include "launcher/spec/rdzv_settings.h"
+#include "launcher/job/supervisor.h"
 
 extern char** environ;
 

@@ -471,8 +471,8 @@ def main():
     ap.add_argument("--no-reference", action="store_true", help="skip the uninterrupted run")
     ap.add_argument("--keep", action="store_true", help="keep the work directories and agents' output")
     ap.add_argument("--elrun", default=os.path.join(REPO, "bazel-bin", "launcher", "elrun"))
-    ap.add_argument("--elrun-rdzv", default=os.path.join(REPO, "bazel-bin", "agent", "elrun-rdzv"))
-    ap.add_argument("--elrun-train", default=os.path.join(REPO, "bazel-bin", "trainer", "elrun-train"))
+    ap.add_argument("--elrun-rdzv", default=os.path.join(REPO, "bazel-bin", "agent", "daemon", "elrun-rdzv"))
+    ap.add_argument("--elrun-train", default=os.path.join(REPO, "bazel-bin", "trainer", "app", "elrun-train"))
     ap.add_argument("--python", default=os.path.join(REPO, ".venv", "bin", "python3"),
                     help="a Python with torch, to load the checkpoint (default: %(default)s)")
     bench_common.add_output_options(ap, os.path.join(HERE, "chaos_soak.png"), json_help="also write the results here")

@@ -8,14 +8,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
-bazel build //launcher:elrun //trainer:elrun-train //tests/trainer:cuda_test
+bazel build //launcher:elrun //trainer/app:elrun-train //tests/trainer:cuda_test
 out=gpu_bundle
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
-cp bazel-bin/launcher/elrun bazel-bin/trainer/elrun-train bazel-bin/tests/trainer/cuda_test "$out/bin/"
+cp bazel-bin/launcher/elrun bazel-bin/trainer/app/elrun-train bazel-bin/tests/trainer/cuda_test "$out/bin/"
 # ldd on Bazel's own outputs: their RPATH ($ORIGIN/../_solib_k8) finds the project's shared
 # libraries (a test binary links them dynamically) only from there, not from the copies.
-for bin in bazel-bin/launcher/elrun bazel-bin/trainer/elrun-train bazel-bin/tests/trainer/cuda_test; do
+for bin in bazel-bin/launcher/elrun bazel-bin/trainer/app/elrun-train bazel-bin/tests/trainer/cuda_test; do
   ldd "$bin" | awk '/=> \// {print $3}'
 done | sort -u | while read -r lib; do
   case "$lib" in

@@ -17,7 +17,7 @@ PACKAGES=(
   # The virtual environment that holds the torch wheel; zlib for the Fashion-MNIST reader.
   python3-venv zlib1g-dev
   # Gloo's headers only: the wheel compiles Gloo into libtorch_cpu but ships no gloo/*.h, which
-  # ProcessGroupGloo.hpp includes (trainer/gloo_backend.cc is the one file that does).
+  # ProcessGroupGloo.hpp includes (trainer/dist/gloo_backend.cc is the one file that does).
   libgloo-dev
   # Data and benchmark plots.
   dataset-fashion-mnist python3-matplotlib

@@ -46,9 +46,9 @@
 
 #include <CLI/CLI.hpp>
 
-#include "agent/etcd_rendezvous.h"
-#include "agent/process_setup.h"
-#include "agent/session_auth.h"
+#include "agent/etcd/etcd_rendezvous.h"
+#include "agent/net/process_setup.h"
+#include "agent/coordinator/session_auth.h"
 #include "proto/rendezvous.pb.h"
 
 namespace {

@@ -5,7 +5,7 @@ On this machine, in one invocation, for each --strategy of elrun-train (ddp, zer
 and no_shard: the FSDP code path without sharding), R (3) runs interleaved round-robin (the order
 rotates by one strategy each round) of
 
-  bazel-bin/launcher/elrun --standalone --nproc-per-node 2 --no-python bazel-bin/trainer/elrun-train
+  bazel-bin/launcher/elrun --standalone --nproc-per-node 2 --no-python bazel-bin/trainer/app/elrun-train
       --model mlp --mlp-hidden 2048,2048,...,2048 (32 entries) --dataset synthetic --optimizer adam
       --threads 1 --batch-size 64 --max-steps S --report-memory --lr-schedule constant
       --log-every 1 --strategy STRATEGY
@@ -66,7 +66,7 @@ from bench_common import (HERE, REPO, ForeignCpu, RunError, binary_id, clean_env
 from bench_common import machine_info as _machine_info
 
 DEFAULT_ELRUN = os.path.join(REPO, "bazel-bin", "launcher", "elrun")
-DEFAULT_TRAIN = os.path.join(REPO, "bazel-bin", "trainer", "elrun-train")
+DEFAULT_TRAIN = os.path.join(REPO, "bazel-bin", "trainer", "app", "elrun-train")
 DEFAULT_PNG = os.path.join(HERE, "fsdp_bench.png")
 
 # Every process a run starts carries FSDP_BENCH_TAG=<benchmark tag>:<run> in its environment, and
@@ -269,7 +269,7 @@ def run_once(args, strategy, env, rnd):
                        f"{last_lines(stdout)}")
     if any("baseline_rss_bytes" not in r for r in ranks.values()):
         raise RunError("memory-json lacks baseline_rss_bytes: elrun-train predates it; rebuild it "
-                       "(bazel build //trainer:elrun-train)")
+                       "(bazel build //trainer/app:elrun-train)")
     run = {"round": rnd + 1, "wall_s": wall, "ranks": [ranks[r] for r in sorted(ranks)],
            "foreign": foreign.share}
     if args.trace:
@@ -964,7 +964,7 @@ def main():
     for name, path in (("elrun", args.elrun), ("elrun-train", args.train)):
         if not os.access(path, os.X_OK):
             ap.error(f"{name} binary {path} not found: bazel build //launcher:elrun "
-                     f"//trainer:elrun-train")
+                     f"//trainer/app:elrun-train")
     args.elrun, args.train = os.path.abspath(args.elrun), os.path.abspath(args.train)
     args.params = mlp_parameters(args.mlp_hidden)
     args.tag = f"fsdp_bench.{os.getpid()}.{time.time_ns()}"

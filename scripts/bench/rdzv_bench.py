@@ -38,7 +38,7 @@ from bench_common import (HERE, PYTHON, REPO, TORCHRUN_COMPAT, ForeignCpu, RunEr
                           mem_available_mib, stats, tail, verdict, wait_idle, with_retries)
 
 DEFAULT_ELRUN = os.path.join(REPO, "bazel-bin", "launcher", "elrun")
-DEFAULT_RDZV = os.path.join(REPO, "bazel-bin", "agent", "elrun-rdzv")
+DEFAULT_RDZV = os.path.join(REPO, "bazel-bin", "agent", "daemon", "elrun-rdzv")
 DEFAULT_PNG = os.path.join(HERE, "rdzv_bench.png")
 
 # Every process this benchmark starts carries RDZV_BENCH_TAG=<benchmark tag>:<run tag> in its

@@ -1,11 +1,11 @@
 #!/bin/bash
 # CPU time of one elrun agent alone (3 runs, /usr/bin/time), and of the elrun-rdzv daemon
 # serving a 128-agent job (/proc/PID/stat). Run from the repo root after
-# `bazel build //launcher:elrun //agent:elrun-rdzv`. Traffic stays on 127.0.0.1.
+# `bazel build //launcher:elrun //agent/daemon:elrun-rdzv`. Traffic stays on 127.0.0.1.
 set -u
 cd "$(dirname "$0")/../.."
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-bazel-bin/agent/elrun-rdzv --listen 127.0.0.1:0 --port-file "$tmp/pf" >/dev/null & D=$!
+bazel-bin/agent/daemon/elrun-rdzv --listen 127.0.0.1:0 --port-file "$tmp/pf" >/dev/null & D=$!
 for _ in $(seq 200); do [ -s "$tmp/pf" ] && break; sleep 0.05; done  # at most 10 s
 [ -s "$tmp/pf" ] || { echo "elrun-rdzv did not start" >&2; kill $D; exit 1; }
 P=$(cat "$tmp/pf")

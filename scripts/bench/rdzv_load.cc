@@ -28,9 +28,9 @@
 
 #include <CLI/CLI.hpp>
 
-#include "agent/coordinator.h"
-#include "agent/process_setup.h"
-#include "agent/session_auth.h"
+#include "agent/coordinator/coordinator.h"
+#include "agent/net/process_setup.h"
+#include "agent/coordinator/session_auth.h"
 #include "proto/rendezvous.grpc.pb.h"
 
 namespace {

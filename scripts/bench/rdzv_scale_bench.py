@@ -11,7 +11,7 @@ For each N in --sizes, with a fresh daemon (token set, so every Join is proven a
   peak RSS     the daemon's VmHWM at the end
 
 Prints a markdown report on stdout and writes a PNG plot. Run from the repository root after
-  bazel build //agent:elrun-rdzv //scripts/bench:rdzv_load
+  bazel build //agent/daemon:elrun-rdzv //scripts/bench:rdzv_load
   /usr/bin/python3 scripts/bench/rdzv_scale_bench.py [--sizes 1000,10000] [--runs 3]
 """
 import argparse
@@ -26,7 +26,7 @@ import time
 import bench_common
 from bench_common import REPO, log, machine_info, pid_cpu_seconds, loadavg
 
-RDZV = os.path.join(REPO, "bazel-bin", "agent", "elrun-rdzv")
+RDZV = os.path.join(REPO, "bazel-bin", "agent", "daemon", "elrun-rdzv")
 LOAD = os.path.join(REPO, "bazel-bin", "scripts", "bench", "rdzv_load")
 TOKEN = "scale-bench-token"
 TARGETS = {"formation_s": 2.0, "rss_mib": 256.0, "heartbeat_cores": 0.2, "reform_s": 1.0}

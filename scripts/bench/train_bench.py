@@ -50,7 +50,7 @@ from bench_common import (HERE, PYTHON, REPO, TORCHRUN_COMPAT, ForeignCpu, RunEr
 from bench_common import machine_info as _machine_info
 
 DEFAULT_ELRUN = os.path.join(REPO, "bazel-bin", "launcher", "elrun")
-DEFAULT_TRAIN = os.path.join(REPO, "bazel-bin", "trainer", "elrun-train")
+DEFAULT_TRAIN = os.path.join(REPO, "bazel-bin", "trainer", "app", "elrun-train")
 TWIN = os.path.join(HERE, "fashion_twin.py")
 DEFAULT_PNG = os.path.join(HERE, "train_bench.png")
 
@@ -535,7 +535,7 @@ def check_job_options(ap, args, name):
     for binary, path in (("elrun", args.elrun), ("elrun-train", args.train)):
         if not os.access(path, os.X_OK):
             ap.error(f"{binary} binary {path} not found: bazel build //launcher:elrun "
-                     f"//trainer:elrun-train")
+                     f"//trainer/app:elrun-train")
     args.elrun, args.train = os.path.abspath(args.elrun), os.path.abspath(args.train)
     args.tag = f"{name}.{os.getpid()}.{time.time_ns()}"
 

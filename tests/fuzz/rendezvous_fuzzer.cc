@@ -11,8 +11,8 @@
 #include <memory>
 #include <string>
 
-#include "agent/coordinator.h"
-#include "agent/wire_checks.h"
+#include "agent/coordinator/coordinator.h"
+#include "agent/coordinator/wire_checks.h"
 
 namespace elrun::rdzv {
 namespace {

@@ -33,8 +33,8 @@ class ChaosSoakTest(ElrunTestCase):
                    "--rdzv-backend", backend,
                    "--epochs", "5", "--checkpoint-every", "20", "--timeout", "400",
                    "--elrun", harness.bazel_binary("launcher", "elrun", "ELRUN_BIN")[0],
-                   "--elrun-rdzv", harness.bazel_binary("agent", "elrun-rdzv", "ELRUN_RDZV_BIN")[0],
-                   "--elrun-train", harness.bazel_binary("trainer", "elrun-train", "ELRUN_TRAIN_BIN")[0],
+                   "--elrun-rdzv", harness.bazel_binary("agent/daemon", "elrun-rdzv", "ELRUN_RDZV_BIN")[0],
+                   "--elrun-train", harness.bazel_binary("trainer/app", "elrun-train", "ELRUN_TRAIN_BIN")[0],
                    "--python", harness.PYTHON, "--json", report, "--png", self.path("soak.png")]
         result = subprocess.run(command, capture_output=True, text=True, timeout=1500, cwd=self.tmp)
         sys.stdout.write(result.stdout)

@@ -141,7 +141,7 @@ class TlsFiles:
 def make_tls_files(tmpdir, ip=None, client_cert_auth=False):
     """Makes a throw-away CA, a server certificate for IP:<ip> (also IP:127.0.0.1 and
     DNS:localhost) and a client certificate with the openssl CLI, as
-    tests/agent/testdata/make_certs.sh does (EC P-256 keys), in a new directory under tmpdir.
+    tests/agent/grpc/testdata/make_certs.sh does (EC P-256 keys), in a new directory under tmpdir.
     ip defaults to a random_loopback_host(). Returns their TlsFiles."""
     ip = ip or random_loopback_host()
     out = tempfile.mkdtemp(prefix="etcd-tls.", dir=tmpdir)

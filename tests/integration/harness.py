@@ -101,7 +101,7 @@ def free_port():
 
 class ReservedPort:
     """A TCP port held for a child process to listen on, as elrun holds MASTER_PORT (see
-    launcher/port_reservation.h): bound with SO_REUSEADDR on every address and never listened
+    launcher/os/port_reservation.h): bound with SO_REUSEADDR on every address and never listened
     on, so that no other socket on the host - another test's port-0 bind, a connection's
     ephemeral port - is given it, while the child's listener, which sets SO_REUSEADDR too
     (TCPStore, elrun's coordinator, slurmctld and slurmd), binds it. close() gives it back."""

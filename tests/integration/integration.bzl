@@ -3,12 +3,12 @@
 def py_integration_test(name, size = "small", rdzv = False, extra_data = [], tags = []):
     """sh_test running <name>.py with the elrun binary (and, for rdzv, the daemon).
 
-    extra_data: more runfiles (helper modules, other binaries such as //trainer:elrun-train).
+    extra_data: more runfiles (helper modules, other binaries such as //trainer/app:elrun-train).
     tags: added to the default ones (cpu:2 for medium rdzv tests).
     """
     data = ["%s.py" % name, "harness.py", "//launcher:elrun"] + native.glob(["workers/*.py"])
     if rdzv:
-        data += ["rdzv_harness.py", "//agent:elrun-rdzv"]
+        data += ["rdzv_harness.py", "//agent/daemon:elrun-rdzv"]
     native.sh_test(
         name = name,
         size = size,

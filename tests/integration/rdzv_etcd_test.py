@@ -6,7 +6,7 @@ new round, and a node that arrives scales the job up; the leading agent (the one
 the log) killed with SIGKILL, or stalled with SIGSTOP past its lease: the next in line takes
 over; a node that joins after the last node to join died finds its place from the line; agents
 renew their leases on the etcd leader; a quiet job's leader makes etcd drop its read buffer
-(agent/etcd_quiet_trim.h), and no lease is left behind; two jobs on one cluster stay apart;
+(agent/etcd/etcd_quiet_trim.h), and no lease is left behind; two jobs on one cluster stay apart;
 a rendezvous token is proven over etcd and a wrong or missing one refused; etcd's user and
 password, and TLS to etcd, are honoured; a wrong password or an unreachable
 cluster is a one-line error."""
@@ -67,7 +67,7 @@ class EtcdRendezvousTest(RdzvTestCase):
 
     def test_a_quiet_job_makes_etcd_drop_its_read_buffer_and_leaks_no_lease(self):
         # etcd 3.4 copies its read buffer into every read, each lease renewal's included, until
-        # a delete-only commit drops it (agent/etcd_quiet_trim.h). The leading agent makes one
+        # a delete-only commit drops it (agent/etcd/etcd_quiet_trim.h). The leading agent makes one
         # once the job has written nothing for a second: it revokes the spare lease it granted
         # when the job began to write.
         cluster = self.cluster()

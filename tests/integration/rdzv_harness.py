@@ -58,7 +58,7 @@ def parse_record(line):
 
 def rdzv_command():
     """The command that starts elrun-rdzv (ELRUN_RDZV_BIN overrides)."""
-    return harness.bazel_binary("agent", "elrun-rdzv", "ELRUN_RDZV_BIN")
+    return harness.bazel_binary("agent/daemon", "elrun-rdzv", "ELRUN_RDZV_BIN")
 
 
 class Watched(harness.WatchedProcess):

@@ -1,4 +1,4 @@
-"""Helpers for the integration tests of elrun-train (the LibTorch worker, //trainer:elrun-train):
+"""Helpers for the integration tests of elrun-train (the LibTorch worker, //trainer/app:elrun-train):
 its command line, a launcher run whose output is read as it arrives (so a test can act at a given
 training step), and checkpoints compared through Python's torch.load.
 Everything waits on pipes and pidfds with bounded deadlines, never with sleeps; cleanup is
@@ -29,7 +29,7 @@ SYNTHETIC_TRAIN_SAMPLES = 4096
 
 def train_command():
     """The command that starts elrun-train, as a list (ELRUN_TRAIN_BIN overrides)."""
-    return harness.bazel_binary("trainer", "elrun-train", "ELRUN_TRAIN_BIN")
+    return harness.bazel_binary("trainer/app", "elrun-train", "ELRUN_TRAIN_BIN")
 
 
 def torchrun_command():

@@ -19,17 +19,17 @@
 
 #include "tests/temp_dir.h"
 #include "tests/trainer/rank_threads.h"
-#include "trainer/checkpoint.h"
-#include "trainer/collectives.h"
-#include "trainer/cuda_memory.h"
-#include "trainer/cuda_graph_step.h"
-#include "trainer/data_parallel.h"
-#include "trainer/ddp.h"
-#include "trainer/foreach_sgd.h"
-#include "trainer/fsdp.h"
-#include "trainer/models.h"
-#include "trainer/process_group.h"
-#include "trainer/sync_batch_norm.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/dist/collectives.h"
+#include "trainer/memory/cuda_memory.h"
+#include "trainer/runtime/cuda_graph_step.h"
+#include "trainer/parallel/data_parallel.h"
+#include "trainer/parallel/ddp.h"
+#include "trainer/optim/foreach_sgd.h"
+#include "trainer/parallel/fsdp.h"
+#include "trainer/app/models.h"
+#include "trainer/dist/process_group.h"
+#include "trainer/parallel/sync_batch_norm.h"
 
 namespace elrun::trainer {
 namespace {

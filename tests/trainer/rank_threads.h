@@ -14,7 +14,7 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include "trainer/process_group.h"
+#include "trainer/dist/process_group.h"
 
 namespace elrun::trainer {
 

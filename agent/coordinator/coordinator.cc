@@ -1,0 +1,739 @@
+#include "agent/coordinator/coordinator.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "agent/coordinator/group_ranks.h"
+#include "agent/coordinator/session_auth.h"
+#include "agent/coordinator/wire_checks.h"
+
+namespace elrun::rdzv {
+namespace {
+
+constexpr size_t kMaxIdLength = 128;
+constexpr int kMaxNodes = 65536;
+constexpr int kMaxNproc = 4096;
+constexpr int64_t kMaxTimeoutMs = 7LL * 24 * 3600 * 1000;
+
+bool IsIdChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+         c == '_' || c == '.' || c == ':';
+}
+
+absl::Status CheckId(const std::string& what, const std::string& id) {
+  if (id.empty() || id.size() > kMaxIdLength || !std::all_of(id.begin(), id.end(), IsIdChar)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " must be 1-", kMaxIdLength, " characters of [A-Za-z0-9._:-]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRange(const std::string& what, int64_t value, int64_t min, int64_t max) {
+  if (value < min || value > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " = ", value, " is outside [", min, ", ", max, "]"));
+  }
+  return absl::OkStatus();
+}
+
+// The first setting in which `b` (a joining node's) differs from `a` (the job's), named with
+// both values; empty when they all match.
+std::string SettingsDiff(const v1::JobSettings& a, const v1::JobSettings& b) {
+  auto diff = [](const char* name, int64_t x, int64_t y) {
+    return x == y ? std::string() : absl::StrCat(name, " ", y, " (the job has ", x, ")");
+  };
+  for (std::string d : {diff("min_nodes", a.min_nodes(), b.min_nodes()),
+                        diff("max_nodes", a.max_nodes(), b.max_nodes()),
+                        diff("max_restarts", a.max_restarts(), b.max_restarts()),
+                        diff("last_call_timeout_ms", a.last_call_timeout_ms(), b.last_call_timeout_ms()),
+                        diff("join_timeout_ms", a.join_timeout_ms(), b.join_timeout_ms()),
+                        diff("heartbeat_timeout_ms", a.heartbeat_timeout_ms(), b.heartbeat_timeout_ms()),
+                        diff("close_timeout_ms", a.close_timeout_ms(), b.close_timeout_ms())}) {
+    if (!d.empty()) return d;
+  }
+  return "";
+}
+
+std::chrono::milliseconds Ms(int64_t ms) { return std::chrono::milliseconds(ms); }
+
+}  // namespace
+
+absl::Status ValidateJoin(const v1::Join& join) {
+  if (join.protocol_version() != kProtocolVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "protocol version ", join.protocol_version(), " is not ", kProtocolVersion,
+        "; run the same elrun version on every node"));
+  }
+  for (absl::Status s : {CheckId("run_id", join.run_id()), CheckId("node_id", join.node_id()),
+                         CheckId("role", join.role()),
+                         CheckRange("nproc", join.nproc(), 1, kMaxNproc),
+                         CheckRange("rank_hint", join.rank_hint(), -1, kMaxNodes - 1),
+                         CheckRange("master_port", join.master_port(), 1, 65535)}) {
+    if (!s.ok()) return s;
+  }
+  // It becomes every worker's MASTER_ADDR: a host name or an address literal, nothing else.
+  if (absl::Status s = CheckHostOrAddress("master_addr", join.master_addr()); !s.ok()) return s;
+  if (!join.run_key().empty() && join.run_key().size() != kRunKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("run_key has ", join.run_key().size(), " bytes, not ",
+                                                   kRunKeyBytes));
+  }
+  if (join.run_key().empty() && !join.run_signature().empty()) {
+    return absl::InvalidArgumentError("run_signature without run_key");
+  }
+  const v1::JobSettings& s = join.settings();
+  for (absl::Status st : {CheckRange("min_nodes", s.min_nodes(), 1, kMaxNodes),
+                          CheckRange("max_nodes", s.max_nodes(), s.min_nodes(), kMaxNodes),
+                          CheckRange("max_restarts", s.max_restarts(), 0, 1 << 30),
+                          CheckRange("last_call_timeout_ms", s.last_call_timeout_ms(), 0, kMaxTimeoutMs),
+                          CheckRange("join_timeout_ms", s.join_timeout_ms(), 1, kMaxTimeoutMs),
+                          CheckRange("heartbeat_timeout_ms", s.heartbeat_timeout_ms(), 1, kMaxTimeoutMs),
+                          CheckRange("close_timeout_ms", s.close_timeout_ms(), 1, kMaxTimeoutMs)}) {
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+Coordinator::Coordinator(Options options)
+    : first_join_timeout_(options.first_join_timeout),
+      heartbeats_(options.heartbeats),
+      key_(options.token.empty() ? std::string() : TokenKey(options.token)),
+      nonce_(options.nonce ? std::move(options.nonce) : [](SessionId) { return RandomNonce(); }) {}
+
+void Coordinator::OnConnect(SessionId id, SessionSink* sink, TimePoint now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Session& session = sessions_[id] = Session{sink, "", now, false, nonce_(id), false};
+  unjoined_.insert({now, id});
+  v1::CoordinatorMessage challenge;
+  challenge.mutable_challenge()->set_nonce(session.nonce);
+  Send(id, challenge);
+}
+
+absl::Status Coordinator::VerifyProof(const Session& session, const v1::Join& join,
+                                      std::optional<bool> signature_valid) const {
+  if (!key_.empty()) {
+    if (join.proof().empty()) {
+      return absl::UnauthenticatedError(
+          "this coordinator requires a token (--rdzv-conf token=... or ELRUN_RDZV_TOKEN)");
+    }
+    std::string expected = AgentProof(key_, session.nonce, join.client_nonce(), join.run_id(), join.node_id());
+    if (join.client_nonce().size() != kNonceBytes || !ProofEquals(join.proof(), expected)) {
+      return absl::UnauthenticatedError("wrong rendezvous token");
+    }
+  }
+  if (!join.run_key().empty() &&
+      (join.client_nonce().size() != kNonceBytes ||
+       !(signature_valid ? *signature_valid
+                         : VerifyJoinSignature(join.run_key(), join.run_signature(), session.nonce,
+                                               join.client_nonce(), join.run_id(), join.node_id())))) {
+    return absl::UnauthenticatedError("the Join's run key signature does not verify");
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::Welcome(SessionId id, Session& session, const v1::Join& join) {
+  session.authenticated = true;
+  v1::CoordinatorMessage welcome;
+  if (!key_.empty()) {
+    welcome.mutable_welcome()->set_proof(CoordinatorProof(key_, session.nonce, join.client_nonce()));
+  } else {
+    welcome.mutable_welcome();
+  }
+  Send(id, welcome);
+}
+
+absl::Status Coordinator::OnMessage(SessionId id, const v1::AgentMessage& message, TimePoint now) {
+  // A first Join's run key signature, the costliest check (an Ed25519 verification), is
+  // verified before taking the lock, so that the many sessions of a job's start verify on
+  // every thread at once. A session's nonce never changes, and its messages come one at a time.
+  std::optional<bool> signature_valid;
+  if (message.has_join() && !message.join().run_key().empty()) {
+    std::string nonce;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto session = sessions_.find(id);
+      if (session != sessions_.end() && !session->second.authenticated) nonce = session->second.nonce;
+    }
+    const v1::Join& join = message.join();
+    if (!nonce.empty()) {
+      signature_valid = VerifyJoinSignature(join.run_key(), join.run_signature(), nonce, join.client_nonce(),
+                                            join.run_id(), join.node_id());
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status status = HandleMessage(id, message, now, signature_valid);
+  if (!status.ok()) {
+    ++counters_.refused[absl::AsciiStrToLower(absl::StatusCodeToString(status.code()))];
+  }
+  return status;
+}
+
+absl::Status Coordinator::HandleMessage(SessionId id, const v1::AgentMessage& message, TimePoint now,
+                                        std::optional<bool> signature_valid) {
+  auto session = sessions_.find(id);
+  if (session == sessions_.end()) return absl::NotFoundError("unknown session");
+  if (message.has_join()) return HandleJoin(id, session->second, message.join(), now, signature_valid);
+
+  Job* job = FindJob(session->second.run_id);
+  if (job == nullptr || job->nodes.count(id) == 0) {
+    return absl::FailedPreconditionError("the first message of a session must be a Join");
+  }
+  Node& node = job->nodes.at(id);
+  node.last_seen = now;
+  if (message.has_heartbeat()) return absl::OkStatus();
+  if (message.has_workers_ended()) return HandleWorkersEnded(*job, node, message.workers_ended());
+  if (message.has_paces()) return HandlePaces(id, *job, node, message.paces());
+  return absl::InvalidArgumentError("empty message");
+}
+
+absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::Join& join, TimePoint now,
+                                     std::optional<bool> signature_valid) {
+  // The proof before anything else (an agent of another version is told that instead), so
+  // that a peer without the token learns nothing from the checks below.
+  if (!session.authenticated && join.protocol_version() == kProtocolVersion) {
+    absl::Status proven = VerifyProof(session, join, signature_valid);
+    if (!proven.ok()) return proven;
+  }
+  absl::Status valid = ValidateJoin(join);
+  if (!valid.ok()) return valid;
+  // The run key is proven once per session, by its first Join.
+  const std::string& run_key = session.authenticated ? session.run_key : join.run_key();
+  if (!session.run_id.empty() && session.run_id != join.run_id()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "this session belongs to run ", session.run_id, ", not ", join.run_id()));
+  }
+  Job* job = FindJob(join.run_id());
+  if (job == nullptr) {
+    Job fresh;
+    fresh.run_id = join.run_id();
+    fresh.settings = join.settings();
+    fresh.gathering_since = now;
+    fresh.run_key = run_key;
+    fresh.seen_floor = now;
+    job = &jobs_.emplace(join.run_id(), std::move(fresh)).first->second;
+  } else if (job->run_key != run_key) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "run ", join.run_id(), " is bound to ",
+        job->run_key.empty() ? "no run credential" : "another run credential",
+        " by its first node; this node has ", run_key.empty() ? "none" : "a different one",
+        " (every node of a run needs the same run_token, or token when there is no run_token)"));
+  } else if (std::string diff = SettingsDiff(job->settings, join.settings()); !diff.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("run ", join.run_id(), ": this node has ", diff,
+                                                      "; every node must use the same settings"));
+  }
+  if (job->phase == Phase::kDone) {
+    return absl::FailedPreconditionError(absl::StrCat("run ", join.run_id(), " has already ended"));
+  }
+  auto same_id = job->node_ids.find(join.node_id());
+  if (same_id != job->node_ids.end() && same_id->second != id) {
+    return absl::AlreadyExistsError(absl::StrCat("node ", join.node_id(), " is already in run ",
+                                                 join.run_id()));
+  }
+
+  auto existing = job->nodes.find(id);
+  if (existing != job->nodes.end() && existing->second.state != NodeState::kStopping) {
+    return absl::FailedPreconditionError("already joined; Join again only after RoundEnded");
+  }
+  // Accepted: the Welcome goes before anything else this Join causes.
+  if (!session.authenticated) {
+    session.run_key = run_key;
+    Welcome(id, session, join);
+  }
+  session.run_id = join.run_id();
+  unjoined_.erase({session.opened, id});
+  Node& node = job->nodes[id];
+  if (existing == job->nodes.end()) {
+    node.session = id;
+    node.node_id = join.node_id();
+    node.join_order = job->next_join_order++;
+    job->node_ids[node.node_id] = id;
+    ++job->counts[static_cast<int>(NodeState::kPending)];  // A new Node starts pending.
+  }
+  node.nproc = join.nproc();
+  node.role = join.role();
+  node.rank_hint = join.rank_hint();
+  node.master_addr = join.master_addr();
+  node.master_port = join.master_port();
+  node.last_seen = now;
+  node.succeeded = false;
+
+  if (job->phase == Phase::kRunning) {
+    // A newcomer while the job runs: scale up if there is room, else wait for a place. A round
+    // ends for a scale-up at most once per last call, so that a node that joins and leaves
+    // over and over cannot keep the job restarting.
+    if (Count(*job, NodeState::kActive) < job->settings.max_nodes()) {
+      SetState(*job, node, NodeState::kPending);
+      TimePoint due = job->round_started_at + Ms(job->settings.last_call_timeout_ms());
+      if (now >= due) {
+        EndRound(*job, v1::RoundEnded::NODE_JOINED, absl::StrCat("node ", node.node_id, " joined"), now);
+      } else {
+        job->scale_up_at = due;
+        v1::CoordinatorMessage waiting;
+        waiting.mutable_waiting()->set_nodes_joined(Count(*job, NodeState::kPending));
+        Send(id, waiting);
+      }
+    } else {
+      SetState(*job, node, NodeState::kWaitListed);
+      v1::CoordinatorMessage waiting;
+      waiting.mutable_waiting()->set_wait_listed(true);
+      Send(id, waiting);
+    }
+    return absl::OkStatus();
+  }
+  SetState(*job, node, NodeState::kPending);
+  MaybeCompleteRound(*job, now);
+  if (job->phase == Phase::kGathering && node.state == NodeState::kPending) {
+    v1::CoordinatorMessage waiting;
+    waiting.mutable_waiting()->set_nodes_joined(Count(*job, NodeState::kPending));
+    Send(id, waiting);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::HandlePaces(SessionId id, Job& job, Node& node, const v1::Paces& paces) {
+  if (job.phase != Phase::kRunning || node.state != NodeState::kActive || paces.round() != job.round) {
+    return absl::OkStatus();  // About a round that is over: nothing to judge.
+  }
+  if (paces.ranks_size() > node.nproc) {
+    return absl::InvalidArgumentError(absl::StrCat("paces of ", paces.ranks_size(), " ranks from a node of ",
+                                                   node.nproc));
+  }
+  for (const v1::RankPace& pace : paces.ranks()) {
+    if (pace.rank() < node.rank_offset || pace.rank() >= node.rank_offset + node.nproc) {
+      return absl::InvalidArgumentError(absl::StrCat("pace of rank ", pace.rank(), ", not a rank of this node"));
+    }
+    if (!(pace.median_step_ms() > 0 && pace.median_step_ms() < 1e9)) {
+      return absl::InvalidArgumentError("pace outside (0, 1e9) ms");
+    }
+    if (pace.host().size() > 255) return absl::InvalidArgumentError("pace host over 255 bytes");
+  }
+  node.paces.assign(paces.ranks().begin(), paces.ranks().end());
+  // The job's median over every active node's last report: O(ranks) per report, which comes
+  // every few seconds per node and only with --straggler-factor.
+  std::vector<const v1::RankPace*> all;
+  for (const auto& [other_id, other] : job.nodes) {
+    if (other.state != NodeState::kActive) continue;
+    for (const v1::RankPace& pace : other.paces) all.push_back(&pace);
+  }
+  if (all.empty()) return absl::OkStatus();
+  std::sort(all.begin(), all.end(), [](const v1::RankPace* a, const v1::RankPace* b) {
+    return a->median_step_ms() > b->median_step_ms();
+  });
+  const size_t n = all.size();
+  v1::CoordinatorMessage answer;
+  v1::JobPace* pace = answer.mutable_job_pace();
+  pace->set_round(job.round);
+  pace->set_median_step_ms(n % 2 ? all[n / 2]->median_step_ms()
+                                 : (all[n / 2 - 1]->median_step_ms() + all[n / 2]->median_step_ms()) / 2);
+  pace->set_ranks(static_cast<int>(n));
+  for (size_t i = 0; i < n && i < 3; ++i) *pace->add_slowest() = *all[i];
+  Send(id, answer);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::HandleWorkersEnded(Job& job, Node& node, const v1::WorkersEnded& ended) {
+  if (job.phase != Phase::kRunning || node.state != NodeState::kActive || ended.round() != job.round) {
+    return absl::OkStatus();  // About a round that is already over: nothing to decide.
+  }
+  if (ended.failure().size() > 4096) return absl::InvalidArgumentError("failure text over 4096 bytes");
+  TimePoint now = node.last_seen;
+  if (ended.success()) {
+    node.succeeded = true;
+    for (const auto& [id, other] : job.nodes) {
+      if (other.state == NodeState::kActive && !other.succeeded) return absl::OkStatus();
+    }
+    EndJob(job, true, absl::StrCat("all workers of round ", job.round, " succeeded"), now);
+    return absl::OkStatus();
+  }
+  std::string detail = absl::StrCat("node ", node.node_id, " (group rank ", node.group_rank, "): ",
+                                    ended.failure());
+  job.last_failure = detail;
+  if (job.restart_count < job.settings.max_restarts()) {
+    ++job.restart_count;
+    ++counters_.restarts;
+    EndRound(job, v1::RoundEnded::WORKER_FAILED, detail, now);
+  } else {
+    EndJob(job, false, absl::StrCat(detail, "; no restarts left (max_restarts ",
+                                    job.settings.max_restarts(), ")"), now);
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::MaybeCompleteRound(Job& job, TimePoint now) {
+  if (job.phase != Phase::kGathering) return;
+  // After a round ended, the survivors are known: no round starts before all of them are back
+  // (one that dies, hangs or never rejoins is removed by its stream, its heartbeat or the join
+  // timeout), so that spares and newcomers cannot take their places.
+  if (job.round > 0 && Count(job, NodeState::kStopping) > 0) return;
+  int pending = Count(job, NodeState::kPending);
+  if (pending >= job.settings.max_nodes()) {
+    CompleteRound(job, now);
+    return;
+  }
+  if (pending < job.settings.min_nodes()) return;
+  if (job.round > 0) {  // Every survivor is back: no last call.
+    CompleteRound(job, now);
+    return;
+  }
+  if (!job.last_call_deadline) {
+    job.last_call_deadline = now + Ms(job.settings.last_call_timeout_ms());
+    if (job.settings.last_call_timeout_ms() == 0) CompleteRound(job, now);
+  }
+}
+
+void Coordinator::CompleteRound(Job& job, TimePoint now) {
+  std::vector<Node*> joined;
+  for (auto& [id, node] : job.nodes) {
+    if (node.state == NodeState::kPending) joined.push_back(&node);
+  }
+  // Beyond max_nodes: the earliest joiners (survivors first) get the places.
+  std::stable_sort(joined.begin(), joined.end(), [](const Node* a, const Node* b) {
+    if ((a->group_rank >= 0) != (b->group_rank >= 0)) return a->group_rank >= 0;
+    return a->join_order < b->join_order;
+  });
+  if (static_cast<int>(joined.size()) > job.settings.max_nodes()) {
+    for (size_t i = job.settings.max_nodes(); i < joined.size(); ++i) {
+      SetState(job, *joined[i], NodeState::kWaitListed);
+      joined[i]->group_rank = -1;
+      v1::CoordinatorMessage waiting;
+      waiting.mutable_waiting()->set_wait_listed(true);
+      Send(joined[i]->session, waiting);
+    }
+    joined.resize(job.settings.max_nodes());
+  }
+  std::vector<RankCandidate> candidates;
+  for (const Node* node : joined) {
+    candidates.push_back({node->group_rank, node->rank_hint, node->join_order});
+  }
+  std::vector<int> ranks = AssignGroupRanks(candidates);
+  std::vector<Node*> by_rank(joined.size());
+  for (size_t i = 0; i < joined.size(); ++i) {
+    joined[i]->group_rank = ranks[i];
+    by_rank[ranks[i]] = joined[i];
+  }
+
+  ++job.round;
+  ++counters_.rounds_started;
+  job.phase = Phase::kRunning;
+  job.last_call_deadline.reset();
+  job.scale_up_at.reset();
+  job.round_started_at = now;
+  int world_size = 0;
+  std::map<std::string, int> role_sizes;
+  for (const Node* node : by_rank) {
+    world_size += node->nproc;
+    role_sizes[node->role] += node->nproc;
+  }
+  int offset = 0;
+  std::map<std::string, int> role_offsets;
+  for (Node* node : by_rank) {
+    v1::CoordinatorMessage message;
+    v1::RoundStarted* started = message.mutable_round_started();
+    started->set_round(job.round);
+    started->set_group_rank(node->group_rank);
+    started->set_group_world_size(static_cast<int>(by_rank.size()));
+    started->set_rank_offset(offset);
+    started->set_world_size(world_size);
+    started->set_role_rank_offset(role_offsets[node->role]);
+    started->set_role_world_size(role_sizes[node->role]);
+    started->set_master_addr(by_rank[0]->master_addr);
+    started->set_master_port(by_rank[0]->master_port);
+    started->set_restart_count(job.restart_count);
+    node->rank_offset = offset;
+    node->paces.clear();
+    offset += node->nproc;
+    role_offsets[node->role] += node->nproc;
+    SetState(job, *node, NodeState::kActive);
+    node->succeeded = false;
+    node->last_seen = std::max(node->last_seen, now);
+    Send(node->session, message);
+  }
+}
+
+void Coordinator::EndRound(Job& job, v1::RoundEnded::Reason reason, const std::string& detail,
+                           TimePoint now) {
+  v1::CoordinatorMessage message;
+  v1::RoundEnded* ended = message.mutable_round_ended();
+  ended->set_round(job.round);
+  ended->set_reason(reason);
+  ended->set_detail(detail);
+  for (auto& [id, node] : job.nodes) {
+    if (node.state == NodeState::kActive) {
+      SetState(job, node, NodeState::kStopping);
+      Send(id, message);
+    } else if (node.state == NodeState::kWaitListed) {
+      SetState(job, node, NodeState::kPending);  // A place may be free in the next round.
+    }
+  }
+  job.phase = Phase::kGathering;
+  job.gathering_since = now;
+  job.last_call_deadline.reset();
+  job.scale_up_at.reset();
+  MaybeCompleteRound(job, now);
+}
+
+void Coordinator::EndJob(Job& job, bool success, const std::string& detail, TimePoint now) {
+  ++(success ? counters_.jobs_succeeded : counters_.jobs_failed);
+  if (!success) job.last_failure = detail;
+  job.phase = Phase::kDone;
+  job.last_call_deadline.reset();
+  job.scale_up_at.reset();
+  job.ended_at = now;
+  v1::CoordinatorMessage message;
+  message.mutable_job_ended()->set_success(success);
+  message.mutable_job_ended()->set_detail(detail);
+  for (auto& [id, node] : job.nodes) {
+    SetState(job, node, NodeState::kDone);
+    Send(id, message);
+  }
+}
+
+void Coordinator::OnDisconnect(SessionId id, TimePoint now, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto session = sessions_.find(id);
+  if (session == sessions_.end()) return;
+  std::string run_id = session->second.run_id;
+  unjoined_.erase({session->second.opened, id});
+  sessions_.erase(session);
+  if (!run_id.empty()) RemoveNode(run_id, id, why, now);
+}
+
+void Coordinator::RemoveNode(const std::string& run_id, SessionId id, const std::string& why,
+                             TimePoint now) {
+  Job* job = FindJob(run_id);
+  if (job == nullptr) return;
+  auto it = job->nodes.find(id);
+  if (it == job->nodes.end()) return;
+  Node node = it->second;
+  job->nodes.erase(it);
+  --job->counts[static_cast<int>(node.state)];
+  auto by_id = job->node_ids.find(node.node_id);
+  if (by_id != job->node_ids.end() && by_id->second == id) job->node_ids.erase(by_id);
+  if (job->nodes.empty()) {
+    jobs_.erase(run_id);  // Nobody left: a later Join with this run id starts a new job.
+    job_gone_.notify_all();
+    return;
+  }
+  if (job->phase == Phase::kRunning && node.state == NodeState::kActive) {
+    if (node.succeeded) {
+      // Its workers were done; the others may finish without it.
+      bool all = true;
+      for (const auto& [other_id, other] : job->nodes) {
+        if (other.state == NodeState::kActive && !other.succeeded) all = false;
+      }
+      if (all && Count(*job, NodeState::kActive) > 0) EndJob(*job, true, "all workers succeeded", now);
+      return;
+    }
+    ++counters_.node_losses;
+    job->last_failure = absl::StrCat("node ", node.node_id, " (group rank ", node.group_rank, ") lost: ", why);
+    EndRound(*job, v1::RoundEnded::NODE_LOST, job->last_failure, now);
+    return;
+  }
+  MaybeCompleteRound(*job, now);
+}
+
+void Coordinator::Tick(TimePoint now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Sessions that never joined (a client that opened a stream and went quiet) are closed.
+  while (!unjoined_.empty() && now >= unjoined_.begin()->first + first_join_timeout_) {
+    Session& session = sessions_.at(unjoined_.begin()->second);
+    unjoined_.erase(unjoined_.begin());
+    session.closing = true;
+    session.sink->Close(absl::DeadlineExceededError(
+        absl::StrCat("no Join within ", first_join_timeout_.count(), " ms of opening the session")));
+  }
+  std::vector<std::string> run_ids;
+  for (const auto& [run_id, job] : jobs_) run_ids.push_back(run_id);
+  for (const std::string& run_id : run_ids) TickJob(run_id, now);
+}
+
+void Coordinator::TickJob(const std::string& run_id, TimePoint now) {
+  Job* job = FindJob(run_id);
+  if (job == nullptr) return;
+  if (job->phase == Phase::kDone) {
+    // Nodes that have not left close_timeout after the end are closed and the run forgotten.
+    if (now >= *job->ended_at + Ms(job->settings.close_timeout_ms())) {
+      std::vector<SessionId> ids;
+      for (const auto& [id, node] : job->nodes) ids.push_back(id);
+      Evict(run_id, ids,
+            absl::DeadlineExceededError(absl::StrCat("run ", run_id, " ended ", job->settings.close_timeout_ms(),
+                                                     " ms ago (close_timeout); closing")),
+            "the job ended", "job_ended", now);
+    }
+    return;
+  }
+  // Hung or cut-off agents: evicted, as if their stream had closed. (Without heartbeats there
+  // is nothing to walk: the etcd replicas tick often, and O(nodes) per tick adds up.)
+  if (heartbeats_) {
+    std::vector<SessionId> hung;
+    std::optional<TimePoint> floor;
+    for (const auto& [id, node] : job->nodes) {
+      if (now - node.last_seen > Ms(job->settings.heartbeat_timeout_ms())) {
+        hung.push_back(id);
+      } else if (!floor || node.last_seen < *floor) {
+        floor = node.last_seen;
+      }
+    }
+    job->seen_floor = floor.value_or(now);
+    Evict(run_id, hung,
+          absl::UnavailableError(absl::StrCat("no heartbeat for ", job->settings.heartbeat_timeout_ms(),
+                                              " ms: removed from run ", run_id)),
+          "no heartbeat", "no_heartbeat", now);
+    job = FindJob(run_id);
+    if (job == nullptr) return;
+  }
+  if (job->phase == Phase::kRunning) {
+    if (job->scale_up_at && now >= *job->scale_up_at) {
+      job->scale_up_at.reset();
+      if (Count(*job, NodeState::kPending) > 0) {
+        EndRound(*job, v1::RoundEnded::NODE_JOINED, "nodes joined", now);
+      }
+    }
+    return;
+  }
+  if (job->phase != Phase::kGathering) return;
+  bool join_timed_out = now - job->gathering_since >= Ms(job->settings.join_timeout_ms());
+  if (join_timed_out && job->round > 0) {
+    // Survivors that keep their session but never rejoin are declared lost.
+    std::vector<SessionId> stuck;
+    for (const auto& [id, node] : job->nodes) {
+      if (node.state == NodeState::kStopping) stuck.push_back(id);
+    }
+    Evict(run_id, stuck,
+          absl::DeadlineExceededError(absl::StrCat("did not rejoin run ", run_id, " within join_timeout ",
+                                                   job->settings.join_timeout_ms(), " ms")),
+          "did not rejoin", "did_not_rejoin", now);
+    job = FindJob(run_id);
+    if (job == nullptr || job->phase != Phase::kGathering) return;
+  }
+  if (job->last_call_deadline && now >= *job->last_call_deadline &&
+      Count(*job, NodeState::kPending) >= job->settings.min_nodes()) {
+    CompleteRound(*job, now);
+  } else if (join_timed_out && Count(*job, NodeState::kPending) < job->settings.min_nodes()) {
+    EndJob(*job, false, absl::StrCat("only ", Count(*job, NodeState::kPending), " of min ",
+                                     job->settings.min_nodes(), " nodes joined within join_timeout ",
+                                     job->settings.join_timeout_ms(), " ms"), now);
+  }
+}
+
+void Coordinator::Evict(const std::string& run_id, const std::vector<SessionId>& ids,
+                        const absl::Status& status, const std::string& why, const char* reason,
+                        TimePoint now) {
+  if (!ids.empty()) counters_.evictions[reason] += ids.size();
+  for (SessionId id : ids) {
+    auto session = sessions_.find(id);
+    if (session != sessions_.end()) {
+      session->second.sink->Close(status);
+      session->second.run_id.clear();
+      session->second.closing = true;
+    }
+    RemoveNode(run_id, id, why, now);
+  }
+}
+
+std::optional<TimePoint> Coordinator::NextDeadline() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::optional<TimePoint> next;
+  auto consider = [&next](TimePoint t) {
+    if (!next || t < *next) next = t;
+  };
+  if (!unjoined_.empty()) consider(unjoined_.begin()->first + first_join_timeout_);
+  for (const auto& [run_id, job] : jobs_) {
+    if (job.phase == Phase::kDone) {
+      consider(*job.ended_at + Ms(job.settings.close_timeout_ms()));
+      continue;
+    }
+    if (job.scale_up_at) consider(*job.scale_up_at);
+    if (heartbeats_ && !job.nodes.empty()) {
+      consider(job.seen_floor + Ms(job.settings.heartbeat_timeout_ms()) + std::chrono::milliseconds(1));
+    }
+    if (job.phase == Phase::kGathering) {
+      if (job.last_call_deadline) consider(*job.last_call_deadline);
+      consider(job.gathering_since + Ms(job.settings.join_timeout_ms()));
+    }
+  }
+  return next;
+}
+
+std::optional<JobView> Coordinator::View(const std::string& run_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(run_id);
+  if (it == jobs_.end()) return std::nullopt;
+  const Job& job = it->second;
+  JobView view;
+  view.round = job.round;
+  view.running = job.phase == Phase::kRunning;
+  view.done = job.phase == Phase::kDone;
+  view.restart_count = job.restart_count;
+  view.active = Count(job, NodeState::kActive);
+  view.pending = Count(job, NodeState::kPending);
+  view.wait_listed = Count(job, NodeState::kWaitListed);
+  view.stopping = Count(job, NodeState::kStopping);
+  return view;
+}
+
+CoordinatorSnapshot Coordinator::Snapshot() const {
+  static const char* const kPhases[] = {"gathering", "running", "done"};
+  static const char* const kStates[] = {"pending", "wait_listed", "active", "stopping", "done"};
+  std::lock_guard<std::mutex> lock(mu_);
+  CoordinatorSnapshot snapshot;
+  snapshot.counters = counters_;
+  snapshot.sessions = sessions_.size();
+  for (const auto& [run_id, job] : jobs_) {
+    JobStatus status;
+    status.run_id = run_id;
+    status.phase = kPhases[static_cast<int>(job.phase)];
+    status.round = job.round;
+    status.restart_count = job.restart_count;
+    status.settings = job.settings;
+    status.last_failure = job.last_failure;
+    std::vector<const Node*> nodes;
+    for (const auto& [id, node] : job.nodes) nodes.push_back(&node);
+    std::stable_sort(nodes.begin(), nodes.end(), [](const Node* a, const Node* b) {
+      bool a_placed = a->group_rank >= 0;
+      bool b_placed = b->group_rank >= 0;
+      if (a_placed != b_placed) return a_placed;
+      return a_placed ? a->group_rank < b->group_rank : a->join_order < b->join_order;
+    });
+    for (const Node* node : nodes) {
+      status.nodes.push_back({node->node_id, kStates[static_cast<int>(node->state)], node->group_rank,
+                              node->nproc, node->master_addr});
+    }
+    snapshot.jobs.push_back(std::move(status));
+  }
+  return snapshot;
+}
+
+bool Coordinator::WaitUntilJobGone(const std::string& run_id,
+                                   std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return job_gone_.wait_until(lock, deadline, [&] { return jobs_.count(run_id) == 0; });
+}
+
+size_t Coordinator::job_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return jobs_.size();
+}
+
+void Coordinator::Send(SessionId id, const v1::CoordinatorMessage& message) {
+  auto session = sessions_.find(id);
+  if (session != sessions_.end() && session->second.sink != nullptr) session->second.sink->Send(message);
+}
+
+int Coordinator::Count(const Job& job, NodeState state) const {
+  return job.counts[static_cast<int>(state)];
+}
+
+void Coordinator::SetState(Job& job, Node& node, NodeState state) {
+  --job.counts[static_cast<int>(node.state)];
+  ++job.counts[static_cast<int>(state)];
+  node.state = state;
+}
+
+Coordinator::Job* Coordinator::FindJob(const std::string& run_id) {
+  auto it = jobs_.find(run_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+}  // namespace elrun::rdzv

@@ -1,0 +1,354 @@
+#include "agent/grpc/connection_gate.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "agent/net/tcp_listen.h"
+
+namespace elrun::rdzv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kBufferBytes = 16 * 1024;
+constexpr int kReservedFds = 256;
+constexpr int kFdsPerConnection = 3;  // Ours: client and backend; gRPC's: the backend's peer.
+constexpr int kMaxConnections = 4096;
+
+// One direction of a relayed connection: bytes read from `from`, not yet written to `to`.
+struct Direction {
+  std::vector<char> buffer = std::vector<char>(kBufferBytes);
+  size_t begin = 0;
+  size_t end = 0;
+  bool eof = false;       // `from` has no more to send.
+  bool shut = false;      // ... and everything was passed on: `to` got SHUT_WR.
+  bool pending() const { return end > begin; }
+};
+
+struct Connection {
+  int client = -1;
+  int backend = -1;
+  std::string peer;
+  Direction up;    // client -> backend
+  Direction down;  // backend -> client
+  bool heard = false;  // The client sent its first bytes.
+  Clock::time_point silent_deadline;
+};
+
+absl::Status Errno(const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+std::string PeerAddress(const sockaddr_storage& address) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (address.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(address).sin_addr, text, sizeof(text));
+  } else if (address.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(address).sin6_addr, text, sizeof(text));
+  }
+  return text;
+}
+
+}  // namespace
+
+class ConnectionGate::Relay {
+ public:
+  Relay(std::vector<int> listeners, int port, std::string backend, int max_connections, GateLimits limits)
+      : listeners_(std::move(listeners)), port_(port), backend_(std::move(backend)),
+        max_connections_(max_connections),
+        max_per_peer_(limits.max_per_peer > 0 ? limits.max_per_peer : std::max(64, max_connections / 8)),
+        limits_(limits) {}
+
+  absl::Status Init() {
+    epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
+    wake_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    reserve_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (epoll_ < 0 || wake_ < 0 || reserve_ < 0) return Errno("connection gate");
+    for (int fd : listeners_) Watch(fd, EPOLLIN, EPOLL_CTL_ADD);
+    Watch(wake_, EPOLLIN, EPOLL_CTL_ADD);
+    thread_ = std::thread([this] { Run(); });
+    return absl::OkStatus();
+  }
+
+  ~Relay() {
+    if (thread_.joinable()) {
+      stop_ = true;
+      uint64_t one = 1;
+      ssize_t ignored = ::write(wake_, &one, sizeof(one));
+      (void)ignored;
+      thread_.join();
+    }
+    std::vector<std::shared_ptr<Connection>> all;
+    for (auto& [fd, connection] : connections_) all.push_back(connection);
+    for (auto& connection : all) Close(connection);
+    for (int fd : listeners_) ::close(fd);
+    for (int fd : {epoll_, wake_, reserve_}) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+
+  int port() const { return port_; }
+  int max_connections() const { return max_connections_; }
+  int max_per_peer() const { return max_per_peer_; }
+  GateCounts counts() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counts_;
+  }
+
+ private:
+  void Watch(int fd, uint32_t events, int op) {
+    epoll_event event{};
+    event.events = events;
+    event.data.fd = fd;
+    ::epoll_ctl(epoll_, op, fd, &event);
+  }
+
+  void Run() {
+    std::vector<epoll_event> events(256);
+    while (!stop_) {
+      int timeout_ms = -1;
+      if (!silent_.empty()) {
+        auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(silent_.front().first - Clock::now());
+        timeout_ms = static_cast<int>(std::max<int64_t>(0, wait.count() + 1));
+      }
+      int n = ::epoll_wait(epoll_, events.data(), static_cast<int>(events.size()), timeout_ms);
+      if (n < 0 && errno != EINTR) break;
+      for (int i = 0; i < n; ++i) {
+        int fd = events[i].data.fd;
+        if (fd == wake_) continue;
+        if (std::find(listeners_.begin(), listeners_.end(), fd) != listeners_.end()) {
+          AcceptAll(fd);
+          continue;
+        }
+        auto it = connections_.find(fd);
+        if (it != connections_.end()) Pump(std::shared_ptr<Connection>(it->second));
+      }
+      CloseSilent();
+    }
+  }
+
+  void AcceptAll(int listener) {
+    for (int i = 0; i < 1024; ++i) {  // Bounded, so the relay keeps serving during a flood.
+      sockaddr_storage address{};
+      socklen_t length = sizeof(address);
+      int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&address), &length,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE) {
+          // No descriptor left: give up the reserve to take the connection off the queue and
+          // close it, instead of leaving it there to wake us for ever.
+          ::close(reserve_);
+          int dropped = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+          Count([](GateCounts& c) { ++c.refused; });
+          if (dropped >= 0) ::close(dropped);
+          reserve_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+          continue;
+        }
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return;  // EAGAIN: the queue is empty.
+      }
+      Admit(fd, PeerAddress(address));
+    }
+  }
+
+  void Admit(int client, const std::string& peer) {
+    int open = static_cast<int>(connections_.size() / 2);
+    // Counted before the close, so that a peer that sees its end also sees the count.
+    if (open >= max_connections_ || per_peer_[peer] >= max_per_peer_) {
+      Count([](GateCounts& c) { ++c.refused; });
+      ::close(client);
+      return;
+    }
+    int backend = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::strncpy(address.sun_path, backend_.c_str(), sizeof(address.sun_path) - 1);
+    if (backend < 0 || ::connect(backend, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+      Count([](GateCounts& c) { ++c.refused; });
+      if (backend >= 0) ::close(backend);
+      ::close(client);
+      return;
+    }
+    auto connection = std::make_shared<Connection>();
+    connection->client = client;
+    connection->backend = backend;
+    connection->peer = peer;
+    connection->silent_deadline = Clock::now() + limits_.first_bytes_timeout;
+    connections_[client] = connection;
+    connections_[backend] = connection;
+    ++per_peer_[peer];
+    silent_.emplace_back(connection->silent_deadline, connection);
+    Watch(client, EPOLLIN, EPOLL_CTL_ADD);
+    Watch(backend, EPOLLIN, EPOLL_CTL_ADD);
+    Count([](GateCounts& c) {
+      ++c.admitted;
+      ++c.open;
+    });
+  }
+
+  // Moves what can be moved in both directions; closes the connection when both are done or
+  // either side failed.
+  void Pump(std::shared_ptr<Connection> c) {
+    bool ok = Transfer(c->client, c->up, c->backend, &c->heard) &&
+              Transfer(c->backend, c->down, c->client, nullptr);
+    if (!ok || (c->up.shut && c->down.shut)) {
+      Close(c);
+      return;
+    }
+    auto interest = [](const Direction& in, const Direction& out) {
+      uint32_t events = 0;
+      if (!in.eof && in.end < in.buffer.size()) events |= EPOLLIN;
+      if (out.pending()) events |= EPOLLOUT;
+      return events;
+    };
+    Watch(c->client, interest(c->up, c->down), EPOLL_CTL_MOD);
+    Watch(c->backend, interest(c->down, c->up), EPOLL_CTL_MOD);
+  }
+
+  // Reads from `from` into `d` while there is room, writes what is pending to `to`; sets *heard
+  // when bytes came. False on an error of either socket.
+  static bool Transfer(int from, Direction& d, int to, bool* heard) {
+    while (!d.eof && d.end < d.buffer.size()) {
+      ssize_t n = ::recv(from, d.buffer.data() + d.end, d.buffer.size() - d.end, 0);
+      if (n > 0) {
+        d.end += static_cast<size_t>(n);
+        if (heard != nullptr) *heard = true;
+      } else if (n == 0) {
+        d.eof = true;
+      } else if (errno == EINTR) {
+        continue;
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        break;
+      } else {
+        return false;
+      }
+    }
+    while (d.pending()) {
+      ssize_t n = ::send(to, d.buffer.data() + d.begin, d.end - d.begin, MSG_NOSIGNAL);
+      if (n > 0) {
+        d.begin += static_cast<size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        break;
+      } else {
+        return false;
+      }
+    }
+    if (!d.pending()) d.begin = d.end = 0;
+    if (d.eof && !d.pending() && !d.shut) {
+      ::shutdown(to, SHUT_WR);
+      d.shut = true;
+    }
+    return true;
+  }
+
+  // By value: closing erases the map's own references to the connection.
+  void Close(std::shared_ptr<Connection> c) {
+    if (c->client < 0) return;
+    for (int fd : {c->client, c->backend}) {
+      ::epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
+      connections_.erase(fd);
+      ::close(fd);
+    }
+    c->client = c->backend = -1;
+    if (--per_peer_[c->peer] <= 0) per_peer_.erase(c->peer);
+    Count([](GateCounts& counts) { --counts.open; });
+  }
+
+  // Closes the connections whose client has sent nothing by its deadline.
+  void CloseSilent() {
+    auto now = Clock::now();
+    while (!silent_.empty() && silent_.front().first <= now) {
+      std::shared_ptr<Connection> c = silent_.front().second.lock();
+      silent_.pop_front();
+      if (c && !c->heard && c->client >= 0) {
+        Count([](GateCounts& counts) { ++counts.silent_closed; });
+        Close(c);
+      }
+    }
+  }
+
+  template <typename F>
+  void Count(F update) {
+    std::lock_guard<std::mutex> lock(mu_);
+    update(counts_);
+  }
+
+  const std::vector<int> listeners_;
+  const int port_;
+  const std::string backend_;
+  const int max_connections_;
+  const int max_per_peer_;
+  const GateLimits limits_;
+  int epoll_ = -1;
+  int wake_ = -1;
+  int reserve_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  // Owned by the relay thread (and the destructor once it has stopped):
+  std::map<int, std::shared_ptr<Connection>> connections_;  // By client and by backend fd.
+  std::map<std::string, int> per_peer_;
+  std::deque<std::pair<Clock::time_point, std::weak_ptr<Connection>>> silent_;  // By deadline.
+  mutable std::mutex mu_;
+  GateCounts counts_;  // Guarded by mu_.
+};
+
+absl::StatusOr<std::unique_ptr<ConnectionGate>> ConnectionGate::Start(const std::string& listen,
+                                                                      const std::string& backend_path,
+                                                                      GateLimits limits) {
+  auto bound = ListenTcp(listen, 1024);
+  if (!bound.ok()) return bound.status();
+  std::vector<int> listeners = std::move(bound->fds);
+  int port = bound->port;
+  int max_connections = limits.max_connections;
+  if (max_connections <= 0) {
+    rlimit limit{};
+    ::getrlimit(RLIMIT_NOFILE, &limit);
+    int64_t budget = (static_cast<int64_t>(limit.rlim_cur) - kReservedFds) / kFdsPerConnection;
+    max_connections = static_cast<int>(std::clamp<int64_t>(budget, 8, kMaxConnections));
+  }
+  auto relay = std::make_unique<Relay>(std::move(listeners), port, backend_path, max_connections, limits);
+  absl::Status started = relay->Init();
+  if (!started.ok()) return started;
+  return std::unique_ptr<ConnectionGate>(new ConnectionGate(std::move(relay)));
+}
+
+ConnectionGate::ConnectionGate(std::unique_ptr<Relay> relay) : relay_(std::move(relay)) {}
+ConnectionGate::~ConnectionGate() = default;
+int ConnectionGate::port() const { return relay_->port(); }
+int ConnectionGate::max_connections() const { return relay_->max_connections(); }
+int ConnectionGate::max_per_peer() const { return relay_->max_per_peer(); }
+GateCounts ConnectionGate::counts() const { return relay_->counts(); }
+
+int RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 1024;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  return static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 30));
+}
+
+}  // namespace elrun::rdzv

@@ -1,0 +1,353 @@
+#include "agent/grpc/coordinator_server.h"
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <condition_variable>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "proto/rendezvous.grpc.pb.h"
+
+namespace elrun::rdzv {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+// The wire form of a coordinator message.
+grpc::ByteBuffer Serialize(const v1::CoordinatorMessage& message) {
+  std::string bytes = message.SerializeAsString();
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Parses an agent's message; InvalidArgument when the bytes are not one (truncated, garbage).
+// gRPC's own parsing would end the stream as if the agent had closed it, with status OK.
+absl::Status Parse(const grpc::ByteBuffer& buffer, v1::AgentMessage* message) {
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (buffer.Dump(&slices).ok()) {
+    for (const grpc::Slice& slice : slices) {
+      bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    if (message->ParseFromString(bytes)) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unparsable message (", buffer.Length(), " bytes): not an AgentMessage of protocol version ",
+                   kProtocolVersion));
+}
+
+// Wakes the timer thread whenever the coordinator's next deadline may have moved.
+class Ticker {
+ public:
+  explicit Ticker(Coordinator* coordinator) : coordinator_(coordinator), thread_([this] { Run(); }) {}
+  ~Ticker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void Wake() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++generation_;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  // Sleeps until the coordinator's next deadline, recomputed after every wake (a message
+  // may have brought one closer); Tick runs only when a deadline is due. Both walk every node,
+  // so wakes that come while they run are served by one pass, not one each.
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      uint64_t seen = generation_;
+      lock.unlock();
+      std::optional<TimePoint> next = coordinator_->NextDeadline();
+      lock.lock();
+      auto woken = [&] { return stop_ || generation_ != seen; };
+      if (next) {
+        cv_.wait_until(lock, *next, woken);
+      } else {
+        cv_.wait(lock, woken);
+      }
+      if (stop_) break;
+      if (!next || std::chrono::steady_clock::now() < *next) continue;
+      lock.unlock();
+      coordinator_->Tick(std::chrono::steady_clock::now());
+      lock.lock();
+    }
+  }
+
+  Coordinator* const coordinator_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;  // Guarded by mu_.
+  bool stop_ = false;        // Guarded by mu_.
+  std::thread thread_;
+};
+
+// One agent's stream, in raw bytes so that a message that does not parse is told apart from
+// the agent's end. Reads feed the coordinator; the coordinator's sends are queued and written
+// one at a time. Deletes itself when gRPC is done with it.
+class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+                       public SessionSink {
+ public:
+  SessionReactor(Coordinator* coordinator, Ticker* ticker, SessionId id)
+      : coordinator_(coordinator), ticker_(ticker), id_(id) {
+    connected_ = true;
+    coordinator_->OnConnect(id_, this, std::chrono::steady_clock::now());
+    ticker_->Wake();  // Its first-Join deadline may be the earliest.
+    StartRead(&incoming_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // The agent closed its side or is gone.
+      Disconnect();
+      Close(absl::OkStatus());
+      return;
+    }
+    v1::AgentMessage message;
+    absl::Status status = Parse(incoming_, &message);
+    if (status.ok()) {
+      status = coordinator_->OnMessage(id_, message, std::chrono::steady_clock::now());
+      // A heartbeat only moves its node's deadline later: no need to recompute the next one.
+      if (!message.has_heartbeat()) ticker_->Wake();
+    }
+    if (!status.ok()) {
+      Disconnect();
+      Close(status);
+      return;
+    }
+    StartRead(&incoming_);
+  }
+
+  void Send(const v1::CoordinatorMessage& message) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finish_requested_) return;
+    outbox_.push_back(Serialize(message));
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&outbox_.front());
+    }
+  }
+
+  void Close(const absl::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finish_requested_) return;
+    finish_requested_ = true;
+    final_status_ = ToGrpc(status);
+    if (!writing_) Finish(final_status_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    outbox_.pop_front();
+    if (ok && !outbox_.empty()) {
+      StartWrite(&outbox_.front());
+      return;
+    }
+    writing_ = false;
+    if (!ok) outbox_.clear();
+    if (finish_requested_) Finish(final_status_);
+  }
+
+  void OnCancel() override {}  // The failed read that follows does the work.
+
+  void OnDone() override {
+    Disconnect();
+    delete this;
+  }
+
+ private:
+  void Disconnect() {
+    if (connected_.exchange(false)) {
+      coordinator_->OnDisconnect(id_, std::chrono::steady_clock::now());
+      ticker_->Wake();
+    }
+  }
+
+  Coordinator* const coordinator_;
+  Ticker* const ticker_;
+  const SessionId id_;
+  std::atomic<bool> connected_{false};
+  grpc::ByteBuffer incoming_;  // Only touched by the read chain.
+  std::mutex mu_;
+  std::deque<grpc::ByteBuffer> outbox_;  // Guarded by mu_; front() is being written.
+  bool writing_ = false;                        // Guarded by mu_.
+  bool finish_requested_ = false;               // Guarded by mu_.
+  grpc::Status final_status_;                   // Guarded by mu_.
+};
+
+class Service final : public v1::Rendezvous::WithRawCallbackMethod_Session<v1::Rendezvous::Service> {
+ public:
+  Service(Coordinator* coordinator, Ticker* ticker) : coordinator_(coordinator), ticker_(ticker) {}
+
+  // The token is proven inside the session (Challenge, Join, Welcome), never sent.
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
+      grpc::CallbackServerContext*) override {
+    return new SessionReactor(coordinator_, ticker_, next_id_++);
+  }
+
+ private:
+  Coordinator* const coordinator_;
+  Ticker* const ticker_;
+  std::atomic<SessionId> next_id_{1};
+};
+
+}  // namespace
+
+class CoordinatorServer::Impl {
+ public:
+  explicit Impl(Coordinator::Options options) : coordinator(std::move(options)) {}
+  ~Impl() {
+    if (!socket_dir.empty()) {
+      ::unlink(socket_path.c_str());
+      ::rmdir(socket_dir.c_str());
+    }
+  }
+  Coordinator coordinator;
+  std::unique_ptr<Ticker> ticker;
+  std::unique_ptr<Service> service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<ConnectionGate> gate;
+  std::string socket_dir;   // Private (0700), holding gRPC's unix socket.
+  std::string socket_path;
+  std::once_flag shutdown_once;
+};
+
+namespace {
+
+constexpr char kSocketDirPrefix[] = "elrun-rdzv-";
+constexpr char kSocketName[] = "/coordinator.sock";
+
+// Removes what coordinators of this user that died without cleaning up (kill -9) left in
+// `base`: directories named elrun-rdzv-<pid>-XXXXXX whose process no longer exists.
+void RemoveStaleSocketDirs(const std::string& base) {
+  DIR* dir = ::opendir(base.c_str());
+  if (dir == nullptr) return;
+  while (dirent* entry = ::readdir(dir)) {
+    std::string name = entry->d_name;
+    if (name.rfind(kSocketDirPrefix, 0) != 0) continue;
+    int pid = std::atoi(name.c_str() + std::strlen(kSocketDirPrefix));
+    std::string path = base + "/" + name;
+    struct stat info {};
+    if (pid <= 0 || ::lstat(path.c_str(), &info) != 0 || !S_ISDIR(info.st_mode) || info.st_uid != ::getuid()) {
+      continue;
+    }
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    ::unlink((path + kSocketName).c_str());
+    ::rmdir(path.c_str());
+  }
+  ::closedir(dir);
+}
+
+// A fresh private directory (0700) for gRPC's unix socket, under $TMPDIR or /tmp, named with
+// this process's id so that a later coordinator can remove it if this one is killed.
+absl::StatusOr<std::string> MakeSocketDir() {
+  // A unix socket path must fit in 108 bytes: a long $TMPDIR (Bazel's) falls back to /tmp.
+  const char* tmp = std::getenv("TMPDIR");
+  std::string base = tmp != nullptr && *tmp != '\0' && std::strlen(tmp) < 64 ? tmp : "/tmp";
+  RemoveStaleSocketDirs(base);
+  std::string pattern = absl::StrCat(base, "/", kSocketDirPrefix, ::getpid(), "-XXXXXX");
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp ", pattern, ": ", std::strerror(errno)));
+  }
+  return pattern;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const ServerOptions& options) {
+  RaiseOpenFileLimit();
+  auto impl = std::make_unique<Impl>(Coordinator::Options{options.first_join_timeout, options.token, nullptr});
+  auto dir = MakeSocketDir();
+  if (!dir.ok()) return dir.status();
+  impl->socket_dir = *dir;
+  impl->socket_path = *dir + kSocketName;
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (options.tls.enabled()) {
+    auto cert = ReadFileToString(options.tls.cert);
+    auto key = ReadFileToString(options.tls.key);
+    if (!cert.ok()) return cert.status();
+    if (!key.ok()) return key.status();
+    grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    if (!options.tls.ca.empty()) {
+      auto ca = ReadFileToString(options.tls.ca);
+      if (!ca.ok()) return ca.status();
+      ssl.pem_root_certs = *ca;
+      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
+  impl->ticker = std::make_unique<Ticker>(&impl->coordinator);
+  impl->service = std::make_unique<Service>(&impl->coordinator, impl->ticker.get());
+  grpc::ServerBuilder builder;
+  int bound = 0;
+  builder.AddListeningPort("unix:" + impl->socket_path, credentials, &bound);
+  builder.RegisterService(impl->service.get());
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(options.handshake_timeout.count()));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             static_cast<int>(options.idle_connection_timeout.count()));
+  // Agents ping once a second at most (kMinKeepalivePing) to notice a silent coordinator;
+  // accept that, while a client pinging faster still collects strikes and is cut off.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             static_cast<int>(kMinKeepalivePing.count() / 2));
+  impl->server = builder.BuildAndStart();
+  if (impl->server == nullptr || bound == 0) {
+    return absl::InternalError(absl::StrCat("cannot serve gRPC on unix:", impl->socket_path));
+  }
+  auto gate = ConnectionGate::Start(options.listen, impl->socket_path, options.gate);
+  if (!gate.ok()) {
+    impl->server->Shutdown(std::chrono::system_clock::now());
+    impl->server->Wait();
+    impl->ticker.reset();
+    return gate.status();
+  }
+  impl->gate = *std::move(gate);
+  return std::unique_ptr<CoordinatorServer>(new CoordinatorServer(std::move(impl)));
+}
+
+CoordinatorServer::CoordinatorServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(); }
+
+int CoordinatorServer::port() const { return impl_->gate->port(); }
+
+GateCounts CoordinatorServer::gate_counts() const { return impl_->gate->counts(); }
+
+Coordinator& CoordinatorServer::coordinator() { return impl_->coordinator; }
+
+void CoordinatorServer::Shutdown() {
+  std::call_once(impl_->shutdown_once, [this] {
+    impl_->gate.reset();  // No new connections; the relayed ones end, so gRPC sees them go.
+    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    impl_->server->Wait();
+    impl_->ticker.reset();
+  });
+}
+
+}  // namespace elrun::rdzv

@@ -1,9 +1,0 @@
-#include "agent/process_setup.h"
-
-#include "absl/synchronization/mutex.h"
-
-namespace elrun {
-
-void SetUpProcess() { absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore); }
-
-}  // namespace elrun

@@ -1,0 +1,334 @@
+#include "launcher/job/elastic_agent.h"
+
+#include <utility>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "agent/coordinator/protocol_version.h"
+#include "agent/coordinator/session_auth.h"
+#include "agent/coordinator/wire_checks.h"
+#include "launcher/report/console.h"
+#include "launcher/report/failure_report.h"
+
+namespace elrun {
+namespace {
+
+namespace v1 = rdzv::v1;
+
+const char* ReasonName(v1::RoundEnded::Reason reason) {
+switch (reason) {
+  case v1::RoundEnded::NODE_LOST: return "a node was lost";
+  case v1::RoundEnded::NODE_JOINED: return "a node joined";
+  case v1::RoundEnded::WORKER_FAILED: return "a worker failed";
+  default: return "unknown reason";
+}
+}
+
+std::optional<rdzv::RunKey> RunKeyOf(const RdzvSettings& rdzv, const std::string& run_id) {
+  const std::string& secret = rdzv.run_token.empty() ? rdzv.token : rdzv.run_token;
+  if (secret.empty()) return std::nullopt;
+  return rdzv::DeriveRunKey(secret, run_id);
+}
+
+}  // namespace
+
+ElasticAgent::ElasticAgent(const JobSpec& spec, const RdzvSettings& rdzv, ProcessTable& table,
+                         const Clock& clock, RendezvousSession& session, AttemptBuilder& builder,
+                         std::string master_addr, std::string node_id, PortPicker pick_port)
+  : spec_(spec), rdzv_(rdzv), table_(table), clock_(clock), session_(session), builder_(builder),
+    master_addr_(std::move(master_addr)), node_id_(std::move(node_id)),
+    key_(rdzv.token.empty() ? std::string() : rdzv::TokenKey(rdzv.token)),
+    pick_port_(std::move(pick_port)) {}
+
+ElasticAgent::~ElasticAgent() = default;
+
+// Waits for the coordinator's Challenge, which the first Join answers.
+void ElasticAgent::Start() {
+  phase_ = Phase::kJoining;
+  join_deadline_ = clock_.SteadyNow() + rdzv_.join_timeout + std::chrono::seconds(5);
+}
+
+void ElasticAgent::OnWorkerSignalled(int pid, const std::string& why) {
+  if (supervisor_) supervisor_->NoteSignalled(pid, why);
+}
+
+void ElasticAgent::OnWorkerExit(int pid, ExitStatus status) {
+  if (supervisor_) supervisor_->OnWorkerExit(pid, status);
+  CheckSupervisor();
+}
+
+void ElasticAgent::OnSignal(int signo) {
+  if (supervisor_ && !supervisor_->done()) {
+    supervisor_->OnSignal(signo);
+    CheckSupervisor();
+  } else {
+    Finish(128 + signo);
+  }
+}
+
+void ElasticAgent::OnMessage(const v1::CoordinatorMessage& message) {
+  if (exit_code_ || stream_lost_) return;
+  if (message.has_challenge()) return OnChallenge(message.challenge());
+  if (message.has_welcome()) return OnWelcome(message.welcome());
+  if (!authenticated_) {  // Nothing counts from a coordinator that has not proven itself.
+    return Distrust("sent a message before proving it knows the token");
+  }
+  if (message.has_round_started()) OnRoundStarted(message.round_started());
+  if (message.has_round_ended()) OnRoundEnded(message.round_ended());
+  // Only a pace of every rank of the round: a median of the first few to report would judge
+  // the others against a part of the job.
+  if (message.has_job_pace() && on_job_pace_ && message.job_pace().round() == round_ &&
+      message.job_pace().ranks() == builder_.node().world_size) {
+    on_job_pace_(message.job_pace());
+  }
+  if (message.has_job_ended()) OnJobEnded(message.job_ended());
+  if (message.has_waiting()) {
+    spdlog::info(message.waiting().wait_listed()
+                     ? "the job has its maximum of nodes; waiting for a place"
+                     : "joined; waiting for the round to complete");
+  }
+}
+
+void ElasticAgent::OnSessionEnded(const absl::Status& status) {
+  if (exit_code_ || stream_lost_) return;
+  stream_lost_ = true;
+  OnStreamEnded(status);
+}
+
+std::optional<std::chrono::steady_clock::time_point> ElasticAgent::Deadline() const {
+  std::optional<std::chrono::steady_clock::time_point> next;
+  if (!exit_code_ && !stream_lost_ && challenged_) next = next_heartbeat_;
+  if (supervisor_ && supervisor_->deadline() && (!next || *supervisor_->deadline() < *next)) {
+    next = supervisor_->deadline();
+  }
+  if (phase_ == Phase::kJoining && join_deadline_ < next.value_or(join_deadline_)) next = join_deadline_;
+  return next;
+}
+
+void ElasticAgent::OnDeadline() {
+  auto now = clock_.SteadyNow();
+  if (supervisor_) supervisor_->OnDeadline();
+  if (!stream_lost_ && challenged_ && now >= next_heartbeat_) {
+    v1::AgentMessage heartbeat;
+    heartbeat.mutable_heartbeat();
+    session_.Send(heartbeat);
+    next_heartbeat_ = now + rdzv_.heartbeat_interval;
+    if (paces_ && phase_ == Phase::kRunning && now >= next_pace_) {
+      next_pace_ = now + kPaceInterval;
+      v1::AgentMessage message;
+      v1::Paces* paces = message.mutable_paces();
+      paces->set_round(round_);
+      for (v1::RankPace& pace : paces_()) *paces->add_ranks() = std::move(pace);
+      if (paces->ranks_size() > 0) session_.Send(message);
+    }
+  }
+  if (phase_ == Phase::kJoining && now >= join_deadline_ && !exit_code_) {
+    Report(absl::StrCat("no rendezvous round formed at ", rdzv_.Endpoint(), " within join_timeout (",
+                        rdzv_.join_timeout.count() / 1000.0, " s); is the coordinator up and "
+                        "have --nnodes nodes joined with --rdzv-id ", spec_.rdzv_id, "?"));
+    Finish(kExitJobFailed);
+  }
+  CheckSupervisor();
+}
+
+
+
+void ElasticAgent::OnChallenge(const v1::Challenge& challenge) {
+  if (challenged_ || challenge.nonce().size() != rdzv::kNonceBytes) {
+    Distrust("sent a malformed or second Challenge");
+    return;
+  }
+  challenged_ = true;
+  server_nonce_ = challenge.nonce();
+  client_nonce_ = rdzv::RandomNonce();
+  next_heartbeat_ = clock_.SteadyNow() + rdzv_.heartbeat_interval;
+  Join();
+}
+
+void ElasticAgent::OnWelcome(const v1::Welcome& welcome) {
+  if (!challenged_ || authenticated_) {
+    Distrust("sent an unexpected Welcome");
+    return;
+  }
+  if (!key_.empty() &&
+      !rdzv::ProofEquals(welcome.proof(), rdzv::CoordinatorProof(key_, server_nonce_, client_nonce_))) {
+    Distrust("could not prove it knows the token (is another process holding that port?)");
+    return;
+  }
+  authenticated_ = true;
+}
+
+// Ends this node's part in the job as failed: its workers (if any) are stopped first.
+void ElasticAgent::Abandon() {
+  end_code_ = kExitJobFailed;
+  if (supervisor_ && !supervisor_->done()) {
+    phase_ = Phase::kStoppingForEnd;
+    supervisor_->Stop();
+    CheckSupervisor();
+  } else {
+    Finish(kExitJobFailed);
+  }
+}
+
+// The coordinator broke the protocol or failed to prove the token: trust nothing from it.
+void ElasticAgent::Distrust(const std::string& what) {
+  Report(absl::StrCat("the rendezvous coordinator at ", rdzv_.Endpoint(), " ", what,
+                      "; leaving the job"));
+  Abandon();
+}
+
+void ElasticAgent::Join() {
+  auto port = pick_port_();
+  if (!port.ok()) {
+    Report(std::string(port.status().message()));
+    Finish(kExitJobFailed);
+    return;
+  }
+  held_port_ = std::move(*port);  // The previous round's port goes back.
+  v1::AgentMessage message;
+  v1::Join* join = message.mutable_join();
+  join->set_protocol_version(rdzv::kProtocolVersion);
+  join->set_run_id(spec_.rdzv_id);
+  join->set_node_id(node_id_);
+  join->set_nproc(spec_.nproc_per_node);
+  join->set_role(spec_.role);
+  join->set_rank_hint(spec_.node_rank_given ? spec_.node_rank : -1);
+  join->set_master_addr(master_addr_);
+  join->set_master_port(held_port_->port());
+  v1::JobSettings* settings = join->mutable_settings();
+  settings->set_min_nodes(spec_.min_nodes);
+  settings->set_max_nodes(spec_.max_nodes);
+  settings->set_max_restarts(spec_.max_restarts);
+  settings->set_last_call_timeout_ms(rdzv_.last_call_timeout.count());
+  settings->set_join_timeout_ms(rdzv_.join_timeout.count());
+  settings->set_heartbeat_timeout_ms(rdzv_.heartbeat_timeout.count());
+  settings->set_close_timeout_ms(rdzv_.close_timeout.count());
+  if (!authenticated_) {  // The session's first Join proves the token.
+    join->set_client_nonce(client_nonce_);
+    if (!key_.empty()) {
+      join->set_proof(rdzv::AgentProof(key_, server_nonce_, client_nonce_, spec_.rdzv_id, node_id_));
+    }
+    // The run's own credential: its run_token, else its token (session_auth.h).
+    if (std::optional<rdzv::RunKey> run_key = RunKeyOf(rdzv_, spec_.rdzv_id)) {
+      join->set_run_key(run_key->public_key);
+      join->set_run_signature(rdzv::SignJoin(*run_key, server_nonce_, client_nonce_, spec_.rdzv_id, node_id_));
+    }
+  }
+  phase_ = Phase::kJoining;
+  join_deadline_ = clock_.SteadyNow() + rdzv_.join_timeout + std::chrono::seconds(5);
+  session_.Send(message);  // A broken stream shows up as the client's end.
+}
+
+void ElasticAgent::OnRoundStarted(const v1::RoundStarted& round) {
+  if (phase_ != Phase::kJoining) return;
+  // Nothing from the coordinator reaches a worker's environment unchecked.
+  absl::Status valid = rdzv::ValidateRoundStarted(
+      round, {spec_.nproc_per_node, spec_.min_nodes, spec_.max_nodes, spec_.max_restarts, round_});
+  if (!valid.ok()) {
+    Report(absl::StrCat("the rendezvous coordinator at ", rdzv_.Endpoint(),
+                        " sent an invalid round (", valid.message(), "); leaving the job"));
+    Finish(kExitJobFailed);
+    return;
+  }
+  NodeAssignment node{round.group_rank(),       round.group_world_size(), round.rank_offset(),
+                      round.world_size(),       round.role_rank_offset(), round.role_world_size(),
+                      round.master_addr(),      round.master_port()};
+  round_ = round.round();
+  int attempt = attempts_++;
+  int restart_count = round.restart_count();
+  spdlog::info("round {}: group rank {} of {}, world size {}, restart count {}, master {}:{}",
+               round_, node.group_rank, node.group_world_size, node.world_size, restart_count,
+               node.master_addr, node.master_port);
+  supervisor_ = std::make_unique<Supervisor>(
+      SupervisorOptions{0, spec_.shutdown_timeout}, &table_, &clock_,
+      [this, node, attempt, restart_count](int, int) {
+        return builder_.BuildFor(attempt, restart_count, node);
+      });
+  phase_ = Phase::kRunning;
+  supervisor_->Start();
+  CheckSupervisor();
+}
+
+void ElasticAgent::OnRoundEnded(const v1::RoundEnded& ended) {
+  spdlog::warn("round {} ended ({}: {}); stopping the workers and rejoining", ended.round(),
+               ReasonName(ended.reason()), rdzv::EscapeForConsole(ended.detail()));
+  if (phase_ == Phase::kRunning) {
+    phase_ = Phase::kStoppingForRound;
+    supervisor_->Stop();
+    CheckSupervisor();
+  } else if (phase_ == Phase::kReported) {
+    Join();
+  }
+}
+
+void ElasticAgent::OnJobEnded(const v1::JobEnded& ended) {
+  end_detail_ = rdzv::EscapeForConsole(ended.detail());
+  end_code_ = ended.success() ? kExitSuccess : kExitJobFailed;
+  if (phase_ == Phase::kRunning || phase_ == Phase::kStoppingForRound) {
+    phase_ = Phase::kStoppingForEnd;
+    supervisor_->Stop();
+    CheckSupervisor();
+  } else if (phase_ != Phase::kStoppingForEnd) {
+    Finish(end_code_);
+  }
+}
+
+void ElasticAgent::OnStreamEnded(const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kUnavailable || status.code() == absl::StatusCode::kCancelled) {
+    Report(absl::StrCat("lost the rendezvous coordinator at ", rdzv_.Endpoint(), ": ",
+                        rdzv::EscapeForConsole(status.message())));
+  } else {
+    Report(absl::StrCat("the rendezvous at ", rdzv_.Endpoint(), " refused this node: ",
+                        rdzv::EscapeForConsole(status.message())));
+  }
+  Abandon();
+}
+
+// Reacts to the end of the current round's worker group.
+void ElasticAgent::CheckSupervisor() {
+  if (!supervisor_ || !supervisor_->done()) return;
+  int code = supervisor_->exit_code();
+  if (code >= 128) {
+    Finish(code);
+    return;
+  }
+  switch (phase_) {
+    case Phase::kRunning: {
+      v1::AgentMessage message;
+      v1::WorkersEnded* ended = message.mutable_workers_ended();
+      ended->set_round(round_);
+      ended->set_success(code == kExitSuccess);
+      if (code != kExitSuccess) {
+        ended->set_failure(DescribeFirstFailure(supervisor_->failures()));
+        failed_ = std::move(supervisor_);
+      }
+      supervisor_.reset();
+      phase_ = Phase::kReported;
+      if (!stream_lost_) session_.Send(message);
+      break;
+    }
+    case Phase::kStoppingForRound:
+      supervisor_.reset();
+      if (!stream_lost_) Join();
+      break;
+    case Phase::kStoppingForEnd:
+      supervisor_.reset();
+      Finish(end_code_);
+      break;
+    default:
+      break;
+  }
+}
+
+void ElasticAgent::Finish(int code) {
+  if (!exit_code_) exit_code_ = code;
+}
+
+// Prints one error line about the rendezvous and keeps it for the error file.
+void ElasticAgent::Report(const std::string& error) {
+  rendezvous_error_ = error;
+  PrintError(error);
+}
+
+}  // namespace elrun

@@ -1,0 +1,217 @@
+#include "launcher/job/elastic_job.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <grpc/support/log.h>
+
+#include <optional>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "agent/grpc/coordinator_server.h"
+#include "agent/etcd/etcd_rendezvous.h"
+#include "agent/grpc/rendezvous_client.h"
+#include "agent/coordinator/wire_checks.h"
+#include "launcher/worker/attempt_builder.h"
+#include "launcher/job/elastic_agent.h"
+#include "launcher/os/host_info.h"
+#include "launcher/job/job_report.h"
+#include "launcher/job/job_runtime.h"
+#include "launcher/report/console.h"
+#include "launcher/spec/job_spec.h"
+#include "launcher/os/port_reservation.h"
+
+namespace elrun {
+namespace {
+
+namespace v1 = rdzv::v1;
+
+// The agent's session over its channel: sends only queue (the channel's writer thread sends).
+class ClientSession : public RendezvousSession {
+ public:
+  explicit ClientSession(rdzv::AgentChannel& channel) : channel_(channel) {}
+  void Send(const v1::AgentMessage& message) override {
+    channel_.Write(message);  // A broken session shows up as the channel's end.
+  }
+
+ private:
+  rdzv::AgentChannel& channel_;
+};
+
+// The etcd-v3 backend's channel: this node's session in the job's rendezvous in etcd.
+absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> OpenEtcd(const JobSpec& spec, const RdzvSettings& rdzv,
+                                                             const std::string& node_id) {
+  rdzv::EtcdRendezvousOptions options;
+  options.etcd.endpoints = rdzv.etcd_endpoints;
+  options.etcd.tls = {rdzv.tls_cert, rdzv.tls_key, rdzv.tls_ca};
+  options.etcd.https = rdzv.etcd_https;
+  options.etcd.user = rdzv.etcd_user;
+  options.etcd.password = rdzv.etcd_password;
+  options.prefix = rdzv.etcd_prefix;
+  options.run_id = spec.rdzv_id;
+  options.node_id = node_id;
+  options.lease_ttl = rdzv.heartbeat_timeout;
+  options.first_join_timeout = rdzv.join_timeout;
+  options.token = rdzv.token;
+  auto opened = rdzv::EtcdRendezvous::Open(options);
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(), absl::StrCat("cannot join the rendezvous in etcd at ",
+                                                             absl::StrJoin(rdzv.etcd_endpoints, ","), ": ",
+                                                             opened.status().message()));
+  }
+  return std::unique_ptr<rdzv::AgentChannel>(*std::move(opened));
+}
+
+// gRPC's own log lines (e.g. a failed bind while probing for the coordinator's port) would
+// clutter the user's console; show them only with LOGLEVEL=DEBUG.
+void RouteGrpcLogs() {
+  gpr_set_log_function([](gpr_log_func_args* args) {
+    spdlog::debug("grpc: {}", args->message);
+  });
+}
+
+}  // namespace
+
+int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>& env,
+                  const std::vector<std::string>& argv_template, const RdzvSettings& rdzv) {
+  RouteGrpcLogs();
+  // The runtime first: it blocks the handled signals, and gRPC's threads (server, client) must
+  // inherit that mask, or a SIGTERM delivered to one of them would kill elrun outright instead
+  // of being forwarded. It also forks the guardian while the process has a single thread.
+  ElasticAgent* agent_ptr = nullptr;
+  auto runtime = JobRuntime::Create(spec, env, spec.rdzv_id, [&agent_ptr](int pid, ExitStatus status) {
+    agent_ptr->OnWorkerExit(pid, status);
+  });
+  if (!runtime.ok()) {
+    PrintError(std::string(runtime.status().message()));
+    return kExitJobFailed;
+  }
+  JobRuntime& rt = **runtime;
+  // The coordinator, embedded when the endpoint is this machine and its port is free.
+  std::unique_ptr<rdzv::CoordinatorServer> server;
+  const bool etcd = spec.rdzv_backend == "etcd-v3";
+  bool want_host = !etcd && rdzv.is_host.value_or(IsLocalHost(rdzv.host));
+  if (want_host) {
+    rdzv::ServerOptions options;
+    options.listen = rdzv.Endpoint();
+    options.token = rdzv.token;
+    options.tls = {rdzv.tls_cert, rdzv.tls_key, rdzv.tls_ca};
+    auto started = rdzv::CoordinatorServer::Start(options);
+    if (started.ok()) {
+      server = *std::move(started);
+      spdlog::info("hosting the rendezvous coordinator on {}", rdzv.Endpoint());
+    } else if (rdzv.is_host.value_or(false) || started.status().code() != absl::StatusCode::kAlreadyExists) {
+      PrintError(absl::StrCat("cannot host the rendezvous on ", rdzv.Endpoint(), ": ",
+                              started.status().message()));
+      return kExitJobFailed;
+    }
+  }
+
+  const std::string node_id = absl::StrCat(HostName(), ":", ::getpid(), ":", RandomRunId().substr(0, 6));
+  absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> client;
+  if (etcd) {
+    client = OpenEtcd(spec, rdzv, node_id);
+  } else {
+    rdzv::ClientOptions client_options;
+    client_options.endpoint = rdzv.Endpoint();
+    client_options.tls = {rdzv.tls_cert, rdzv.tls_key, rdzv.tls_ca};
+    client_options.connect_timeout = rdzv.join_timeout;
+    client_options.silence_timeout = rdzv.heartbeat_timeout;
+    auto opened = rdzv::RendezvousClient::Open(client_options);
+    if (opened.ok()) client = std::unique_ptr<rdzv::AgentChannel>(*std::move(opened));
+    else client = opened.status();
+  }
+  if (!client.ok()) {
+    PrintError(std::string(client.status().message()));
+    return kExitJobFailed;
+  }
+
+  std::string master_addr = spec.local_addr;
+  if (master_addr.empty()) {
+    master_addr = LocalAddressToward(rdzv.host, rdzv.port).value_or(
+        IsLocalHost(rdzv.host) ? "127.0.0.1" : HostName());
+  }
+  if (absl::Status s = rdzv::CheckHostOrAddress("--local-addr", master_addr); !s.ok()) {
+    PrintError(std::string(s.message()));
+    return kExitJobFailed;
+  }
+
+  AttemptBuilder builder(spec, argv_template, spec.rdzv_id, rt.layout(), env, PortReservation::Take);
+  rt.PrepareBuilder(builder);
+  ClientSession session(**client);
+  RealClock clock;
+  ElasticAgent agent(spec, rdzv, rt.table(), clock, session, builder, master_addr, node_id, PortReservation::Take);
+  agent_ptr = &agent;
+  rt.OnWatchdogSignal([&agent](int pid, const std::string& why) { agent.OnWorkerSignalled(pid, why); });
+  if (HeartbeatServer* heartbeat = rt.heartbeat(); heartbeat != nullptr && spec.straggler_factor) {
+    // Stragglers judged against the whole job: this node's paces go to the rendezvous, and the
+    // job's pace comes back (its hosts are other nodes' words: escaped).
+    agent.SetPaceSource(
+        [heartbeat] {
+          std::vector<v1::RankPace> paces;
+          for (const auto& [rank, ms] : heartbeat->RankPaces()) {
+            v1::RankPace& pace = paces.emplace_back();
+            pace.set_rank(rank);
+            pace.set_median_step_ms(ms);
+            pace.set_host(heartbeat->host().substr(0, 255));
+          }
+          return paces;
+        },
+        [heartbeat](const v1::JobPace& job) {
+          if (!(job.median_step_ms() > 0 && job.median_step_ms() < 1e9)) return;
+          std::vector<HeartbeatServer::RemotePace> slowest;
+          for (const v1::RankPace& pace : job.slowest()) {
+            if (slowest.size() == 3) break;
+            slowest.push_back({pace.rank(), rdzv::EscapeForConsole(pace.host(), 255), pace.median_step_ms()});
+          }
+          heartbeat->SetJobPace(job.median_step_ms(), job.ranks(), std::move(slowest));
+        });
+  }
+
+  absl::Status status = rt.HandleSignals([&](int signo) { agent.OnSignal(signo); });
+  rdzv::AgentChannel& stream = **client;
+  auto on_client_event = [&] {
+    for (const v1::CoordinatorMessage& message : stream.Take()) agent.OnMessage(message);
+    if (std::optional<absl::Status> ended = stream.ended()) agent.OnSessionEnded(*ended);
+  };
+  if (status.ok()) status = rt.loop().Add(stream.event_fd(), on_client_event);
+  if (status.ok()) {
+    agent.Start();
+    status = rt.RunUntil([&] { return agent.done(); }, [&] { return agent.Deadline(); },
+                         [&] { agent.OnDeadline(); });
+  }
+  rt.loop().Remove((*client)->event_fd());
+  if (!status.ok()) {
+    PrintError(std::string(status.message()));
+    return kExitJobFailed;
+  }
+  int code = agent.exit_code();
+  if (code == kExitJobFailed) {
+    if (agent.failed() != nullptr) {
+      PrintFailureReport(spec, *agent.failed(), spec.rdzv_id, agent.group_rank(), env);
+    } else if (!agent.end_detail().empty()) {
+      WriteLauncherErrorFile(env, "ChildFailedError", agent.end_detail());
+    } else if (!agent.rendezvous_error().empty()) {
+      WriteLauncherErrorFile(env, "RendezvousError", agent.rendezvous_error());
+    }
+    if (!agent.end_detail().empty()) PrintError(absl::StrCat("the job failed: ", agent.end_detail()));
+  }
+  client->reset();  // Leave the rendezvous.
+  if (server) {
+    // The other nodes may not have read the job's end yet: keep serving until they have all
+    // left, for close_timeout at most.
+    if (!server->coordinator().WaitUntilJobGone(spec.rdzv_id,
+                                                std::chrono::steady_clock::now() + rdzv.close_timeout)) {
+      spdlog::warn("nodes of run {} still connected {} s after the job ended; stopping the "
+                   "coordinator", spec.rdzv_id, rdzv.close_timeout.count() / 1000.0);
+    }
+    server->Shutdown();
+  }
+  return code;
+}
+
+}  // namespace elrun

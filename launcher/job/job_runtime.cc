@@ -1,0 +1,215 @@
+#include "launcher/job/job_runtime.h"
+
+#include <sched.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <set>
+
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "launcher/report/error_file.h"
+#include "launcher/report/failure_report.h"
+#include "launcher/os/host_info.h"
+#include "launcher/os/output_pump.h"
+
+namespace elrun {
+namespace {
+
+// $TMPDIR of `env`, else /tmp: where elrun makes its temp log dir and its FIFOs.
+std::string TempDir(const std::map<std::string, std::string>& env) {
+  auto tmp = env.find("TMPDIR");
+  return tmp == env.end() || tmp->second.empty() ? "/tmp" : tmp->second;
+}
+
+absl::StatusOr<std::string> MakeTempLogDir(const std::map<std::string, std::string>& env) {
+  std::string pattern = absl::StrCat(TempDir(env), "/elrun-XXXXXX");
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("mkdtemp ", pattern, ": ", std::strerror(errno)));
+  }
+  return pattern;
+}
+
+// Takes over the handled signals: default disposition (an inherited SIG_IGN would make the
+// kernel drop them before signalfd sees them), blocked, reported through a signalfd.
+absl::StatusOr<int> TakeOverSignals(const std::vector<int>& signals) {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int signo : signals) {
+    ::signal(signo, SIG_DFL);
+    sigaddset(&set, signo);
+  }
+  if (::sigprocmask(SIG_BLOCK, &set, nullptr) != 0) {
+    return absl::InternalError(absl::StrCat("sigprocmask: ", std::strerror(errno)));
+  }
+  int fd = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (fd < 0) return absl::InternalError(absl::StrCat("signalfd: ", std::strerror(errno)));
+  return fd;
+}
+
+}  // namespace
+
+
+namespace {
+
+// --numa-binding on this machine: its topology under /, the CPUs elrun may use.
+absl::StatusOr<std::vector<CpuBinding>> PlanWorkerBinding(const JobSpec& spec,
+                                                          const std::map<std::string, std::string>& env) {
+  std::set<int> allowed;
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (::sched_getaffinity(0, sizeof(mask), &mask) == 0) {
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &mask)) allowed.insert(cpu);
+    }
+  }
+  auto visible = env.find("CUDA_VISIBLE_DEVICES");
+  auto plan = PlanNumaBinding(*ParseNumaMode(spec.numa_binding), spec.nproc_per_node,
+                              visible == env.end() ? std::nullopt : std::optional<std::string>(visible->second),
+                              "/", allowed);
+  if (!plan.ok()) return plan.status();
+  if (!plan->note.empty()) spdlog::warn("{}", plan->note);
+  for (size_t i = 0; i < plan->workers.size(); ++i) {
+    spdlog::info("--numa-binding {}: local rank {} on CPUs {}, memory preferred on NUMA node {}",
+                 spec.numa_binding, i, FormatCpuList(plan->workers[i].cpus), plan->workers[i].memory_node);
+  }
+  return plan->workers;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(
+    const JobSpec& spec, const std::map<std::string, std::string>& env, std::string run_id,
+    ExitHandler on_exit) {
+  std::unique_ptr<JobRuntime> runtime(new JobRuntime());
+  runtime->run_id_ = std::move(run_id);
+  if (!spec.numa_binding.empty()) {
+    auto bindings = PlanWorkerBinding(spec, env);
+    if (!bindings.ok()) return bindings.status();
+    runtime->bindings_ = *std::move(bindings);
+  }
+  runtime->temp_logs_ = spec.log_dir.empty();
+  runtime->log_dir_ = spec.log_dir;
+  if (runtime->temp_logs_) {
+    auto made = MakeTempLogDir(env);
+    if (!made.ok()) return made.status();
+    runtime->log_dir_ = *made;
+  }
+  runtime->layout_ = std::make_unique<LogLayout>(runtime->log_dir_, runtime->run_id_);
+
+  ::signal(SIGPIPE, SIG_IGN);
+  // An inherited SIG_IGN for SIGCHLD would make the kernel reap workers before we read their
+  // exit status.
+  ::signal(SIGCHLD, SIG_DFL);
+  auto guardian = Guardian::Start();
+  if (!guardian.ok()) return guardian.status();
+  runtime->guardian_ = *std::move(guardian);
+  auto signal_fd = TakeOverSignals(spec.signals_to_handle);
+  if (!signal_fd.ok()) return signal_fd.status();
+  runtime->signal_fd_ = *signal_fd;
+  auto loop = EventLoop::Create();
+  if (!loop.ok()) return loop.status();
+  runtime->loop_ = *std::move(loop);
+  runtime->table_ = std::make_unique<PosixProcessTable>(
+      runtime->loop_.get(), runtime->guardian_.get(), spec.signals_to_handle, std::move(on_exit));
+  auto enabled = env.find("TORCHELASTIC_ENABLE_FILE_TIMER");
+  if (enabled != env.end() && enabled->second == "1") {
+    auto path = env.find("TORCHELASTIC_TIMER_FILE");
+    std::string fifo = path != env.end() && !path->second.empty()
+                           ? path->second
+                           : absl::StrCat(TempDir(env), "/watchdog_timer_", RandomRunId());
+    JobRuntime* self = runtime.get();
+    auto server = FileTimerServer::Start(
+        fifo, runtime->loop_.get(), [self](int pid) { return self->WorkerGroupOf(pid); },
+        [self](int group, const std::string& why) {
+          if (self->on_watchdog_signal_) self->on_watchdog_signal_(group, why);
+        });
+    if (!server.ok()) return server.status();
+    runtime->file_timer_ = *std::move(server);
+    runtime->guardian_->RemoveOnDeath(runtime->file_timer_->path());  // Even after a kill -9.
+  }
+  const HeartbeatLimits limits{spec.worker_timeout_s, spec.worker_start_timeout_s, spec.straggler_factor};
+  if (limits.any()) {
+    std::string fifo = absl::StrCat(TempDir(env), "/elrun_heartbeat_", RandomRunId());
+    JobRuntime* self = runtime.get();
+    auto server = HeartbeatServer::Start(
+        fifo, runtime->loop_.get(), limits, [self](int pid) { return self->WorkerGroupOf(pid); },
+        [self] {
+          std::vector<HeartbeatServer::Worker> workers;
+          for (const auto& w : self->table_->Workers()) workers.push_back({w.pid, w.local_rank, w.rank});
+          return workers;
+        },
+        [self](int group, const std::string& why) {
+          if (self->on_watchdog_signal_) self->on_watchdog_signal_(group, "heartbeat watchdog: " + why);
+          self->table_->SignalGroup(group, SIGKILL);
+        });
+    if (!server.ok()) return server.status();
+    runtime->heartbeat_ = *std::move(server);
+    runtime->guardian_->RemoveOnDeath(runtime->heartbeat_->path());
+  }
+  return runtime;
+}
+
+std::optional<int> JobRuntime::WorkerGroupOf(int pid) const {
+  pid_t group = ::getpgid(pid);
+  if (group > 0 && table_->HasWorker(group)) return group;
+  return std::nullopt;
+}
+
+void JobRuntime::PrepareBuilder(AttemptBuilder& builder) const {
+  builder.BindWorkers(bindings_);
+  if (file_timer_) builder.SetWorkerEnv("TORCHELASTIC_TIMER_FILE", file_timer_->path());
+  if (heartbeat_) builder.SetWorkerEnv("ELRUN_HEARTBEAT_FILE", heartbeat_->path());
+}
+
+JobRuntime::~JobRuntime() {
+  if (heartbeat_) {
+    // Shown by default when the job had stragglers, else with LOGLEVEL=INFO.
+    std::string summary = heartbeat_->PaceSummary();
+    if (!summary.empty()) spdlog::log(heartbeat_->saw_stragglers() ? spdlog::level::warn : spdlog::level::info, "{}", summary);
+  }
+  heartbeat_.reset();
+  file_timer_.reset();
+  table_.reset();
+  if (signal_fd_ >= 0) {
+    loop_->Remove(signal_fd_);
+    ::close(signal_fd_);
+  }
+  loop_.reset();
+  guardian_.reset();
+  if (temp_logs_ && layout_) {
+    layout_->RemoveEmptyDirs();
+    ::rmdir(log_dir_.c_str());
+  }
+}
+
+absl::Status JobRuntime::HandleSignals(std::function<void(int signo)> on_signal) {
+  return loop_->Add(signal_fd_, [this, on_signal = std::move(on_signal)] {
+    signalfd_siginfo info;
+    while (::read(signal_fd_, &info, sizeof(info)) == sizeof(info)) {
+      spdlog::warn("received {}; forwarding it to the workers", SignalName(info.ssi_signo));
+      on_signal(static_cast<int>(info.ssi_signo));
+    }
+  });
+}
+
+absl::Status JobRuntime::RunUntil(const std::function<bool()>& done,
+                                  const std::function<std::optional<TimePoint>()>& deadline,
+                                  const std::function<void()>& on_deadline) {
+  while (!done()) {
+    absl::Status status = loop_->RunOnce(deadline());
+    if (!status.ok()) return status;
+    std::optional<TimePoint> due = deadline();
+    if (due && std::chrono::steady_clock::now() >= *due) on_deadline();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace elrun

@@ -1,0 +1,94 @@
+// What every job mode of the launcher shares: logging, the log directory, the guardian, signal
+// handling through a signalfd, the epoll loop and the process table.
+// Create it once per process (it owns signal dispositions). Thread-compatible: the loop's thread.
+#ifndef ELRUN_LAUNCHER_JOB_JOB_RUNTIME_H_
+#define ELRUN_LAUNCHER_JOB_JOB_RUNTIME_H_
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "launcher/worker/attempt_builder.h"
+#include "launcher/os/event_loop.h"
+#include "launcher/watchdog/file_timer.h"
+#include "launcher/os/guardian.h"
+#include "launcher/watchdog/heartbeat.h"
+#include "launcher/spec/job_spec.h"
+#include "launcher/worker/log_layout.h"
+#include "launcher/os/numa_binding.h"
+#include "launcher/os/posix_process_table.h"
+#include "launcher/job/supervisor.h"
+
+namespace elrun {
+
+class JobRuntime {
+ public:
+  using ExitHandler = std::function<void(int pid, ExitStatus status)>;
+  using TimePoint = std::chrono::steady_clock::time_point;
+
+  // Plans --numa-binding (an error when it cannot be honoured, one warning when it does not
+  // apply here), starts the FileTimer watchdog when elrun's environment has
+  // TORCHELASTIC_ENABLE_FILE_TIMER=1 (its FIFO: TORCHELASTIC_TIMER_FILE, else a new
+  // $TMPDIR/watchdog_timer_<id>, as torchrun does), makes the log directory (a temp dir unless --log-dir), starts the guardian, takes over the
+  // handled signals and builds the loop and the process table, whose worker exits go to
+  // `on_exit`. On error nothing is left running.
+  static absl::StatusOr<std::unique_ptr<JobRuntime>> Create(
+      const JobSpec& spec, const std::map<std::string, std::string>& env, std::string run_id,
+      ExitHandler on_exit);
+  // Kills any worker still running and removes empty directories of a temp log dir.
+  ~JobRuntime();
+
+  EventLoop& loop() { return *loop_; }
+  PosixProcessTable& table() { return *table_; }
+  const LogLayout& layout() const { return *layout_; }
+  const std::string& run_id() const { return run_id_; }
+  // The progress heartbeats' server; null without --worker-timeout, --worker-start-timeout or
+  // --straggler-factor.
+  HeartbeatServer* heartbeat() { return heartbeat_.get(); }
+  // Gives `builder` what this runtime adds to every worker: --numa-binding's CPUs and memory
+  // node, TORCHELASTIC_TIMER_FILE when the FileTimer watchdog runs, and ELRUN_HEARTBEAT_FILE
+  // with --worker-timeout or --worker-start-timeout.
+  void PrepareBuilder(AttemptBuilder& builder) const;
+
+  // Called when the FileTimer watchdog (TORCHELASTIC_ENABLE_FILE_TIMER=1) signals a process of
+  // a worker's group, or a hung worker (heartbeat.h) is killed: the worker's pid and one line
+  // saying why.
+  void OnWatchdogSignal(std::function<void(int pid, const std::string& why)> handler) {
+    on_watchdog_signal_ = std::move(handler);
+  }
+
+  // Calls `on_signal` for each handled signal that arrives.
+  absl::Status HandleSignals(std::function<void(int signo)> on_signal);
+
+  // Runs the loop until `done()`; when `deadline()` passes, calls `on_deadline`.
+  absl::Status RunUntil(const std::function<bool()>& done,
+                        const std::function<std::optional<TimePoint>()>& deadline,
+                        const std::function<void()>& on_deadline);
+
+ private:
+  JobRuntime() = default;
+  // The worker process group `pid` belongs to, or nullopt for a process outside this job's
+  // workers: the watchdogs act only on these.
+  std::optional<int> WorkerGroupOf(int pid) const;
+
+  std::string run_id_;
+  std::vector<CpuBinding> bindings_;
+  std::string log_dir_;
+  bool temp_logs_ = false;
+  std::unique_ptr<LogLayout> layout_;
+  std::unique_ptr<Guardian> guardian_;
+  int signal_fd_ = -1;
+  std::unique_ptr<EventLoop> loop_;
+  std::unique_ptr<PosixProcessTable> table_;
+  std::unique_ptr<FileTimerServer> file_timer_;
+  std::unique_ptr<HeartbeatServer> heartbeat_;
+  std::function<void(int pid, const std::string& why)> on_watchdog_signal_;
+};
+
+}  // namespace elrun
+
+#endif  // ELRUN_LAUNCHER_JOB_JOB_RUNTIME_H_

@@ -1,0 +1,164 @@
+#include "launcher/job/supervisor.h"
+
+#include <csignal>
+#include <utility>
+
+namespace elrun {
+
+Supervisor::Supervisor(SupervisorOptions options, ProcessTable* table, const Clock* clock,
+                       AttemptPreparer prepare, AttemptObserver on_restart)
+    : options_(options),
+      table_(table),
+      clock_(clock),
+      prepare_(std::move(prepare)),
+      on_restart_(std::move(on_restart)) {}
+
+void Supervisor::Start() { StartAttempt(); }
+
+void Supervisor::StartAttempt() {
+  state_ = State::kRunning;
+  succeeded_ = 0;
+  failures_.clear();
+  live_.clear();
+  deadline_.reset();
+
+  auto launches = prepare_(attempt_, restart_count_);
+  if (!launches.ok()) {
+    launches_.clear();
+    WorkerFailure failure;
+    failure.start_error = std::string(launches.status().message());
+    failure.time = clock_->WallNow();
+    failures_.push_back(failure);
+    state_ = State::kDone;
+    exit_code_ = kExitJobFailed;
+    return;
+  }
+  launches_ = *std::move(launches);
+  for (const WorkerLaunch& launch : launches_) {
+    auto pid = table_->Spawn(launch);
+    if (!pid.ok()) {
+      RecordFailure(launch.local_rank, 0, ExitStatus::Exited(127),
+                    std::string(pid.status().message()));
+      BeginStop(StopReason::kFailure, SIGTERM);
+      return;
+    }
+    live_[*pid] = launch.local_rank;
+  }
+  if (launches_.empty()) {
+    state_ = State::kDone;
+    exit_code_ = kExitSuccess;
+  }
+}
+
+void Supervisor::RecordFailure(int local_rank, int pid, ExitStatus status,
+                               std::string start_error) {
+  WorkerFailure failure;
+  failure.local_rank = local_rank;
+  failure.rank = local_rank;
+  for (const WorkerLaunch& launch : launches_) {
+    if (launch.local_rank == local_rank) failure.rank = launch.rank;
+  }
+  failure.pid = pid;
+  failure.status = status;
+  failure.time = clock_->WallNow();
+  failure.stopped_by_elrun = state_ == State::kStopping;
+  failure.start_error = std::move(start_error);
+  auto cause = causes_.find(pid);
+  if (cause != causes_.end()) {
+    failure.cause = std::move(cause->second);
+    causes_.erase(cause);
+  }
+  failures_.push_back(std::move(failure));
+}
+
+void Supervisor::NoteSignalled(int pid, std::string why) {
+  if (live_.count(pid) > 0) causes_[pid] = std::move(why);
+}
+
+void Supervisor::OnWorkerExit(int pid, ExitStatus status) {
+  auto it = live_.find(pid);
+  if (it == live_.end() || state_ == State::kDone) return;
+  int local_rank = it->second;
+  live_.erase(it);
+
+  if (state_ == State::kRunning) {
+    if (status.success()) {
+      if (++succeeded_ == static_cast<int>(launches_.size())) {
+        state_ = State::kDone;
+        exit_code_ = kExitSuccess;
+      }
+      return;
+    }
+    RecordFailure(local_rank, pid, status, "");
+    BeginStop(StopReason::kFailure, SIGTERM);
+    return;
+  }
+  // Stopping: a worker that still failed on its own is reported too.
+  if (!status.success()) RecordFailure(local_rank, pid, status, "");
+  if (live_.empty()) FinishStop();
+}
+
+void Supervisor::OnSignal(int signo) {
+  if (state_ == State::kDone) return;
+  if (state_ == State::kStopping && stop_reason_ == StopReason::kSignal) {
+    // A second signal while stopping: stop waiting for a graceful exit.
+    for (const auto& [pid, rank] : live_) table_->SignalGroup(pid, SIGKILL);
+    return;
+  }
+  stop_reason_ = StopReason::kSignal;
+  stop_signal_ = signo;
+  if (state_ == State::kStopping) {
+    // Already stopping after a failure: pass the user's signal on, keep the deadline.
+    for (const auto& [pid, rank] : live_) table_->SignalGroup(pid, signo);
+    return;
+  }
+  BeginStop(StopReason::kSignal, signo);
+}
+
+void Supervisor::BeginStop(StopReason reason, int signo) {
+  state_ = State::kStopping;
+  stop_reason_ = reason;
+  if (reason == StopReason::kSignal) stop_signal_ = signo;
+  if (live_.empty()) {
+    FinishStop();
+    return;
+  }
+  for (const auto& [pid, rank] : live_) table_->SignalGroup(pid, signo);
+  deadline_ = clock_->SteadyNow() + options_.shutdown_timeout;
+}
+
+void Supervisor::Stop() {
+  if (state_ != State::kRunning) return;
+  BeginStop(StopReason::kRequested, SIGTERM);
+}
+
+void Supervisor::OnDeadline() {
+  if (state_ != State::kStopping || !deadline_ || clock_->SteadyNow() < *deadline_) return;
+  for (const auto& [pid, rank] : live_) table_->SignalGroup(pid, SIGKILL);
+  deadline_.reset();
+}
+
+void Supervisor::FinishStop() {
+  deadline_.reset();
+  if (stop_reason_ == StopReason::kSignal) {
+    state_ = State::kDone;
+    exit_code_ = 128 + stop_signal_;
+    return;
+  }
+  if (stop_reason_ == StopReason::kRequested) {
+    state_ = State::kDone;
+    exit_code_ = kExitStopped;
+    return;
+  }
+  if (restart_count_ < options_.max_restarts) {
+    if (on_restart_) on_restart_(attempt_, failures_);
+    ++restart_count_;
+    ++attempt_;
+    StartAttempt();
+    return;
+  }
+  state_ = State::kDone;
+  exit_code_ = kExitJobFailed;
+}
+
+}  // namespace elrun

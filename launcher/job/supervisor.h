@@ -1,0 +1,109 @@
+// The local worker group's state machine: start an attempt, watch for exits, stop the group on a
+// failure or a signal (SIGTERM, then SIGKILL after the shutdown timeout), restart while the
+// restart budget allows, and decide the launcher's exit code. No I/O of its own: the OS is
+// reached through ProcessTable and Clock, and the event loop feeds it events.
+// Thread-compatible: one thread (the event loop) calls every method.
+#ifndef ELRUN_LAUNCHER_JOB_SUPERVISOR_H_
+#define ELRUN_LAUNCHER_JOB_SUPERVISOR_H_
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "launcher/spec/exit_status.h"
+#include "launcher/report/failure_report.h"
+#include "launcher/os/clock.h"
+#include "launcher/os/process_table.h"
+#include "launcher/spec/worker_launch.h"
+
+namespace elrun {
+
+struct SupervisorOptions {
+  int max_restarts = 0;
+  std::chrono::milliseconds shutdown_timeout{30000};
+};
+
+// Exit codes of the launcher.
+inline constexpr int kExitSuccess = 0;
+inline constexpr int kExitJobFailed = 1;
+inline constexpr int kExitUsage = 2;
+// Internal: the group was stopped on request (a new rendezvous round); never elrun's exit code.
+inline constexpr int kExitStopped = -1;
+
+class Supervisor {
+ public:
+  // Builds the launches of one attempt (environment, argv, log paths) for a restart count;
+  // an error ends the job as failed.
+  using AttemptPreparer =
+      std::function<absl::StatusOr<std::vector<WorkerLaunch>>(int attempt, int restart_count)>;
+  // Told of each attempt's end: (attempt, failures). Used for the restart log line.
+  using AttemptObserver = std::function<void(int attempt, const std::vector<WorkerFailure>&)>;
+
+  // `table` and `clock` must outlive the supervisor.
+  Supervisor(SupervisorOptions options, ProcessTable* table, const Clock* clock,
+             AttemptPreparer prepare, AttemptObserver on_restart = nullptr);
+
+  // Starts attempt 0.
+  void Start();
+
+  // Events.
+  void OnWorkerExit(int pid, ExitStatus status);
+  void OnSignal(int signo);
+  // Call when SteadyNow() >= deadline(): workers still alive after SIGTERM get SIGKILL.
+  void OnDeadline();
+  // elrun signalled worker `pid` (or a process of its group) for `why`, outside a stop: the
+  // worker's end, if it fails, carries `why` as its cause.
+  void NoteSignalled(int pid, std::string why);
+  // Stops the workers (SIGTERM, SIGKILL at the deadline) for a reason outside this node, such
+  // as a new rendezvous round: no failure is counted and no restart follows; done() then has
+  // exit_code() == kExitStopped. No effect when already stopping or done.
+  void Stop();
+
+  // When the event loop must call OnDeadline; nullopt when no stop is in progress.
+  std::optional<std::chrono::steady_clock::time_point> deadline() const { return deadline_; }
+  bool done() const { return state_ == State::kDone; }
+  // Valid once done(): 0 success, 1 failed, 128+signo after a forwarded signal.
+  int exit_code() const { return exit_code_; }
+  int restart_count() const { return restart_count_; }
+  int attempt() const { return attempt_; }
+  // The failures of the attempt that ended the job, in the order they were observed.
+  const std::vector<WorkerFailure>& failures() const { return failures_; }
+  // The launches of the current attempt, by local rank.
+  const std::vector<WorkerLaunch>& launches() const { return launches_; }
+
+ private:
+  enum class State { kRunning, kStopping, kDone };
+  enum class StopReason { kFailure, kSignal, kRequested };
+
+  void StartAttempt();
+  void BeginStop(StopReason reason, int signo);
+  void FinishStop();
+  void RecordFailure(int local_rank, int pid, ExitStatus status, std::string start_error);
+
+  // Constant after construction.
+  const SupervisorOptions options_;
+  ProcessTable* const table_;
+  const Clock* const clock_;
+  const AttemptPreparer prepare_;
+  const AttemptObserver on_restart_;
+
+  State state_ = State::kRunning;
+  StopReason stop_reason_ = StopReason::kFailure;
+  int stop_signal_ = 0;
+  int exit_code_ = 0;
+  int attempt_ = 0;
+  int restart_count_ = 0;
+  int succeeded_ = 0;
+  std::vector<WorkerLaunch> launches_;
+  std::map<int, int> live_;  // pid -> local rank, workers whose end is not reported yet.
+  std::map<int, std::string> causes_;  // pid -> why elrun signalled it (NoteSignalled).
+  std::vector<WorkerFailure> failures_;
+  std::optional<std::chrono::steady_clock::time_point> deadline_;
+};
+
+}  // namespace elrun
+
+#endif  // ELRUN_LAUNCHER_JOB_SUPERVISOR_H_

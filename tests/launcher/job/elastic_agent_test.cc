@@ -1,0 +1,289 @@
+// The elastic agent without a network: the test plays the coordinator (its messages, its proofs),
+// the process table is a fake whose workers end when the test says, and time is a fake clock.
+#include "launcher/job/elastic_agent.h"
+
+#include <doctest/doctest.h>
+
+#include <csignal>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "agent/coordinator/coordinator.h"
+#include "agent/coordinator/session_auth.h"
+#include "launcher/worker/log_layout.h"
+#include "tests/launcher/job/fake_process_table.h"
+#include "tests/port_probe.h"
+#include "tests/temp_dir.h"
+
+namespace elrun {
+namespace {
+
+namespace v1 = rdzv::v1;
+using std::chrono::milliseconds;
+
+class RecordingSession : public RendezvousSession {
+ public:
+  void Send(const v1::AgentMessage& message) override { sent.push_back(message); }
+  std::vector<v1::AgentMessage> sent;
+};
+
+std::string Env(const WorkerLaunch& launch, const std::string& name) {
+  for (const std::string& entry : launch.env) {
+    if (entry.rfind(name + "=", 0) == 0) return entry.substr(name.size() + 1);
+  }
+  return "<unset>";
+}
+
+struct Fixture {
+  std::string dir = testing::MakeTempDir("agent");
+  JobSpec spec = [] {
+    JobSpec s;
+    s.nproc_per_node = 2;
+    s.min_nodes = 1;
+    s.max_nodes = 2;
+    s.max_restarts = 1;
+    s.rdzv_backend = "grpc";
+    s.rdzv_id = "job";
+    return s;
+  }();
+  RdzvSettings rdzv = [] {
+    RdzvSettings r;
+    r.host = "127.0.0.1";
+    r.port = 29400;
+    r.token = "s3cret";
+    return r;
+  }();
+  FakeProcessTable table;
+  FakeClock clock;
+  RecordingSession session;
+  LogLayout layout{dir, "job"};
+  std::map<std::string, std::string> env{{"PATH", "/bin"}};
+  std::vector<int> offered;  // Each port the agent reserved for a Join, in order.
+  AttemptBuilder builder{spec, {"/bin/worker"}, "job", layout, env, [] { return PortReservation::Take(); }};
+  ElasticAgent agent{spec, rdzv, table, clock, session, builder, "10.0.0.7", "nodeA", [this] {
+                       auto held = PortReservation::Take();
+                       if (held.ok()) offered.push_back(held->port());
+                       return held;
+                     }};
+  std::string server_nonce = std::string(rdzv::kNonceBytes, 'S');
+
+  void Send(const v1::CoordinatorMessage& message) { agent.OnMessage(message); }
+  // The coordinator's side of the session's start; returns the agent's first Join.
+  v1::Join Handshake(bool prove = true) {
+    agent.Start();
+    v1::CoordinatorMessage challenge;
+    challenge.mutable_challenge()->set_nonce(server_nonce);
+    Send(challenge);
+    REQUIRE(session.sent.size() == 1);
+    v1::Join join = session.sent[0].join();
+    v1::CoordinatorMessage welcome;
+    welcome.mutable_welcome()->set_proof(
+        prove ? rdzv::CoordinatorProof(rdzv::TokenKey("s3cret"), server_nonce, join.client_nonce())
+              : std::string(32, 'x'));
+    Send(welcome);
+    return join;
+  }
+  v1::CoordinatorMessage Round(uint64_t round, int restart_count = 0) {
+    v1::CoordinatorMessage m;
+    v1::RoundStarted* r = m.mutable_round_started();
+    r->set_round(round);
+    r->set_group_rank(1);
+    r->set_group_world_size(2);
+    r->set_rank_offset(2);
+    r->set_world_size(4);
+    r->set_role_rank_offset(2);
+    r->set_role_world_size(4);
+    r->set_master_addr("10.0.0.1");
+    r->set_master_port(29500);
+    r->set_restart_count(restart_count);
+    return m;
+  }
+  void ExitAll(ExitStatus status) {
+    std::vector<int> pids(table.alive().begin(), table.alive().end());
+    for (int pid : pids) {
+      table.Exit(pid);
+      agent.OnWorkerExit(pid, status);
+    }
+  }
+};
+
+TEST_CASE("nothing before the Challenge; the first Join proves the token without sending it") {
+  Fixture f;
+  f.agent.Start();
+  f.clock.Advance(milliseconds(5000));
+  f.agent.OnDeadline();
+  CHECK(f.session.sent.empty());  // No heartbeat before the session's Join.
+  v1::Join join = f.Handshake();
+  CHECK(join.protocol_version() == rdzv::kProtocolVersion);
+  CHECK(join.client_nonce().size() == rdzv::kNonceBytes);
+  CHECK(join.proof() == rdzv::AgentProof(rdzv::TokenKey("s3cret"), f.server_nonce, join.client_nonce(),
+                                         "job", "nodeA"));
+  CHECK(join.proof().find("s3cret") == std::string::npos);
+  CHECK(join.nproc() == 2);
+  CHECK(join.master_addr() == "10.0.0.7");
+  REQUIRE(f.offered.size() == 1);
+  CHECK(join.master_port() == f.offered[0]);
+  CHECK(testing::PortHeld(f.offered[0]));  // Nothing else on the host takes it before rank 0 binds.
+  CHECK(join.settings().max_restarts() == 1);
+  CHECK_FALSE(f.agent.done());
+}
+
+TEST_CASE("the first Join signs with the run key of run_token, else of the token") {
+  Fixture f;
+  v1::Join join = f.Handshake();
+  CHECK(join.run_key() == rdzv::DeriveRunKey("s3cret", "job").public_key);
+  CHECK(rdzv::VerifyJoinSignature(join.run_key(), join.run_signature(), f.server_nonce, join.client_nonce(),
+                                  "job", "nodeA"));
+  Fixture g;
+  g.rdzv.run_token = "run-only";
+  join = g.Handshake();
+  CHECK(join.run_key() == rdzv::DeriveRunKey("run-only", "job").public_key);
+  CHECK(join.run_key() != rdzv::DeriveRunKey("run-only", "other-job").public_key);
+  CHECK(rdzv::VerifyJoinSignature(join.run_key(), join.run_signature(), g.server_nonce, join.client_nonce(),
+                                  "job", "nodeA"));
+  CHECK_FALSE(rdzv::VerifyJoinSignature(join.run_key(), join.run_signature(), g.server_nonce,
+                                        join.client_nonce(), "job", "nodeB"));
+}
+
+TEST_CASE("heartbeats every heartbeat_interval once joined") {
+  Fixture f;
+  f.Handshake();
+  REQUIRE(f.agent.Deadline().has_value());
+  f.clock.Advance(f.rdzv.heartbeat_interval);
+  f.agent.OnDeadline();
+  REQUIRE(f.session.sent.size() == 2);
+  CHECK(f.session.sent[1].has_heartbeat());
+}
+
+TEST_CASE("a coordinator that cannot prove the token is left before any worker starts") {
+  Fixture f;
+  f.Handshake(/*prove=*/false);
+  f.Send(f.Round(1));
+  CHECK(f.agent.done());
+  CHECK(f.agent.exit_code() == kExitJobFailed);
+  CHECK(f.agent.rendezvous_error().find("could not prove it knows the token") != std::string::npos);
+  CHECK(f.table.spawned().empty());
+}
+
+TEST_CASE("a round before the Welcome is not trusted") {
+  Fixture f;
+  f.agent.Start();
+  v1::CoordinatorMessage challenge;
+  challenge.mutable_challenge()->set_nonce(f.server_nonce);
+  f.Send(challenge);
+  f.Send(f.Round(1));
+  CHECK(f.agent.done());
+  CHECK(f.agent.rendezvous_error().find("before proving it knows the token") != std::string::npos);
+  CHECK(f.table.spawned().empty());
+}
+
+TEST_CASE("an invalid round is refused, naming the field, and starts nothing") {
+  Fixture f;
+  f.Handshake();
+  v1::CoordinatorMessage round = f.Round(1);
+  round.mutable_round_started()->set_world_size(-3);
+  f.Send(round);
+  CHECK(f.agent.done());
+  CHECK(f.agent.rendezvous_error().find("world_size = -3") != std::string::npos);
+  CHECK(f.table.spawned().empty());
+}
+
+TEST_CASE("a round runs the workers with the assigned ranks; success is reported, then the end") {
+  Fixture f;
+  f.Handshake();
+  f.Send(f.Round(1));
+  REQUIRE(f.table.spawned().size() == 2);
+  const WorkerLaunch& second = f.table.spawned()[1].second;
+  CHECK(Env(second, "RANK") == "3");
+  CHECK(Env(second, "LOCAL_RANK") == "1");
+  CHECK(Env(second, "WORLD_SIZE") == "4");
+  CHECK(Env(second, "MASTER_ADDR") == "10.0.0.1");
+  CHECK(Env(second, "MASTER_PORT") == "29500");
+  f.ExitAll(ExitStatus::Exited(0));
+  REQUIRE(f.session.sent.back().has_workers_ended());
+  CHECK(f.session.sent.back().workers_ended().round() == 1);
+  CHECK(f.session.sent.back().workers_ended().success());
+  CHECK_FALSE(f.agent.done());
+  v1::CoordinatorMessage end;
+  end.mutable_job_ended()->set_success(true);
+  f.Send(end);
+  CHECK(f.agent.done());
+  CHECK(f.agent.exit_code() == kExitSuccess);
+}
+
+TEST_CASE("RoundEnded stops the workers, then the agent rejoins without a second proof") {
+  Fixture f;
+  f.Handshake();
+  f.Send(f.Round(1));
+  int first = f.table.spawned()[0].first;
+  v1::CoordinatorMessage ended;
+  ended.mutable_round_ended()->set_round(1);
+  ended.mutable_round_ended()->set_reason(v1::RoundEnded::NODE_LOST);
+  ended.mutable_round_ended()->set_detail("node B lost\x1b[2J");
+  f.Send(ended);
+  CHECK(f.table.WasSignaled(first, SIGTERM));
+  size_t before = f.session.sent.size();
+  f.ExitAll(ExitStatus::Signaled(SIGTERM));
+  REQUIRE(f.session.sent.size() == before + 1);
+  const v1::Join& rejoin = f.session.sent.back().join();
+  CHECK(rejoin.run_id() == "job");
+  CHECK(rejoin.proof().empty());
+  CHECK(rejoin.client_nonce().empty());
+  REQUIRE(f.offered.size() == 2);  // A fresh port; the first round's goes back.
+  CHECK(rejoin.master_port() == f.offered[1]);
+  CHECK(testing::PortHeld(f.offered[1]));
+  CHECK_FALSE(testing::PortHeld(f.offered[0]));
+  f.Send(f.Round(2, 0));
+  CHECK(f.table.spawned().size() == 4);
+  f.Send(f.Round(2, 0));  // An old round again: ignored while running.
+  CHECK(f.table.spawned().size() == 4);
+}
+
+TEST_CASE("a failure is reported with its description; the job's end then fails this node") {
+  Fixture f;
+  f.Handshake();
+  f.Send(f.Round(1));
+  int first = f.table.spawned()[0].first;
+  f.table.Exit(first);
+  f.agent.OnWorkerExit(first, ExitStatus::Exited(3));
+  f.ExitAll(ExitStatus::Signaled(SIGTERM));  // The other one, stopped by the agent.
+  REQUIRE(f.session.sent.back().has_workers_ended());
+  CHECK_FALSE(f.session.sent.back().workers_ended().success());
+  CHECK(f.session.sent.back().workers_ended().failure().find("exit code 3") != std::string::npos);
+  v1::CoordinatorMessage end;
+  end.mutable_job_ended()->set_success(false);
+  end.mutable_job_ended()->set_detail("no restarts left\n");
+  f.Send(end);
+  CHECK(f.agent.done());
+  CHECK(f.agent.exit_code() == kExitJobFailed);
+  CHECK(f.agent.end_detail() == "no restarts left\\n");  // Escaped.
+  CHECK(f.agent.failed() != nullptr);
+}
+
+TEST_CASE("losing the session while workers run stops them and fails this node") {
+  Fixture f;
+  f.Handshake();
+  f.Send(f.Round(1));
+  f.agent.OnSessionEnded(absl::UnavailableError("keepalive watchdog timeout"));
+  CHECK(f.table.WasSignaled(f.table.spawned()[0].first, SIGTERM));
+  CHECK_FALSE(f.agent.done());  // Not before the workers are gone.
+  f.ExitAll(ExitStatus::Signaled(SIGTERM));
+  CHECK(f.agent.done());
+  CHECK(f.agent.exit_code() == kExitJobFailed);
+  CHECK(f.agent.rendezvous_error() ==
+        "lost the rendezvous coordinator at 127.0.0.1:29400: keepalive watchdog timeout");
+}
+
+TEST_CASE("no round within join_timeout: the agent gives up") {
+  Fixture f;
+  f.rdzv.join_timeout = milliseconds(2000);
+  f.Handshake();
+  f.clock.Advance(milliseconds(7001));  // join_timeout + 5 s of grace.
+  f.agent.OnDeadline();
+  CHECK(f.agent.done());
+  CHECK(f.agent.rendezvous_error().find("no rendezvous round formed") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace elrun

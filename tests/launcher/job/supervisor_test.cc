@@ -1,0 +1,295 @@
+#include "launcher/job/supervisor.h"
+
+#include <doctest/doctest.h>
+
+#include <csignal>
+
+#include "tests/launcher/job/fake_process_table.h"
+
+namespace elrun {
+namespace {
+
+using std::chrono::milliseconds;
+
+struct Harness {
+  FakeProcessTable table;
+  FakeClock clock;
+  std::vector<int> prepared_restart_counts;
+  std::vector<int> observed_failed_attempts;
+  bool fail_prepare = false;
+  Supervisor supervisor;
+
+  Harness(int nproc, int max_restarts, milliseconds timeout = milliseconds(500))
+      : supervisor(
+            SupervisorOptions{max_restarts, timeout}, &table, &clock,
+            [this, nproc](int attempt, int restart_count) -> absl::StatusOr<std::vector<WorkerLaunch>> {
+              if (fail_prepare) return absl::FailedPreconditionError("cannot create log directory");
+              prepared_restart_counts.push_back(restart_count);
+              std::vector<WorkerLaunch> launches(nproc);
+              for (int i = 0; i < nproc; ++i) {
+                launches[i].local_rank = i;
+                launches[i].rank = 10 + i;
+                launches[i].error_file = "attempt_" + std::to_string(attempt);
+              }
+              return launches;
+            },
+            [this](int attempt, const std::vector<WorkerFailure>&) {
+              observed_failed_attempts.push_back(attempt);
+            }) {}
+
+  // pids of the current attempt's workers, by local rank.
+  std::vector<int> CurrentPids(int nproc) const {
+    std::vector<int> pids;
+    const auto& spawned = table.spawned();
+    for (size_t i = spawned.size() - nproc; i < spawned.size(); ++i) pids.push_back(spawned[i].first);
+    return pids;
+  }
+  void End(int pid, ExitStatus status) {
+    table.Exit(pid);
+    supervisor.OnWorkerExit(pid, status);
+  }
+};
+
+TEST_CASE("all workers succeed: exit 0, nothing signalled") {
+  Harness h(3, 0);
+  h.supervisor.Start();
+  REQUIRE(h.table.spawned().size() == 3);
+  for (int pid : h.CurrentPids(3)) {
+    CHECK_FALSE(h.supervisor.done());
+    h.End(pid, ExitStatus::Exited(0));
+  }
+  CHECK(h.supervisor.done());
+  CHECK(h.supervisor.exit_code() == kExitSuccess);
+  CHECK(h.table.signals().empty());
+  CHECK_FALSE(h.supervisor.deadline().has_value());
+}
+
+TEST_CASE("a failure stops the others with SIGTERM and arms the shutdown deadline") {
+  Harness h(3, 0, milliseconds(750));
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(3);
+  h.End(pids[1], ExitStatus::Exited(3));
+  CHECK(h.table.WasSignaled(pids[0], SIGTERM));
+  CHECK(h.table.WasSignaled(pids[2], SIGTERM));
+  CHECK_FALSE(h.table.WasSignaled(pids[1], SIGTERM));
+  REQUIRE(h.supervisor.deadline().has_value());
+  CHECK(*h.supervisor.deadline() == h.clock.SteadyNow() + milliseconds(750));
+  CHECK_FALSE(h.supervisor.done());
+}
+
+TEST_CASE("no restarts left: exit 1 with the first failure as root cause") {
+  Harness h(2, 0);
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(2);
+  h.End(pids[1], ExitStatus::Exited(7));
+  h.End(pids[0], ExitStatus::Signaled(SIGTERM));
+  CHECK(h.supervisor.done());
+  CHECK(h.supervisor.exit_code() == kExitJobFailed);
+  const auto& failures = h.supervisor.failures();
+  REQUIRE(failures.size() == 2);
+  CHECK(failures[0].local_rank == 1);
+  CHECK(failures[0].rank == 11);
+  CHECK(failures[0].pid == pids[1]);
+  CHECK(failures[0].status == ExitStatus::Exited(7));
+  CHECK_FALSE(failures[0].stopped_by_elrun);
+  CHECK(failures[1].stopped_by_elrun);
+  CHECK(failures[1].status == ExitStatus::Signaled(SIGTERM));
+}
+
+TEST_CASE("a worker elrun signalled (the FileTimer watchdog) fails with that cause") {
+  Harness h(2, 0);
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(2);
+  h.supervisor.NoteSignalled(pids[0], "FileTimer watchdog: timer step of pid 7 expired; sent SIGKILL");
+  h.supervisor.NoteSignalled(12345, "not a worker: ignored");
+  h.End(pids[0], ExitStatus::Signaled(SIGKILL));
+  h.End(pids[1], ExitStatus::Signaled(SIGTERM));
+  const auto& failures = h.supervisor.failures();
+  REQUIRE(failures.size() == 2);
+  CHECK(failures[0].cause == "FileTimer watchdog: timer step of pid 7 expired; sent SIGKILL");
+  CHECK_FALSE(failures[0].stopped_by_elrun);
+  CHECK(failures[1].cause.empty());
+}
+
+TEST_CASE("a worker that exits 0 while being stopped is not a failure") {
+  Harness h(2, 0);
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(2);
+  h.End(pids[0], ExitStatus::Exited(1));
+  h.End(pids[1], ExitStatus::Exited(0));
+  CHECK(h.supervisor.failures().size() == 1);
+}
+
+TEST_CASE("failure with restarts left starts the next attempt with restart count + 1") {
+  Harness h(2, 2);
+  h.supervisor.Start();
+  auto first = h.CurrentPids(2);
+  h.End(first[0], ExitStatus::Exited(1));
+  CHECK(h.table.spawned().size() == 2);  // Not restarted before the others have ended.
+  h.End(first[1], ExitStatus::Signaled(SIGTERM));
+  REQUIRE(h.table.spawned().size() == 4);
+  CHECK(h.prepared_restart_counts == std::vector<int>{0, 1});
+  CHECK(h.observed_failed_attempts == std::vector<int>{0});
+  CHECK(h.supervisor.restart_count() == 1);
+  CHECK(h.supervisor.attempt() == 1);
+  CHECK_FALSE(h.supervisor.deadline().has_value());
+  CHECK(h.supervisor.failures().empty());
+
+  for (int pid : h.CurrentPids(2)) h.End(pid, ExitStatus::Exited(0));
+  CHECK(h.supervisor.done());
+  CHECK(h.supervisor.exit_code() == kExitSuccess);
+}
+
+TEST_CASE("the restart budget is spent exactly") {
+  Harness h(1, 2);
+  h.supervisor.Start();
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    REQUIRE_FALSE(h.supervisor.done());
+    h.End(h.CurrentPids(1)[0], ExitStatus::Exited(1));
+  }
+  CHECK(h.supervisor.done());
+  CHECK(h.supervisor.exit_code() == kExitJobFailed);
+  CHECK(h.prepared_restart_counts == std::vector<int>{0, 1, 2});
+  CHECK(h.supervisor.attempt() == 2);
+}
+
+TEST_CASE("workers ignoring SIGTERM get SIGKILL at the deadline, not before") {
+  Harness h(2, 0, milliseconds(1000));
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(2);
+  h.End(pids[0], ExitStatus::Exited(1));
+  h.clock.Advance(milliseconds(999));
+  h.supervisor.OnDeadline();
+  CHECK_FALSE(h.table.WasSignaled(pids[1], SIGKILL));
+  h.clock.Advance(milliseconds(1));
+  h.supervisor.OnDeadline();
+  CHECK(h.table.WasSignaled(pids[1], SIGKILL));
+  h.End(pids[1], ExitStatus::Signaled(SIGKILL));
+  CHECK(h.supervisor.done());
+  CHECK(h.supervisor.failures()[1].stopped_by_elrun);
+}
+
+TEST_CASE("a signal is forwarded to every worker and the exit code is 128 + signo") {
+  Harness h(2, 5);
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(2);
+  h.supervisor.OnSignal(SIGINT);
+  CHECK(h.table.WasSignaled(pids[0], SIGINT));
+  CHECK(h.table.WasSignaled(pids[1], SIGINT));
+  h.End(pids[0], ExitStatus::Signaled(SIGINT));
+  h.End(pids[1], ExitStatus::Exited(0));
+  CHECK(h.supervisor.done());
+  CHECK(h.supervisor.exit_code() == 128 + SIGINT);
+  CHECK(h.table.spawned().size() == 2);  // A signal never restarts, whatever the budget.
+}
+
+TEST_CASE("a second signal while stopping kills at once") {
+  Harness h(1, 0);
+  h.supervisor.Start();
+  int pid = h.CurrentPids(1)[0];
+  h.supervisor.OnSignal(SIGTERM);
+  CHECK_FALSE(h.table.WasSignaled(pid, SIGKILL));
+  h.supervisor.OnSignal(SIGTERM);
+  CHECK(h.table.WasSignaled(pid, SIGKILL));
+}
+
+TEST_CASE("a signal during a failure stop ends the job without restart") {
+  Harness h(2, 3);
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(2);
+  h.End(pids[0], ExitStatus::Exited(1));
+  h.supervisor.OnSignal(SIGHUP);
+  CHECK(h.table.WasSignaled(pids[1], SIGHUP));
+  h.End(pids[1], ExitStatus::Signaled(SIGHUP));
+  CHECK(h.supervisor.done());
+  CHECK(h.supervisor.exit_code() == 128 + SIGHUP);
+  CHECK(h.table.spawned().size() == 2);
+}
+
+TEST_CASE("a worker that cannot start is a failure; the started ones are stopped") {
+  Harness h(3, 0);
+  h.table.FailSpawnOf(1);
+  h.supervisor.Start();
+  REQUIRE(h.table.spawned().size() == 1);
+  int pid0 = h.table.spawned()[0].first;
+  CHECK(h.table.WasSignaled(pid0, SIGTERM));
+  h.End(pid0, ExitStatus::Signaled(SIGTERM));
+  CHECK(h.supervisor.done());
+  CHECK(h.supervisor.exit_code() == kExitJobFailed);
+  REQUIRE_FALSE(h.supervisor.failures().empty());
+  CHECK(h.supervisor.failures()[0].local_rank == 1);
+  CHECK(h.supervisor.failures()[0].start_error.find("Permission denied") != std::string::npos);
+}
+
+TEST_CASE("an attempt that cannot be prepared fails the job") {
+  Harness h(2, 3);
+  h.fail_prepare = true;
+  h.supervisor.Start();
+  CHECK(h.supervisor.done());
+  CHECK(h.supervisor.exit_code() == kExitJobFailed);
+  CHECK(h.table.spawned().empty());
+  REQUIRE(h.supervisor.failures().size() == 1);
+  CHECK(h.supervisor.failures()[0].start_error == "cannot create log directory");
+}
+
+TEST_CASE("exits of unknown pids are ignored") {
+  Harness h(1, 0);
+  h.supervisor.Start();
+  h.supervisor.OnWorkerExit(99999, ExitStatus::Exited(1));
+  CHECK_FALSE(h.supervisor.done());
+  CHECK(h.table.signals().empty());
+}
+
+TEST_CASE("failure times come from the clock") {
+  Harness h(1, 0);
+  h.supervisor.Start();
+  h.clock.Advance(milliseconds(2500));
+  h.End(h.CurrentPids(1)[0], ExitStatus::Exited(2));
+  CHECK(h.supervisor.failures()[0].time ==
+        std::chrono::system_clock::time_point(std::chrono::milliseconds(1700000002500)));
+}
+
+}  // namespace
+}  // namespace elrun
+
+namespace elrun {
+namespace {
+
+TEST_CASE("Stop ends the group without a failure or a restart") {
+  Harness h(2, 3);
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(2);
+  h.supervisor.Stop();
+  CHECK(h.table.WasSignaled(pids[0], SIGTERM));
+  CHECK(h.table.WasSignaled(pids[1], SIGTERM));
+  REQUIRE(h.supervisor.deadline().has_value());
+  h.End(pids[0], ExitStatus::Signaled(SIGTERM));
+  h.End(pids[1], ExitStatus::Exited(0));
+  CHECK(h.supervisor.done());
+  CHECK(h.supervisor.exit_code() == kExitStopped);
+  CHECK(h.table.spawned().size() == 2);
+  CHECK(h.supervisor.restart_count() == 0);
+}
+
+TEST_CASE("Stop during a failure stop changes nothing") {
+  Harness h(2, 0);
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(2);
+  h.End(pids[0], ExitStatus::Exited(1));
+  h.supervisor.Stop();
+  h.End(pids[1], ExitStatus::Signaled(SIGTERM));
+  CHECK(h.supervisor.exit_code() == kExitJobFailed);
+}
+
+TEST_CASE("a signal during a requested stop still ends with 128 + signo") {
+  Harness h(1, 0);
+  h.supervisor.Start();
+  int pid = h.CurrentPids(1)[0];
+  h.supervisor.Stop();
+  h.supervisor.OnSignal(SIGINT);
+  h.End(pid, ExitStatus::Signaled(SIGINT));
+  CHECK(h.supervisor.exit_code() == 128 + SIGINT);
+}
+
+}  // namespace
+}  // namespace elrun

@@ -1,0 +1,630 @@
+// elrun-train: the worker binary of the README's main job. Trains FashionNet (or an MLP) on
+// Fashion-MNIST with DistributedDataParallel or a sharded strategy, optional SyncBatchNorm and
+// gradient accumulation, on CPU (Gloo, shared memory) or CUDA (NCCL, cuda:LOCAL_RANK);
+// checkpoints periodically and on SIGTERM, resumes from the latest checkpoint (also under another
+// world size or device), and reports test accuracy. Runs under elrun or Python's torchrun alike:
+// everything distributed comes from the env contract.
+// Shape: ParseTrainOptions (every option, before anything else) -> Setup (environment, device,
+// data, process group, model, wrapper, optimizer, resume) -> TrainStep per batch -> Evaluate ->
+// Report.
+#include <malloc.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "trainer/memory/caching_cpu_allocator.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/dist/collectives.h"
+#include "trainer/runtime/cuda_graph_step.h"
+#include "trainer/memory/cuda_memory.h"
+#include "trainer/parallel/data_parallel.h"
+#include "trainer/data/fashion_mnist.h"
+#include "trainer/optim/foreach_sgd.h"
+#include "trainer/runtime/heartbeat_client.h"
+#include "trainer/nn/linear_kernel.h"
+#include "trainer/memory/memory.h"
+#include "trainer/app/models.h"
+#include "trainer/app/placement.h"
+#include "trainer/dist/process_group.h"
+#include "trainer/data/sampler.h"
+#include "trainer/dist/shm_allreduce.h"
+#include "trainer/runtime/step_profiler.h"
+#include "trainer/parallel/sync_batch_norm.h"
+#include "trainer/runtime/thread_times.h"
+#include "trainer/app/train_options.h"
+
+extern char** environ;
+
+namespace elrun::trainer {
+namespace {
+
+std::atomic<bool> g_stop_requested{false};  // Set by the SIGTERM handler only.
+
+// Exit codes: 2 for what the user must change (options, environment, devices), 1 for failures
+// while running (a peer, a file, the data).
+int Fail(const absl::Status& status) {
+  std::cerr << "elrun-train: " << status.message() << std::endl;
+  const bool usage = status.code() == absl::StatusCode::kInvalidArgument ||
+                     status.code() == absl::StatusCode::kFailedPrecondition;
+  return usage ? 2 : 1;
+}
+
+// A failure that must not stop training (the profiler's trace): one line on stderr.
+void Warn(const absl::Status& status) {
+  if (!status.ok()) std::cerr << "elrun-train: " << status.message() << std::endl;
+}
+
+// Appends one JSON line to the metrics file (rank 0 only).
+class Metrics {
+ public:
+  explicit Metrics(const std::string& path) {
+    if (!path.empty()) out_.open(path, std::ios::app);
+  }
+  void Write(const std::string& json) {
+    if (out_.is_open()) out_ << json << "\n" << std::flush;
+  }
+
+ private:
+  std::ofstream out_;
+};
+
+// One line per training step of this rank, tab-separated: the step, its wall time and the training
+// thread's CPU time in it (ms). A step longer than its CPU time was blocked (waiting for the slowest
+// rank, with DDP) or preempted; steps of the same length took different CPU time when the CPU ran
+// at another speed. Appended to, like the metrics file, so that a restarted worker continues it
+// from the step it resumed at; each line is flushed (a ~20-byte write per step), so a killed
+// worker loses none.
+class StepTimes {
+ public:
+  static absl::StatusOr<std::unique_ptr<StepTimes>> Open(const std::string& path) {
+    std::error_code missing;
+    const bool fresh = std::filesystem::file_size(path, missing) == 0 || missing;
+    auto times = std::unique_ptr<StepTimes>(new StepTimes());
+    times->out_.open(path, std::ios::app);
+    if (!times->out_) return absl::InvalidArgumentError(absl::StrCat("--step-times-file: cannot write ", path));
+    if (fresh) times->out_ << "step\tstep_ms\tcpu_ms\n" << std::flush;
+    return times;
+  }
+  void Write(int64_t step, double step_ms, double cpu_ms) {
+    out_ << step << '\t' << absl::StrFormat("%.3f\t%.3f", step_ms, cpu_ms) << '\n' << std::flush;
+  }
+
+ private:
+  StepTimes() = default;
+  std::ofstream out_;
+};
+
+// The learning rate of the step that starts at `position` of the whole run, a fraction in [0, 1]
+// of epochs x dataset samples. Derived from the global sample position, not the step count, so a
+// run resumed under another world size continues on the same curve.
+std::chrono::milliseconds CollectiveTimeout(const TrainOptions& o) {
+  return std::chrono::milliseconds(static_cast<int64_t>(o.collective_timeout_s * 1000));
+}
+
+double ScheduledLr(const TrainOptions& o, double position) {
+  if (o.lr_schedule == LrSchedule::kConstant) return o.lr;
+  return o.lr * 0.5 * (1.0 + std::cos(M_PI * std::clamp(position, 0.0, 1.0)));
+}
+
+void SetLr(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const TrainOptions& o, const std::vector<torch::Tensor>& params) {
+  if (o.optimizer == OptimizerChoice::kAdam) {
+    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr).weight_decay(o.weight_decay));
+  }
+  return std::make_unique<ForeachSgd>(params,
+                                      torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+}
+
+std::string MemoryJson(const MemoryReport& m) {
+  std::string json = absl::StrFormat(
+      R"("params_bytes":%d,"grads_bytes":%d,"optimizer_bytes":%d,"state_bytes":%d,"peak_bytes":%d,"peak_rss_bytes":%d,"baseline_rss_bytes":%d)",
+      m.params, m.grads, m.optimizer_state, m.state(), m.peak, m.peak_rss, m.baseline_rss);
+  if (m.on_cuda) {
+    json += absl::StrFormat(
+        R"(,"cuda_allocated_bytes":%d,"cuda_reserved_bytes":%d,"cuda_peak_allocated_bytes":%d,"cuda_peak_reserved_bytes":%d)",
+        m.cuda.allocated, m.cuda.reserved, m.cuda.peak_allocated, m.cuda.peak_reserved);
+  }
+  return json;
+}
+
+// The q-quantile (0..1, nearest rank) of `values`, 0 when empty. Reorders `values`.
+double Quantile(std::vector<double>& values, double q) {
+  if (values.empty()) return 0;
+  const size_t k = std::min(values.size() - 1, static_cast<size_t>(q * static_cast<double>(values.size())));
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(k), values.end());
+  return values[k];
+}
+
+// The training loop's time on this thread, split (from the kernel's schedstat) into time on a
+// CPU, time runnable but waiting for one, and the rest, blocked: with DDP, mostly waiting for the
+// slowest rank. Empty when the kernel does not tell.
+std::string LoopTimesJson(const absl::StatusOr<ThreadTimes>& start, const absl::StatusOr<ThreadTimes>& end,
+                          double elapsed_s) {
+  if (!start.ok() || !end.ok()) return "";
+  const double cpu = end->cpu_s - start->cpu_s, runqueue = end->runqueue_s - start->runqueue_s;
+  return absl::StrFormat(R"("loop_cpu_s":%.3f,"loop_runqueue_s":%.3f,"loop_blocked_s":%.3f,)", cpu, runqueue,
+                         std::max(0.0, elapsed_s - cpu - runqueue));
+}
+
+// Rows `indices` of `data` on `device`. For CUDA they are gathered into pinned host memory and
+// copied without blocking the host (the copy is ordered before the kernels that read it on the
+// same stream; the pinned block is reused only after the copy finished).
+torch::Tensor Rows(const torch::Tensor& data, const std::vector<int64_t>& indices, const torch::Device& device) {
+  torch::Tensor index = torch::tensor(indices, torch::kLong);
+  if (device.is_cpu()) return data.index_select(0, index);
+  std::vector<int64_t> shape = data.sizes().vec();
+  shape[0] = static_cast<int64_t>(indices.size());
+  torch::Tensor pinned = torch::empty(shape, data.options().pinned_memory(true));
+  torch::index_select_out(pinned, data, 0, index);
+  return pinned.to(device, /*non_blocking=*/true);
+}
+
+std::map<std::string, std::string> Environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string entry(*e);
+    auto eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  return env;
+}
+
+// Everything a run holds, built by Setup.
+struct Job {
+  TrainOptions o;
+  DistEnv env;
+  Placement placement;
+  torch::Device device = torch::kCPU;  // From placement.
+  LinearKernel linear = LinearKernel::kOneDnn;  // --linear resolved for the device.
+  bool channels_last = false;                   // --memory-format resolved for the device.
+  Dist dist;
+  Dataset train, test;
+  std::shared_ptr<Classifier> model;
+  std::shared_ptr<ShmAllreduce> shm;
+  std::string allreduce = "none";  // How DDP's and SyncBatchNorm's sums travel: shm, gloo, nccl.
+  std::unique_ptr<DataParallel> dp;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<CudaGraphStep> graph;  // --cuda-graph.
+  std::unique_ptr<DistributedSampler> sampler;
+  std::unique_ptr<StepTimes> step_times;
+  std::unique_ptr<StepProfiler> profiler;
+  std::unique_ptr<HeartbeatClient> heartbeat;  // elrun's ELRUN_HEARTBEAT_FILE, when given.
+  std::unique_ptr<Metrics> metrics;
+  TrainProgress progress;
+  int64_t baseline_rss = 0;  // Before the model was built (MemoryReport::baseline_rss).
+  int rank() const { return env.rank; }
+  int world() const { return env.world_size; }
+};
+
+// DDP's buckets and SyncBatchNorm's statistics go through shared memory where every rank can map
+// it (all on this host, CPU tensors); the sharded strategies' collectives stay on the backend.
+absl::Status SetUpSharedMemory(Job& job) {
+  const TrainOptions& o = job.o;
+  job.allreduce = job.world() > 1 ? BackendName(job.dist.backend) : "none";
+  if (job.world() == 1 || job.placement.cuda || o.allreduce == AllreduceChoice::kProcessGroup ||
+      (o.strategy != Strategy::kDdp && !o.sync_bn)) {
+    return absl::OkStatus();
+  }
+  int64_t capacity = 1 << 20;  // SyncBatchNorm's statistics: 2 x channels + 1 doubles.
+  if (o.strategy == Strategy::kDdp) {  // A bucket holds at most its limit plus its last tensor.
+    int64_t largest = 0;
+    for (const auto& p : job.model->parameters()) largest = std::max<int64_t>(largest, p.numel() * p.element_size());
+    capacity = std::max<int64_t>(
+        capacity, static_cast<int64_t>(std::max(o.bucket_cap_mb, o.first_bucket_mb) * 1024 * 1024) + largest);
+  }
+  auto created = ShmAllreduce::Create(*job.dist.store, "shm_allreduce", job.rank(), job.world(), capacity,
+                                      CollectiveTimeout(o));
+  if (created.ok()) {
+    job.shm = std::move(*created);
+    job.allreduce = "shm";
+  } else if (o.allreduce == AllreduceChoice::kShm) {
+    return absl::UnavailableError(created.status().message());
+  } else if (job.rank() == 0) {
+    std::cerr << "elrun-train: " << created.status().message() << "; all-reduces go through Gloo" << std::endl;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
+  auto job = std::make_unique<Job>();
+  job->o = o;
+  const std::map<std::string, std::string> env = Environment();
+  auto dist_env = ReadDistEnv(env);
+  if (!dist_env.ok()) return dist_env.status();
+  job->env = *dist_env;
+  job->heartbeat = HeartbeatClient::FromEnvironment(env);
+  auto visible = env.find("CUDA_VISIBLE_DEVICES");
+  auto placement = ResolvePlacement(o.device, o.backend, job->env.local_rank,
+                                    static_cast<int>(torch::cuda::device_count()),
+                                    visible == env.end() ? "" : visible->second);
+  if (!placement.ok()) return placement.status();
+  job->placement = *placement;
+  if (job->placement.cuda) {
+    job->device = torch::Device(torch::kCUDA, job->placement.cuda_device);
+    at::globalContext().setAllowTF32CuDNN(o.allow_tf32);
+  }
+  if (!o.step_times_file.empty()) {
+    auto opened = StepTimes::Open(absl::StrCat(o.step_times_file, ".", job->rank()));
+    if (!opened.ok()) return opened.status();
+    job->step_times = std::move(*opened);
+  }
+  if (o.profile_end > 0) {
+    const std::string path = absl::StrCat(o.profile_trace, ".", job->rank());
+    if (!std::ofstream(path, std::ios::trunc)) return absl::InvalidArgumentError("--profile-trace: cannot write " + path);
+    job->profiler = std::make_unique<StepProfiler>(o.profile_first, o.profile_end, path, job->placement.cuda);
+  }
+  if (!o.checkpoint_dir.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(o.checkpoint_dir, error);
+    if (error) return absl::UnavailableError(absl::StrCat("--checkpoint-dir=", o.checkpoint_dir, ": ", error.message()));
+  }
+
+  // The data before the rendezvous: a rank without it fails alone and at once.
+  if (o.dataset == DatasetChoice::kFashionMnist) {
+    const std::string dir = o.data_dir.empty() ? kFashionMnistDir : o.data_dir;
+    auto train = LoadFashionMnist(dir, Split::kTrain);
+    if (!train.ok()) return absl::UnavailableError(train.status().message());
+    auto test = LoadFashionMnist(dir, Split::kTest);
+    if (!test.ok()) return absl::UnavailableError(test.status().message());
+    job->train = std::move(*train);
+    job->test = std::move(*test);
+  } else {
+    job->train = SyntheticDataset(4096, o.seed);
+    job->test = SyntheticDataset(1024, o.seed + 1);
+  }
+  SamplerOptions sampler_options;
+  sampler_options.dataset_size = job->train.size();
+  sampler_options.world_size = job->world();
+  sampler_options.rank = job->rank();
+  sampler_options.seed = o.seed;
+  sampler_options.drop_last = true;
+  sampler_options.batch_size = o.batch_size;
+  auto sampler = DistributedSampler::Create(sampler_options);
+  if (!sampler.ok()) return sampler.status();
+  job->sampler = std::make_unique<DistributedSampler>(std::move(*sampler));
+
+  auto dist = InitProcessGroup(job->env, job->placement.backend, job->placement.cuda_device, CollectiveTimeout(o));
+  if (!dist.ok()) return absl::UnavailableError(dist.status().message());
+  job->dist = std::move(*dist);
+
+  job->baseline_rss = RssBytes();
+  // Weights are drawn on the CPU from the seed, then moved: the same start on every device.
+  torch::manual_seed(o.seed);
+  MlpOptions mlp;
+  mlp.hidden = o.mlp_hidden;
+  // auto is ATen's Linear on both devices since torch 2.11: its CPU build's Linear (MKL) beat the
+  // oneDNN 1x1-convolution route in train_bench (README), which Debian's reference BLAS needed.
+  job->linear = o.linear == LinearChoice::kOneDnn ? LinearKernel::kOneDnn : LinearKernel::kAten;
+  // The sharded strategies shard each layer as the model is built: no rank ever holds the whole
+  // model (SyncBatchNorm swaps modules after construction, and a CUDA graph captures the wrapper's
+  // construction: those build it whole first, as ddp does).
+  FsdpOptions sharding;
+  sharding.activation_checkpointing = o.activation_checkpointing;
+  sharding.offload_optimizer = o.offload_optimizer;
+  auto dtype = [](PrecisionChoice p) { return p == PrecisionChoice::kBf16 ? torch::kBFloat16 : torch::kFloat32; };
+  if (o.param_dtype != PrecisionChoice::kFp32) sharding.param_dtype = dtype(o.param_dtype);
+  if (o.reduce_dtype) sharding.reduce_dtype = dtype(*o.reduce_dtype);
+  std::unique_ptr<ChildSink> sink;
+  if (!o.sync_bn && !o.cuda_graph) sink = DataParallel::ShardingSink(o.strategy, job->dist.pg, job->device, sharding);
+  absl::StatusOr<std::shared_ptr<Classifier>> model;
+  if (o.model == ModelChoice::kResMlp) {
+    ResMlpOptions resmlp;
+    resmlp.width = o.resmlp_width;
+    resmlp.blocks = o.resmlp_blocks;
+    resmlp.linear = job->linear;
+    model = MakeResMlp(resmlp, sink.get());
+  } else {
+    model = MakeModel(o.model == ModelChoice::kMlp ? "mlp" : "fashionnet", mlp, job->linear, sink.get());
+  }
+  if (!model.ok()) return model.status();
+  job->model = std::move(*model);
+  job->model->to(job->device);
+  // Channels-last on CPU: there oneDNN's convolutions and ATen's max-pooling and batch norm are
+  // vectorised over channels in NHWC and much faster than in NCHW (README, "Training
+  // throughput"). The weights decide the convolutions' output layout; they are copied, not
+  // contiguous()'d, because a one-channel tensor counts as both layouts and would keep its NCHW
+  // strides (then suggest_memory_format() says NCHW). On CUDA cuDNN takes either; contiguous
+  // until measured otherwise.
+  job->channels_last = o.memory_format == MemoryFormatChoice::kChannelsLast ||
+                       (o.memory_format == MemoryFormatChoice::kAuto && !job->placement.cuda);
+  // Sharded weights are views of flat buffers (contiguous): nothing to convert.
+  if (job->channels_last && sink == nullptr) {
+    for (auto& p : job->model->parameters()) {
+      if (p.dim() == 4) {
+        p.set_data(p.data().to(p.options(), /*non_blocking=*/false, /*copy=*/true, torch::MemoryFormat::ChannelsLast));
+      }
+    }
+  }
+  if (absl::Status s = SetUpSharedMemory(*job); !s.ok()) return s;
+  if (o.sync_bn) ConvertSyncBatchNorm(*job->model, job->dist.pg, job->shm);
+  DdpOptions ddp_options;
+  ddp_options.bucket_cap_mb = o.bucket_cap_mb;
+  ddp_options.first_bucket_mb = o.first_bucket_mb;
+  if (o.strategy == Strategy::kDdp) ddp_options.shm = job->shm;
+  if (o.cuda_graph) {
+    if (!job->placement.cuda) return absl::InvalidArgumentError("--cuda-graph needs CUDA; this rank runs on the CPU");
+    job->graph = std::make_unique<CudaGraphStep>(job->device, o.batch_size);
+    job->graph->OnStream([&] { job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options); });
+  } else {
+    job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options, std::move(sink), sharding);
+  }
+  job->optimizer = MakeOptimizer(o, job->dp->OptimizerParameters());
+  job->metrics = std::make_unique<Metrics>(job->rank() == 0 ? o.metrics_file : "");
+
+  job->progress.world_size = job->world();
+  if (!o.checkpoint_dir.empty()) {
+    auto loaded = job->dp->Load(o.checkpoint_dir, *job->optimizer);
+    if (loaded.ok()) {
+      job->progress = *loaded;
+      if (job->rank() == 0) {
+        std::cout << absl::StrFormat("resumed from %s: epoch %d, step %d, sample %d (written by %d ranks, now %d)",
+                                     o.checkpoint_dir, job->progress.epoch, job->progress.step,
+                                     job->progress.samples_seen, job->progress.world_size, job->world())
+                  << std::endl;
+      }
+      job->progress.world_size = job->world();
+    } else if (loaded.status().code() != absl::StatusCode::kNotFound) {
+      return absl::UnavailableError(loaded.status().message());
+    }
+  }
+  // MakeOptimizer's SGD is a ForeachSgd (CheckCudaGraph refused the others).
+  if (job->graph) job->graph->Bind(*job->dp, static_cast<ForeachSgd&>(*job->optimizer));
+  return job;
+}
+
+// One optimizer step over `batch` (split into --accum-steps micro-batches; only the last one
+// communicates). Returns the batch's loss.
+double TrainStep(Job& job, const std::vector<int64_t>& batch, double lr) {
+  const TrainOptions& o = job.o;
+  if (job.graph) {
+    return job.graph->Step(
+        [&] { return std::make_pair(Rows(job.train.images, batch, job.device), Rows(job.train.labels, batch, job.device)); },
+        lr);
+  }
+  torch::Tensor images = Rows(job.train.images, batch, job.device);
+  torch::Tensor labels = Rows(job.train.labels, batch, job.device);
+  const int64_t micro = images.size(0) / o.accum_steps;
+  // The sharded strategies' gradient shards are zeroed in place, not freed and allocated again
+  // at every step: the same memory all along, nothing for the heap to fragment.
+  job.optimizer->zero_grad(/*set_to_none=*/o.strategy == Strategy::kDdp);
+  torch::Tensor loss_sum;  // Of the micro-batches' losses, each already divided by their count.
+  for (int m = 0; m < o.accum_steps; ++m) {
+    const int64_t size = m + 1 < o.accum_steps ? micro : images.size(0) - m * micro;
+    torch::Tensor loss = torch::nn::functional::cross_entropy(job.dp->Forward(images.narrow(0, m * micro, size)),
+                                                              labels.narrow(0, m * micro, size));
+    if (o.accum_steps > 1) loss = loss / o.accum_steps;
+    job.dp->Backward(loss, /*synchronize=*/m + 1 == o.accum_steps);
+    loss_sum = m == 0 ? loss.detach() : loss_sum + loss.detach();
+  }
+  if (o.clip_grad_norm > 0) job.dp->ClipGradNorm(o.clip_grad_norm);
+  SetLr(*job.optimizer, lr);
+  job.optimizer->step();
+  return loss_sum.item<double>();  // On CUDA: waits for the step, so step times are real.
+}
+
+// True on every rank when any rank asked to stop: ranks must leave the loop at the same step,
+// because checkpointing (and, for the sharded strategies, saving itself) is collective. Asked
+// after every step, so it goes through shared memory when the job has it.
+bool AnyRankStopping(Job& job, bool local) {
+  torch::Tensor flag = torch::tensor({local ? 1.0f : 0.0f}).to(CommDevice(*job.dist.pg));
+  AllreduceSum(*job.dist.pg, job.shm.get(), flag)->wait();
+  return flag.item<float>() > 0;
+}
+
+// Test accuracy over every rank's strided shard of the test set, reduced across ranks.
+double Evaluate(Job& job) {
+  torch::NoGradGuard no_grad;
+  job.model->eval();
+  int64_t correct = 0, total = 0;
+  std::vector<int64_t> shard;
+  for (int64_t i = job.rank(); i < job.test.size(); i += job.world()) shard.push_back(i);
+  for (size_t begin = 0; begin < shard.size(); begin += 1000) {
+    std::vector<int64_t> chunk(shard.begin() + begin, shard.begin() + std::min(shard.size(), begin + 1000));
+    auto logits = job.dp->Forward(Rows(job.test.images, chunk, job.device));
+    correct += logits.argmax(1).eq(Rows(job.test.labels, chunk, job.device)).sum().item<int64_t>();
+    total += static_cast<int64_t>(chunk.size());
+  }
+  std::vector<torch::Tensor> counts{torch::tensor({correct, total}, torch::kLong).to(CommDevice(*job.dist.pg))};
+  job.dist.pg->allreduce(counts)->wait();
+  job.model->train();
+  torch::Tensor sums = counts[0].cpu();
+  return sums[0].item<double>() / std::max<int64_t>(1, sums[1].item<int64_t>());
+}
+
+// What the loop measured, for Report.
+struct LoopStats {
+  double elapsed_s = 0;
+  int64_t samples = 0;  // All ranks together.
+  double last_loss = 0;
+  std::vector<double> step_ms;
+  std::string loop_times;  // LoopTimesJson.
+  bool signalled = false;  // SIGTERM reached some rank: all save and exit 143 together.
+};
+
+MemoryReport Memory(Job& job) {
+  MemoryReport memory = job.dp->Memory(*job.optimizer);
+  memory.baseline_rss = job.baseline_rss;
+  if (job.placement.cuda) {
+    memory.on_cuda = true;
+    memory.cuda = CudaMemoryStats(job.placement.cuda_device);
+  }
+  return memory;
+}
+
+void ReportMemory(Job& job, const LoopStats& loop) {
+  const TrainOptions& o = job.o;
+  const MemoryReport memory = Memory(job);
+  std::string expected;
+  if (o.optimizer == OptimizerChoice::kAdam) {
+    int64_t params = 0;
+    for (const auto& p : job.model->parameters()) params += p.numel();
+    const std::string strategy = o.strategy == Strategy::kNoShard ? "ddp" : StrategyName(o.strategy);
+    expected = absl::StrFormat("  (ZeRO formula for fp32 Adam: %.2f MiB)",
+                               ExpectedAdamStateBytes(strategy, params, job.world()) / (1024.0 * 1024.0));
+  }
+  const int64_t steps = loop.samples / std::max<int64_t>(1, o.batch_size * job.world());
+  std::cout << absl::StrFormat("memory rank %d %s: %s%s", job.rank(), StrategyName(o.strategy),
+                               FormatMemoryReport(memory), expected)
+            << std::endl;
+  std::cout << absl::StrFormat(R"(memory-json {"rank":%d,"strategy":"%s",%s,"step_time_s":%.6f})", job.rank(),
+                               StrategyName(o.strategy), MemoryJson(memory),
+                               loop.elapsed_s / std::max<int64_t>(1, steps))
+            << std::endl;
+}
+
+void Report(Job& job, LoopStats& loop, double accuracy) {
+  const TrainOptions& o = job.o;
+  if (job.rank() != 0) return;
+  const double rate = loop.samples / std::max(loop.elapsed_s, 1e-9);
+  const int64_t steps = loop.samples / std::max<int64_t>(1, o.batch_size * job.world());
+  std::cout << absl::StrFormat("done: %d steps, %d epochs, %.1f s, %.0f samples/s, test accuracy %.4f",
+                               job.progress.step, o.epochs, loop.elapsed_s, rate, accuracy)
+            << std::endl;
+  job.metrics->Write(absl::StrFormat(
+      R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","allreduce":"%s","device":"%s","backend":"%s","memory_format":"%s","step_time_s":%.6f,"step_ms_p10":%.3f,"step_ms_p50":%.3f,"step_ms_p90":%.3f,%s%s})",
+      accuracy, rate, job.progress.step, o.epochs, loop.elapsed_s, job.world(), StrategyName(o.strategy),
+      OptimizerName(o.optimizer), LinearKernelName(job.linear), job.allreduce, job.device.str(), BackendName(job.dist.backend),
+      job.channels_last ? "channels-last" : "contiguous",
+      loop.elapsed_s / std::max<int64_t>(1, steps), Quantile(loop.step_ms, 0.1), Quantile(loop.step_ms, 0.5),
+      Quantile(loop.step_ms, 0.9), loop.loop_times, MemoryJson(Memory(job))));
+}
+
+// The epochs from the resumed position on; stops early at --max-steps or on SIGTERM.
+LoopStats RunLoop(Job& job) {
+  const TrainOptions& o = job.o;
+  TrainProgress& progress = job.progress;
+  const std::string& checkpoint = o.checkpoint_dir;
+  auto save = [&](bool final) {
+    if (checkpoint.empty()) return;
+    absl::Status saved = final ? job.dp->Export(checkpoint, *job.optimizer, progress)
+                               : job.dp->Save(checkpoint, *job.optimizer, progress);
+    if (!saved.ok()) std::cerr << "elrun-train: " << saved.message() << std::endl;
+  };
+  LoopStats loop;
+  const auto start_time = std::chrono::steady_clock::now();
+  const absl::StatusOr<ThreadTimes> start_times = CurrentThreadTimes();
+  const double dataset = static_cast<double>(job.train.size());
+  bool stop = false;
+  for (; progress.epoch < o.epochs && !stop; ++progress.epoch, progress.samples_seen = 0) {
+    const int64_t start = progress.samples_seen;
+    auto batches = job.sampler->Batches(progress.epoch, start);
+    for (size_t b = 0; b < batches.size(); ++b) {
+      if (o.max_steps > 0 && progress.step >= o.max_steps) {  // Also when resumed at or past it.
+        stop = true;
+        break;
+      }
+      const auto step_start = std::chrono::steady_clock::now();
+      const double step_cpu_start = job.step_times ? ThreadCpuSeconds() : 0;
+      const double position = (progress.epoch * dataset + job.sampler->Position(start, static_cast<int64_t>(b))) /
+                              (o.epochs * dataset);
+      const double lr = ScheduledLr(o, position);
+      if (job.profiler) job.profiler->BeforeStep(progress.step);
+      loop.last_loss = TrainStep(job, batches[b], lr);
+      if (job.profiler) Warn(job.profiler->AfterStep(progress.step));
+      loop.step_ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count());
+      if (job.step_times) {
+        job.step_times->Write(progress.step, loop.step_ms.back(), (ThreadCpuSeconds() - step_cpu_start) * 1e3);
+      }
+      if (job.heartbeat) job.heartbeat->Beat(progress.step, loop.step_ms.back());
+      ++progress.step;
+      loop.samples += static_cast<int64_t>(batches[b].size()) * job.world();
+      progress.samples_seen = job.sampler->Position(start, static_cast<int64_t>(b) + 1);
+      if (o.checkpoint_every > 0 && progress.step % o.checkpoint_every == 0) save(false);
+      if (job.rank() == 0 && o.log_every > 0 && progress.step % o.log_every == 0) {
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+        const double rate = loop.samples / std::max(elapsed, 1e-9);
+        const double left = (o.epochs - progress.epoch) * dataset - progress.samples_seen;
+        std::cout << absl::StrFormat("epoch %d  step %d  loss %.4f  lr %.4g  %.0f samples/s  ETA %.0f s",
+                                     progress.epoch, progress.step, loop.last_loss, lr, rate,
+                                     left / std::max(rate, 1e-9))
+                  << std::endl;
+        job.metrics->Write(absl::StrFormat(
+            R"({"event":"step","epoch":%d,"step":%d,"loss":%.6f,"lr":%.6g,"samples_per_s":%.1f})", progress.epoch,
+            progress.step, loop.last_loss, lr, rate));
+      }
+      loop.signalled = checkpoint.empty() ? g_stop_requested.load() : AnyRankStopping(job, g_stop_requested);
+      if ((o.max_steps > 0 && progress.step >= o.max_steps) || loop.signalled) {
+        stop = true;
+        break;
+      }
+    }
+    if (stop) break;
+  }
+  loop.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+  if (job.profiler) Warn(job.profiler->Finish());
+  loop.loop_times = LoopTimesJson(start_times, CurrentThreadTimes(), loop.elapsed_s);
+  if (loop.signalled) {
+    save(false);
+  } else {
+    save(true);
+  }
+  return loop;
+}
+
+int Train(const TrainOptions& o) {
+  torch::set_num_threads(o.threads);
+  auto job = Setup(o);
+  if (!job.ok()) return Fail(job.status());
+  LoopStats loop = RunLoop(**job);
+  if (o.report_memory) ReportMemory(**job, loop);
+  if (loop.signalled) return 128 + SIGTERM;
+  const double accuracy = Evaluate(**job);
+  Report(**job, loop, accuracy);
+  return 0;
+}
+
+}  // namespace
+}  // namespace elrun::trainer
+
+int main(int argc, char** argv) {
+  auto parsed = elrun::trainer::ParseTrainOptions(argc, argv, std::cout);
+  if (!parsed.ok()) return elrun::trainer::Fail(parsed.status());
+  if (!parsed->has_value()) return 0;  // --help.
+  const elrun::trainer::TrainOptions& o = **parsed;
+  std::signal(SIGTERM, [](int) { elrun::trainer::g_stop_requested = true; });
+  // Every step frees and reallocates the same tensors. With glibc's adaptive mmap threshold a
+  // rank could keep mmap/munmap-ing them: measured, one rank took ~36,000 page faults/s and
+  // the job ran at half speed (520 instead of 1144 samples/s). Keep them in the heap.
+  // glibc's own tunables in the environment (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_,
+  // MALLOC_ARENA_MAX) win over these defaults.
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) ::mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  if (std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr) ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // The sharded strategies all-gather whole layers; Gloo receives each into a fresh layer-sized
+  // buffer on its own threads, whose arenas cap heaps at 64 MiB, so every receive was new kernel
+  // memory (measured ~100,000 page faults per rank per step for a 53.6M-parameter MLP). One
+  // arena keeps those buffers in the main heap: fsdp's step went from 10.6 s to 7.0 s there.
+  // ddp is left alone: one arena made FashionNet's DDP ~6% slower (1520 -> 1420 samples/s).
+  if (o.strategy != elrun::trainer::Strategy::kDdp && std::getenv("MALLOC_ARENA_MAX") == nullptr) {
+    ::mallopt(M_ARENA_MAX, 1);
+  }
+  if (o.cpu_allocator == elrun::trainer::CpuAllocatorChoice::kCaching) {
+    elrun::trainer::CachingCpuAllocator::Install();
+  }
+  try {
+    return elrun::trainer::Train(o);
+  } catch (const c10::Error& error) {
+    std::cerr << "elrun-train: " << error.what_without_backtrace() << std::endl;
+    return 1;
+  } catch (const std::exception& error) {
+    std::cerr << "elrun-train: " << error.what() << std::endl;
+    return 1;
+  }
+}

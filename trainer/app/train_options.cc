@@ -1,0 +1,327 @@
+#include "trainer/app/train_options.h"
+
+#include <utility>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace elrun::trainer {
+namespace {
+
+template <typename E>
+using Choices = std::vector<std::pair<std::string, E>>;
+
+// The value `text` of --flag among `choices`; the error lists the choices, the last with "or".
+template <typename E>
+absl::StatusOr<E> Pick(const std::string& flag, const std::string& text, const Choices<E>& choices,
+                       size_t listed = 0) {
+  for (const auto& [name, value] : choices) {
+    if (name == text) return value;
+  }
+  std::vector<std::string> names;
+  for (size_t i = 0; i < (listed ? listed : choices.size()); ++i) names.push_back(choices[i].first);
+  const std::string last = names.back();
+  names.pop_back();
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", text, ": expected ", absl::StrJoin(names, ", "),
+                                                 names.empty() ? "" : " or ", last));
+}
+
+struct RawChoices {
+  std::string model = "fashionnet", linear = "auto", dataset = "fashion-mnist", lr_schedule = "cosine",
+              optimizer = "sgd", strategy = "ddp", allreduce = "auto", device = "auto", backend = "auto",
+              memory_format = "auto", cpu_allocator = "caching", param_dtype = "fp32", reduce_dtype;
+};
+
+// What a captured step cannot hold: each needs a decision on the host or a synchronisation per
+// step (or, for the sharded strategies, collectives this capture does not cover yet).
+absl::Status CheckCudaGraph(const TrainOptions& o) {
+  if (!o.cuda_graph) return absl::OkStatus();
+  const char* conflict = o.device == DeviceChoice::kCpu            ? "--device cpu"
+                         : o.strategy != Strategy::kDdp            ? "a sharded --strategy"
+                         : o.optimizer != OptimizerChoice::kSgd    ? "--optimizer adam"
+                         : o.accum_steps > 1                       ? "--accum-steps > 1"
+                         : o.sync_bn                               ? "--sync-bn"
+                         : o.clip_grad_norm > 0                    ? "--clip-grad-norm"
+                         : o.activation_checkpointing              ? "--activation-checkpointing"
+                                                                   : nullptr;
+  if (conflict == nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--cuda-graph does not support ", conflict, ": it captures DDP with SGD on CUDA, one step per batch"));
+}
+
+absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
+  auto model = Pick<ModelChoice>(
+      "model", raw.model,
+      {{"fashionnet", ModelChoice::kFashionNet}, {"mlp", ModelChoice::kMlp}, {"resmlp", ModelChoice::kResMlp}});
+  auto linear = Pick<LinearChoice>(
+      "linear", raw.linear, {{"auto", LinearChoice::kAuto}, {"onednn", LinearChoice::kOneDnn}, {"aten", LinearChoice::kAten}});
+  auto dataset = Pick<DatasetChoice>(
+      "dataset", raw.dataset, {{"fashion-mnist", DatasetChoice::kFashionMnist}, {"synthetic", DatasetChoice::kSynthetic}});
+  auto schedule = Pick<LrSchedule>("lr-schedule", raw.lr_schedule,
+                                   {{"constant", LrSchedule::kConstant}, {"cosine", LrSchedule::kCosine}});
+  auto optimizer = Pick<OptimizerChoice>("optimizer", raw.optimizer,
+                                         {{"sgd", OptimizerChoice::kSgd}, {"adam", OptimizerChoice::kAdam}});
+  auto strategy = Pick<Strategy>("strategy", raw.strategy,
+                                 {{"ddp", Strategy::kDdp},
+                                  {"no_shard", Strategy::kNoShard},
+                                  {"zero1", Strategy::kZero1},
+                                  {"zero2", Strategy::kZero2},
+                                  {"fsdp", Strategy::kFsdp},
+                                  {"shard_optimizer", Strategy::kZero1},
+                                  {"shard_grad_op", Strategy::kZero2},
+                                  {"zero3", Strategy::kFsdp},
+                                  {"full_shard", Strategy::kFsdp}},
+                                 /*listed=*/5);
+  auto allreduce = Pick<AllreduceChoice>(
+      "allreduce", raw.allreduce,
+      {{"auto", AllreduceChoice::kAuto}, {"shm", AllreduceChoice::kShm}, {"gloo", AllreduceChoice::kProcessGroup}});
+  auto device = Pick<DeviceChoice>("device", raw.device,
+                                   {{"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}});
+  auto backend = Pick<BackendChoice>(
+      "backend", raw.backend, {{"auto", BackendChoice::kAuto}, {"gloo", BackendChoice::kGloo}, {"nccl", BackendChoice::kNccl}});
+  auto memory_format = Pick<MemoryFormatChoice>("memory-format", raw.memory_format,
+                                                {{"auto", MemoryFormatChoice::kAuto},
+                                                 {"contiguous", MemoryFormatChoice::kContiguous},
+                                                 {"channels-last", MemoryFormatChoice::kChannelsLast}});
+  auto param_dtype = Pick<PrecisionChoice>("param-dtype", raw.param_dtype,
+                                           {{"fp32", PrecisionChoice::kFp32}, {"bf16", PrecisionChoice::kBf16}});
+  if (!param_dtype.ok()) return param_dtype.status();
+  o.param_dtype = *param_dtype;
+  if (!raw.reduce_dtype.empty()) {
+    auto reduce_dtype = Pick<PrecisionChoice>("reduce-dtype", raw.reduce_dtype,
+                                              {{"fp32", PrecisionChoice::kFp32}, {"bf16", PrecisionChoice::kBf16}});
+    if (!reduce_dtype.ok()) return reduce_dtype.status();
+    o.reduce_dtype = *reduce_dtype;
+  }
+  auto cpu_allocator = Pick<CpuAllocatorChoice>(
+      "cpu-allocator", raw.cpu_allocator, {{"caching", CpuAllocatorChoice::kCaching}, {"default", CpuAllocatorChoice::kDefault}});
+  for (const absl::Status& s : {model.status(), linear.status(), dataset.status(), schedule.status(),
+                                optimizer.status(), strategy.status(), allreduce.status(), device.status(),
+                                backend.status(), memory_format.status(), cpu_allocator.status()}) {
+    if (!s.ok()) return s;
+  }
+  o.model = *model;
+  o.linear = *linear;
+  o.dataset = *dataset;
+  o.lr_schedule = *schedule;
+  o.optimizer = *optimizer;
+  o.strategy = *strategy;
+  o.allreduce = *allreduce;
+  o.device = *device;
+  o.backend = *backend;
+  o.memory_format = *memory_format;
+  o.cpu_allocator = *cpu_allocator;
+
+  if (o.batch_size % o.accum_steps != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--batch-size=", o.batch_size, " is not divisible by --accum-steps=", o.accum_steps));
+  }
+  if (absl::Status s = CheckDeviceBackend(o.device, o.backend); !s.ok()) return s;
+  if (o.allreduce == AllreduceChoice::kShm && o.device == DeviceChoice::kCuda) {
+    return absl::InvalidArgumentError("--allreduce=shm sums CPU tensors: use it with --device cpu");
+  }
+  if (absl::Status s = CheckCudaGraph(o); !s.ok()) return s;
+  if ((o.param_dtype != PrecisionChoice::kFp32 || o.reduce_dtype) && o.strategy != Strategy::kFsdp) {
+    return absl::InvalidArgumentError("--param-dtype and --reduce-dtype need --strategy fsdp");
+  }
+  if (o.offload_optimizer && o.strategy != Strategy::kFsdp) {
+    return absl::InvalidArgumentError("--offload-optimizer needs --strategy fsdp");
+  }
+  if (o.activation_checkpointing && o.strategy == Strategy::kDdp) {
+    // Our DDP, like PyTorch's without static_graph, finishes a backward when the first reentrant
+    // recomputation does: FSDP's strategies (no_shard is DDP's arithmetic) hook the outer one.
+    return absl::InvalidArgumentError(
+        "--activation-checkpointing needs a sharded --strategy (no_shard, zero1, zero2 or fsdp); no_shard "
+        "computes what ddp does");
+  }
+  for (int64_t width : o.mlp_hidden) {
+    if (width <= 0) return absl::InvalidArgumentError(absl::StrCat("--mlp-hidden: width ", width, " is not positive"));
+  }
+  return absl::OkStatus();
+}
+
+// --profile-steps FIRST:END (and --profile-trace, which it needs): a window of at least one step.
+absl::Status ParseProfileSteps(const std::string& text, TrainOptions& o) {
+  if (text.empty()) {
+    if (!o.profile_trace.empty()) return absl::InvalidArgumentError("--profile-trace needs --profile-steps FIRST:END");
+    return absl::OkStatus();
+  }
+  const std::vector<std::string> parts = absl::StrSplit(text, ':');
+  int64_t first = 0, end = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &first) || !absl::SimpleAtoi(parts[1], &end) || first < 0 ||
+      end <= first) {
+    return absl::InvalidArgumentError(absl::StrCat("--profile-steps ", text,
+                                                   ": expected FIRST:END, step numbers with 0 <= FIRST < END"));
+  }
+  if (o.profile_trace.empty()) return absl::InvalidArgumentError("--profile-steps needs --profile-trace PATH");
+  o.profile_first = first;
+  o.profile_end = end;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* StrategyName(Strategy strategy) {
+  switch (strategy) {
+    case Strategy::kDdp: return "ddp";
+    case Strategy::kNoShard: return "no_shard";
+    case Strategy::kZero1: return "zero1";
+    case Strategy::kZero2: return "zero2";
+    case Strategy::kFsdp: return "fsdp";
+  }
+  return "?";
+}
+
+absl::Status CheckDeviceBackend(DeviceChoice device, BackendChoice backend) {
+  if (backend == BackendChoice::kNccl && device == DeviceChoice::kCpu) {
+    return absl::InvalidArgumentError(
+        "--backend=nccl needs CUDA tensors: use --device cuda (or auto on a GPU machine), or --backend gloo");
+  }
+  if (backend == BackendChoice::kGloo && device == DeviceChoice::kCuda) {
+    return absl::InvalidArgumentError("--backend=gloo with --device cuda: CUDA tensors go through nccl");
+  }
+  return absl::OkStatus();
+}
+
+const char* OptimizerName(OptimizerChoice optimizer) { return optimizer == OptimizerChoice::kAdam ? "adam" : "sgd"; }
+
+absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const char* const* argv, std::ostream& out) {
+  TrainOptions o;
+  RawChoices raw;
+  CLI::App app("elrun-train: data-parallel training of FashionNet on Fashion-MNIST (LibTorch), on CPU or CUDA.",
+               "elrun-train");
+  app.add_option("--model", raw.model, "fashionnet, mlp (--mlp-hidden) or resmlp (--resmlp-width, --resmlp-blocks)")
+      ->capture_default_str();
+  app.add_option("--linear", raw.linear,
+                 "kernel of the fully connected layers: aten (torch's Linear: MKL on CPU, cuBLAS on CUDA), "
+                 "onednn (as a 1x1 convolution), or auto (aten)")
+      ->capture_default_str();
+  app.add_option("--dataset", raw.dataset, "fashion-mnist or synthetic")->capture_default_str();
+  app.add_option("--data-dir", o.data_dir, "Fashion-MNIST IDX files (default: Debian's dataset-fashion-mnist)");
+  app.add_option("--epochs", o.epochs, "epochs")->capture_default_str()->check(CLI::Range(1, 100000));
+  app.add_option("--max-steps", o.max_steps, "stop after this many steps (0: no limit)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--batch-size", o.batch_size, "samples per rank per step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  CLI::Option* lr = app.add_option("--lr", o.lr, "learning rate (default 0.05 for sgd, 0.001 for adam)")
+                        ->check(CLI::PositiveNumber);
+  app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--optimizer", raw.optimizer, "sgd or adam")->capture_default_str();
+  app.add_option("--strategy", raw.strategy,
+                 "ddp (bucketed all-reduce), no_shard, zero1, zero2 or fsdp (FullyShardedDataParallel)")
+      ->capture_default_str();
+  app.add_option("--mlp-hidden", o.mlp_hidden, "hidden layer widths of --model mlp")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--resmlp-width", o.resmlp_width,
+                 "--model resmlp: the residual stream's width (each block's hidden layer is 4x that)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--resmlp-blocks", o.resmlp_blocks, "--model resmlp: residual blocks (each one FSDP unit)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
+               "keep only each unit's (each child layer's or block's) input in forward and recompute the "
+               "unit in backward: less activation memory for about one more forward of compute");
+  app.add_option("--param-dtype", raw.param_dtype,
+                 "--strategy fsdp: gather and compute in fp32 or bf16 (mixed precision, as PyTorch FSDP's "
+                 "param_dtype: the shards, their gradients and Adam's state stay fp32)")
+      ->capture_default_str();
+  app.add_option("--reduce-dtype", raw.reduce_dtype,
+                 "--strategy fsdp: reduce-scatter the gradients in fp32 or bf16 (default: --param-dtype)");
+  app.add_flag("--offload-optimizer", o.offload_optimizer,
+               "--strategy fsdp: keep the parameter and gradient shards, and so the optimizer's state, in CPU "
+               "memory; the device holds only gathered units and gradients in flight (on the CPU: no change)");
+  app.add_flag("--report-memory", o.report_memory,
+               "print each rank's parameter, gradient and optimizer-state bytes, peak, peak RSS and, on CUDA, "
+               "the caching allocator's allocated, reserved and peak bytes");
+  app.add_option("--weight-decay", o.weight_decay, "weight decay (L2)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--lr-schedule", raw.lr_schedule,
+                 "constant, or cosine: lr x (1 + cos(pi x fraction of epochs done)) / 2, per step")
+      ->capture_default_str();
+  app.add_option("--accum-steps", o.accum_steps, "micro-batches per step (communication once per step)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  app.add_flag("--sync-bn", o.sync_bn, "convert BatchNorm layers to SyncBatchNorm");
+  app.add_option("--seed", o.seed, "seed of weights and data order")->capture_default_str();
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "save and resume checkpoint.pt here");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "save every N steps (0: at the end and on SIGTERM)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", o.threads, "intra-op threads per rank")->capture_default_str()->check(CLI::Range(1, 256));
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket size limit (MiB)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--first-bucket-mb", o.first_bucket_mb,
+                 "limit of DDP's first bucket (MiB), small so the last layers' all-reduce overlaps backward")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--allreduce", raw.allreduce,
+                 "transport of DDP's and SyncBatchNorm's all-reduces on CPU: shm (shared memory, all ranks on "
+                 "this host), gloo (the process group), or auto (shm where every rank can map it, else the "
+                 "process group)")
+      ->capture_default_str();
+  app.add_option("--device", raw.device,
+                 "cpu, cuda (worker i uses cuda:LOCAL_RANK among CUDA_VISIBLE_DEVICES), or auto (cuda when a "
+                 "device is visible)")
+      ->capture_default_str();
+  app.add_option("--backend", raw.backend, "gloo, nccl, or auto (nccl for CUDA, gloo for CPU)")->capture_default_str();
+  app.add_option("--memory-format", raw.memory_format,
+                 "layout of the convolutions' weights and activations: channels-last (NHWC: oneDNN's "
+                 "convolutions and ATen's pooling and batch norm vectorise over channels), contiguous (NCHW, "
+                 "PyTorch's default), or auto (channels-last on CPU, contiguous on CUDA)")
+      ->capture_default_str();
+  app.add_option("--cpu-allocator", raw.cpu_allocator,
+                 "caching (CPU tensors of 1 MiB and more come from per-size free lists of mapped blocks, "
+                 "as CUDA's caching allocator does: the resident memory follows the live tensors and a "
+                 "steady step makes no new mappings) or default (c10's allocator, i.e. glibc malloc)")
+      ->capture_default_str();
+  app.add_option("--metrics-file", o.metrics_file, "JSON lines: steps and a final {\"event\":\"end\",...}");
+  app.add_option("--step-times-file", o.step_times_file,
+                 "each rank appends to PATH.<rank>: per step, its wall and CPU milliseconds (tab-separated)");
+  app.add_option("--log-every", o.log_every, "progress line every N steps (rank 0)")->capture_default_str();
+  app.add_option("--clip-grad-norm", o.clip_grad_norm,
+                 "clip gradients by their global L2 norm before each step (as torch's clip_grad_norm_; "
+                 "the whole model's norm under every strategy); 0: off")
+      ->check(CLI::Range(0.0, 1e12))
+      ->capture_default_str();
+  app.add_flag("--allow-tf32", o.allow_tf32,
+               "CUDA: cuDNN convolutions in TF32, as PyTorch's default (faster; off: fp32, matching the CPU)");
+  app.add_flag("--cuda-graph", o.cuda_graph,
+               "CUDA: capture the whole DDP step (forward, backward, all-reduce, SGD) in a CUDA graph once and "
+               "replay it per batch: one launch per step instead of dozens; DDP with SGD only, no SyncBatchNorm, "
+               "accumulation or clipping");
+  app.add_option("--collective-timeout", o.collective_timeout_s,
+                 "seconds a collective waits for its peers before this rank fails")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
+  std::string profile_steps;
+  app.add_option("--profile-steps", profile_steps,
+                 "FIRST:END: PyTorch's profiler (Kineto) over steps FIRST..END-1, host operators and, on CUDA, "
+                 "kernels and copies; needs --profile-trace");
+  app.add_option("--profile-trace", o.profile_trace,
+                 "each rank writes its profile to PATH.<rank> (Chrome trace JSON; scripts/bench/trace_summary.py "
+                 "summarises it)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    out << app.help();
+    return std::optional<TrainOptions>();
+  } catch (const CLI::ParseError& error) {
+    return absl::InvalidArgumentError(absl::StrCat(error.what(), "; see elrun-train --help"));
+  }
+  if (absl::Status s = Resolve(raw, o); !s.ok()) return s;
+  if (absl::Status s = ParseProfileSteps(profile_steps, o); !s.ok()) return s;
+  if (lr->count() == 0 && o.optimizer == OptimizerChoice::kAdam) o.lr = 1e-3;
+  return std::optional<TrainOptions>(std::move(o));
+}
+
+}  // namespace elrun::trainer

@@ -1,0 +1,85 @@
+#include "trainer/dist/process_group.h"
+
+#include <optional>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace elrun::trainer {
+namespace {
+
+absl::StatusOr<int> IntVar(const std::map<std::string, std::string>& env, const std::string& name,
+                           int min, std::optional<int> fallback = std::nullopt) {
+  auto it = env.find(name);
+  if (it == env.end()) {
+    if (fallback) return *fallback;
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " is not set; start workers with elrun (or torchrun), which sets the env contract"));
+  }
+  int value = 0;
+  if (!absl::SimpleAtoi(it->second, &value) || value < min) {
+    return absl::InvalidArgumentError(absl::StrCat(name, "=", it->second, ": expected an integer >= ", min));
+  }
+  return value;
+}
+
+}  // namespace
+
+absl::StatusOr<DistEnv> ReadDistEnv(const std::map<std::string, std::string>& env) {
+  DistEnv d;
+  auto rank = IntVar(env, "RANK", 0, 0);
+  auto world = IntVar(env, "WORLD_SIZE", 1, 1);
+  auto local = IntVar(env, "LOCAL_RANK", 0, 0);
+  if (!rank.ok()) return rank.status();
+  if (!world.ok()) return world.status();
+  if (!local.ok()) return local.status();
+  d.rank = *rank;
+  d.world_size = *world;
+  d.local_rank = *local;
+  if (d.rank >= d.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("RANK=", d.rank, " is not below WORLD_SIZE=", d.world_size));
+  }
+  if (d.world_size > 1) {
+    auto port = IntVar(env, "MASTER_PORT", 1);
+    if (!port.ok()) return port.status();
+    d.master_port = *port;
+    auto addr = env.find("MASTER_ADDR");
+    if (addr == env.end() || addr->second.empty()) {
+      return absl::InvalidArgumentError("MASTER_ADDR is not set");
+    }
+    d.master_addr = addr->second;
+  }
+  return d;
+}
+
+absl::StatusOr<Dist> InitProcessGroup(const DistEnv& env, BackendKind backend, int cuda_device,
+                                      std::chrono::milliseconds timeout) {
+  try {
+    Dist dist;
+    dist.env = env;
+    dist.backend = backend;
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<uint16_t>(env.world_size > 1 ? env.master_port : 0);
+    options.isServer = env.rank == 0;
+    options.numWorkers = env.world_size;
+    options.waitWorkers = false;
+    options.timeout = timeout;
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+    // The same prefix for every group generation keeps keys of restarted attempts apart: each
+    // attempt gets a fresh store (new port), so no clean-up is needed.
+    dist.store = c10::make_intrusive<c10d::PrefixStore>("elrun/default_pg", tcp);
+    dist.pg = backend == BackendKind::kNccl
+                  ? MakeNcclBackend(dist.store, env.rank, env.world_size, cuda_device, timeout)
+                  : MakeGlooBackend(dist.store, env.rank, env.world_size, env.master_addr, timeout);
+    return dist;
+  } catch (const c10::Error& error) {
+    return absl::UnavailableError(absl::StrCat("process group (", BackendName(backend), "): ", error.what_without_backtrace()));
+  } catch (const std::exception& error) {
+    return absl::UnavailableError(absl::StrCat("process group (", BackendName(backend), "): ", error.what()));
+  }
+}
+
+}  // namespace elrun::trainer

@@ -1,0 +1,69 @@
+// The data-parallel wrapper elrun-train trains through, chosen by --strategy: "ddp" is
+// DistributedDataParallel (bucketed all-reduce overlapping backward, ddp.h); "no_shard",
+// "zero1", "zero2" and "fsdp" are FullyShardedDataParallel strategies (fsdp.h). Checkpoints:
+// ddp writes <dir>/checkpoint.pt from rank 0; the sharded strategies write sharded checkpoints
+// from every rank (sharded_checkpoint.h) and export a consolidated <dir>/model.pt at the end.
+// Thread-compatible; Save, Load and Export are collective for the sharded strategies.
+#ifndef ELRUN_TRAINER_PARALLEL_DATA_PARALLEL_H_
+#define ELRUN_TRAINER_PARALLEL_DATA_PARALLEL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include "absl/status/statusor.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/parallel/ddp.h"
+#include "trainer/parallel/fsdp.h"
+#include "trainer/memory/memory.h"
+#include "trainer/nn/module_hooks.h"
+#include "trainer/parallel/strategy.h"
+
+namespace elrun::trainer {
+
+class DataParallel {
+ public:
+  // `ddp_options` apply to Strategy::kDdp. Throws c10::Error when the first collective fails.
+  // With a `sink` from ShardingSink, the model was built through it (sharded as it was built).
+  // `sharding` applies to the sharded strategies (its `strategy` field is ignored: `strategy`
+  // decides): activation checkpointing, mixed precision.
+  static std::unique_ptr<DataParallel> Create(Strategy strategy, std::shared_ptr<Classifier> model,
+                                              c10::intrusive_ptr<c10d::Backend> pg, const DdpOptions& ddp_options,
+                                              std::unique_ptr<ChildSink> sink = nullptr,
+                                              const FsdpOptions& sharding = {});
+  // For the sharded strategies (no_shard, zero1, zero2, fsdp): a sink for MakeModel that shards
+  // each child as soon as it is built and moves it to `device`, so no rank ever holds the whole
+  // model (FullyShardedDataParallel::Builder); hand it to Create afterwards. nullptr for ddp.
+  // Every rank must seed alike before MakeModel (checked by Create).
+  static std::unique_ptr<ChildSink> ShardingSink(Strategy strategy, c10::intrusive_ptr<c10d::Backend> pg,
+                                                 torch::Device device, const FsdpOptions& sharding = {});
+  virtual ~DataParallel() = default;
+
+  virtual torch::Tensor Forward(const torch::Tensor& input) = 0;
+  // Backward of `loss`; without `synchronize`, gradients accumulate locally (NoSync).
+  virtual void Backward(const torch::Tensor& loss, bool synchronize) = 0;
+  // What the optimizer steps.
+  virtual std::vector<torch::Tensor> OptimizerParameters() = 0;
+  // Clips the gradients of OptimizerParameters() by the whole model's global L2 norm
+  // (grad_clip.h; collective for the sharded strategies). Returns the norm before clipping.
+  virtual double ClipGradNorm(double max_norm) = 0;
+
+  // NotFound when `dir` holds no checkpoint of this kind.
+  virtual absl::StatusOr<TrainProgress> Load(const std::string& dir, torch::optim::Optimizer& optimizer) = 0;
+  virtual absl::Status Save(const std::string& dir, torch::optim::Optimizer& optimizer,
+                            const TrainProgress& progress) = 0;
+  // The end-of-run artefact Python opens: ddp's checkpoint.pt already is one; the sharded
+  // strategies write a consolidated <dir>/model.pt.
+  virtual absl::Status Export(const std::string& dir, torch::optim::Optimizer& optimizer,
+                              const TrainProgress& progress) = 0;
+
+  // This rank's model-state bytes now, and the peak of params + grads + buffers (+ state).
+  virtual MemoryReport Memory(const torch::optim::Optimizer& optimizer) = 0;
+};
+
+}  // namespace elrun::trainer
+
+#endif  // ELRUN_TRAINER_PARALLEL_DATA_PARALLEL_H_

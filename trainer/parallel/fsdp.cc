@@ -1,0 +1,703 @@
+#include "trainer/parallel/fsdp.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "trainer/parallel/activation_checkpoint.h"
+
+namespace elrun::trainer {
+
+struct FullyShardedDataParallel::Unit {
+  std::vector<torch::Tensor> params;  // The module's parameters: views of `full`.
+  std::vector<int64_t> offsets;       // Of each parameter in `full`.
+  torch::Tensor full;                 // [padded]; kFullShard: lent by the pool while gathered.
+  torch::Tensor shard;                // [shard_numel]: a view of `full` unless kFullShard.
+  torch::Tensor flat_grad;            // [padded]; the parameters' .grad are views of it; lent by
+                                      // the pool while needed when separate_grad.
+  bool separate_shard = false;        // kFullShard: shard is not a view of full.
+  bool separate_grad = false;         // kShardGradOp/kFullShard: the gradient shard has its own memory.
+  bool gathered = false;              // kFullShard: full holds the current parameters.
+  int64_t gathered_version = -1;      // kShardOptimizer/GradOp: full's version after the last gather.
+  bool stale = false;                 // kShardOptimizer/GradOp: a synchronized backward since then.
+  c10::intrusive_ptr<c10d::Work> gather_work;  // A prefetch in flight.
+  std::vector<bool> ready;
+  size_t pending = 0;
+  bool grad_pending = false;  // flat_grad holds NoSync gradients not reduced yet.
+  int64_t grad_version = -1;  // kShardOptimizer: the gradient shard's version after a reduction.
+  ReduceScatterOp reduce_scatter;
+  BufferPool::Loan receive;  // The reduce-scatter's receive space while it is active.
+  BufferPool::Loan cast;     // flat_grad in the reduce dtype, when that differs, while active.
+  c10::intrusive_ptr<c10d::Work> all_reduce;
+};
+
+namespace {
+
+int64_t Bytes(const torch::Tensor& t) { return t.numel() * t.element_size(); }
+
+bool Allocated(const torch::Tensor& t) { return BufferPool::HasMemory(t); }
+
+// A flat [numel] tensor whose storage has no memory yet: the pool lends it some while needed
+// (BufferPool::LendTo). Views of it can be taken at once; they are valid while it is lent.
+torch::Tensor UnbackedFlat(int64_t numel, const torch::TensorOptions& options) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, c10::GetAllocator(options.device().type()),
+                       /*resizable=*/false);
+  const c10::ScalarType dtype = options.dtype().toScalarType();
+  auto t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::computeDispatchKey(dtype, options.layout(), options.device())),
+      options.dtype());
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
+  return t;
+}
+
+}  // namespace
+
+absl::StatusOr<ShardingStrategy> ParseShardingStrategy(const std::string& name) {
+  if (name == "ddp" || name == "no_shard") return ShardingStrategy::kNoShard;
+  if (name == "zero1" || name == "shard_optimizer") return ShardingStrategy::kShardOptimizer;
+  if (name == "zero2" || name == "shard_grad_op") return ShardingStrategy::kShardGradOp;
+  if (name == "fsdp" || name == "zero3" || name == "full_shard") return ShardingStrategy::kFullShard;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown sharding strategy '", name, "': expected ddp, zero1, zero2 or fsdp"));
+}
+
+std::string ShardingStrategyName(ShardingStrategy strategy) {
+  switch (strategy) {
+    case ShardingStrategy::kNoShard: return "no_shard";
+    case ShardingStrategy::kShardOptimizer: return "zero1";
+    case ShardingStrategy::kShardGradOp: return "zero2";
+    case ShardingStrategy::kFullShard: return "fsdp";
+  }
+  return "?";
+}
+
+namespace {
+
+using NamedParams = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// The trainable parameters of `child`, named "<child_name>.<parameter>", and their count.
+NamedParams ChildParams(const std::string& child_name, torch::nn::Module& child, int64_t* count) {
+  NamedParams params;
+  *count = 0;
+  for (const auto& p : child.named_parameters()) {
+    if (!p.value().requires_grad()) continue;
+    params.emplace_back(child_name + "." + p.key(), p.value());
+    *count += p.value().numel();
+  }
+  return params;
+}
+
+// FNV-1a over the 64-bit words of `tensors` (CPU; the tail bytes one by one), in order: equal on
+// every rank that built the same values, whatever its thread count.
+uint64_t HashValues(const std::vector<torch::Tensor>& tensors) {
+  constexpr uint64_t kPrime = 1099511628211ull;
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& t : tensors) {
+    torch::Tensor c = t.detach().contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
+    const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t word;
+      std::memcpy(&word, bytes + i, 8);
+      h = (h ^ word) * kPrime;
+    }
+    for (; i < n; ++i) h = (h ^ bytes[i]) * kPrime;
+  }
+  return h;
+}
+
+}  // namespace
+
+// One unit: the parameters become views of a flat buffer, and the shard is kept as the strategy
+// says. The parameters' values are copied once (into the pool's buffer for kFullShard, which is
+// then returned: only the shard stays).
+std::unique_ptr<FullyShardedDataParallel::Unit> FullyShardedDataParallel::MakeUnit(
+    BufferPools& pools, const FsdpOptions& fsdp_options, int rank, int n, const std::string& name,
+    const NamedParamList& params, FsdpUnitInfo* info_out) {
+  const ShardingStrategy strategy = fsdp_options.strategy;
+  torch::NoGradGuard no_grad;
+  auto unit = std::make_unique<Unit>();
+  FsdpUnitInfo info;
+  info.name = name;
+  for (const auto& [param_name, p] : params) {
+    info.param_names.push_back(param_name);
+    info.shapes.push_back(p.sizes().vec());
+    unit->offsets.push_back(info.numel);
+    unit->params.push_back(p);
+    info.numel += p.numel();
+  }
+  info.padded = (info.numel + n - 1) / n * n;
+  info.shard_numel = info.padded / n;
+  const auto options = params.front().second.options().requires_grad(false);  // The master dtype.
+  for (const auto& p : params) {
+    TORCH_CHECK(p.second.scalar_type() == options.dtype().toScalarType(), "FullyShardedDataParallel: unit '", name,
+                "' mixes ", options.dtype(), " and ", p.second.dtype(), " parameters");
+  }
+  const auto compute = options.dtype(fsdp_options.param_dtype.value_or(options.dtype().toScalarType()));
+  const bool mixed = compute.dtype() != options.dtype();
+  TORCH_CHECK(!mixed || strategy == ShardingStrategy::kFullShard,
+              "FullyShardedDataParallel: mixed precision (param_dtype) needs the full_shard strategy");
+  TORCH_CHECK(!fsdp_options.offload_optimizer || strategy == ShardingStrategy::kFullShard,
+              "FullyShardedDataParallel: offload_optimizer needs the full_shard strategy");
+  const torch::Device master_device = fsdp_options.offload_optimizer ? torch::Device(torch::kCPU) : options.device();
+  // (Offload takes this path on the CPU too, where it changes no value: so the CPU tests pin it.)
+  const bool separate_master = mixed || fsdp_options.offload_optimizer;
+  // kFullShard's gathered parameters and kShardGradOp/kFullShard's unsharded gradients are lent
+  // by the pool while needed; the other strategies keep them.
+  const bool pooled_full = strategy == ShardingStrategy::kFullShard;
+  const bool pooled_grad = strategy == ShardingStrategy::kFullShard || strategy == ShardingStrategy::kShardGradOp;
+  unit->full = pooled_full ? UnbackedFlat(info.padded, compute) : torch::empty({info.padded}, compute);
+  unit->flat_grad = pooled_grad ? UnbackedFlat(info.padded, compute) : torch::zeros({info.padded}, compute);
+  // Views are checked against their storage's size when taken: take them while lent.
+  if (pooled_full) pools.For(unit->full).LendTo(unit->full);
+  if (pooled_grad) pools.For(unit->flat_grad).LendTo(unit->flat_grad);
+  const int64_t s = info.shard_numel;
+  // Mixed precision or offload: this rank's shard, exact, from the parameters, where it lives.
+  torch::Tensor master;
+  if (separate_master) {
+    master = torch::zeros({s}, options.device(master_device));
+    for (size_t i = 0; i < unit->params.size(); ++i) {
+      const int64_t begin = std::max<int64_t>(unit->offsets[i], rank * s);
+      const int64_t end = std::min<int64_t>(unit->offsets[i] + unit->params[i].numel(), (rank + 1) * s);
+      if (begin >= end) continue;
+      master.narrow(0, begin - rank * s, end - begin)
+          .copy_(unit->params[i].detach().reshape({-1}).narrow(0, begin - unit->offsets[i], end - begin));
+    }
+  }
+  unit->full.narrow(0, info.numel, info.padded - info.numel).zero_();  // The padding.
+  for (size_t i = 0; i < unit->params.size(); ++i) {
+    torch::Tensor& p = unit->params[i];
+    auto slot = unit->full.narrow(0, unit->offsets[i], p.numel()).view(p.sizes());
+    slot.copy_(p);  // (Mixed precision: rounded to the compute dtype, as every gather will.)
+    p.set_data(slot);
+    p.mutable_grad() = unit->flat_grad.narrow(0, unit->offsets[i], p.numel()).view(p.sizes());
+  }
+  switch (strategy) {
+    case ShardingStrategy::kNoShard:
+      unit->shard = unit->full;
+      unit->shard.mutable_grad() = unit->flat_grad;
+      break;
+    case ShardingStrategy::kShardOptimizer:
+      unit->shard = unit->full.narrow(0, rank * s, s);
+      // Aliases the flat gradient's memory without being an autograd view of it: optimizers'
+      // zero_grad() detach_()es gradients, which views refuse.
+      unit->shard.mutable_grad() = torch::empty({0}, options).set_(unit->flat_grad.storage(), rank * s, {s}, {1});
+      break;
+    case ShardingStrategy::kShardGradOp:
+      unit->shard = unit->full.narrow(0, rank * s, s);
+      unit->shard.mutable_grad() = torch::zeros({s}, options);
+      unit->separate_grad = true;
+      break;
+    case ShardingStrategy::kFullShard:
+      unit->shard = separate_master ? master : unit->full.narrow(0, rank * s, s).clone();
+      unit->shard.mutable_grad() = torch::zeros({s}, unit->shard.options());
+      unit->separate_shard = true;
+      unit->separate_grad = true;
+      pools.For(unit->full).TakeFrom(unit->full);
+      break;
+  }
+  pools.For(unit->flat_grad).TakeFrom(unit->flat_grad);
+  unit->gathered_version = unit->full._version();
+  unit->ready.assign(unit->params.size(), false);
+  unit->pending = unit->params.size();
+  *info_out = std::move(info);
+  return unit;
+}
+
+struct FullyShardedDataParallel::Builder::Built {
+  std::string child;
+  std::unique_ptr<Unit> unit;
+  FsdpUnitInfo info;
+  int64_t hash = 0;  // HashValues, 62 bits: its negation fits too (checked with one MAX).
+};
+
+FullyShardedDataParallel::Builder::Builder(c10::intrusive_ptr<c10d::Backend> pg, FsdpOptions options,
+                                           torch::Device device)
+    : pg_(std::move(pg)), options_(options), device_(device), pools_(std::make_unique<BufferPools>(device)) {}
+
+FullyShardedDataParallel::Builder::~Builder() = default;
+FullyShardedDataParallel::Builder::Builder(Builder&&) = default;
+
+void FullyShardedDataParallel::Builder::TakeChild(const std::string& name, torch::nn::Module& child) {
+  int64_t count = 0;
+  NamedParamList params = ChildParams(name, child, &count);
+  // The wrap policy, as the constructor applies it: smaller children stay whole, for the root unit.
+  if (params.empty() || count < options_.min_unit_params) return;
+  std::vector<torch::Tensor> values;
+  for (const auto& p : params) values.push_back(p.second);
+  auto built = std::make_unique<Built>();
+  built->child = name;
+  built->hash = static_cast<int64_t>(HashValues(values) & 0x3fffffffffffffffull);
+  child.to(device_);  // One child's parameters at a time on the device (set_data: same tensors).
+  const int n = options_.strategy == ShardingStrategy::kNoShard ? 1 : pg_->getSize();
+  built->unit = MakeUnit(*pools_, options_, pg_->getRank(), n, name, params, &built->info);
+  built_.push_back(std::move(built));
+}
+
+FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> module,
+                                                   c10::intrusive_ptr<c10d::Backend> pg,
+                                                   FsdpOptions options)
+    : FullyShardedDataParallel(std::move(module), Builder(std::move(pg), options, torch::kCPU),
+                               /*broadcast_all=*/true) {}
+
+FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> module, Builder built)
+    : FullyShardedDataParallel(std::move(module), std::move(built), /*broadcast_all=*/false) {}
+
+FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> module, Builder built,
+                                                   bool broadcast_all)
+    : module_(std::move(module)), pg_(built.pg_), options_(built.options_), rank_(pg_->getRank()),
+      world_(pg_->getSize()) {
+  const ShardingStrategy strategy = options_.strategy;
+  shards_per_unit_ = strategy == ShardingStrategy::kNoShard ? 1 : world_;
+  std::map<std::string, Builder::Built*> built_children;
+  for (auto& b : built.built_) built_children[b->child] = b.get();
+
+  // Units built as the model was constructed hold values every rank drew from the same seed:
+  // check that with one small all-reduce instead of broadcasting them.
+  if (!built.built_.empty() && world_ > 1) {
+    const int64_t count = static_cast<int64_t>(built.built_.size());
+    torch::Tensor bounds = torch::empty({2 * count}, torch::kInt64);
+    for (int64_t u = 0; u < count; ++u) {
+      const int64_t h = built.built_[u]->hash;
+      bounds[u] = h;
+      bounds[count + u] = -h;
+    }
+    bounds = bounds.to(CommDevice(*pg_));
+    std::vector<torch::Tensor> one{bounds};
+    c10d::AllreduceOptions max;
+    max.reduceOp = c10d::ReduceOp::MAX;
+    pg_->allreduce(one, max)->wait();
+    bounds = bounds.cpu();
+    for (int64_t u = 0; u < count; ++u) {
+      const int64_t h = built.built_[u]->hash;
+      TORCH_CHECK(bounds[u].item<int64_t>() == h && bounds[count + u].item<int64_t>() == -h,
+                  "FullyShardedDataParallel: the ranks initialised different values for '", built.built_[u]->child,
+                  "' (every rank must seed its generator alike before building the model)");
+    }
+  }
+  {
+    std::vector<torch::Tensor> state;
+    for (const auto& child : module_->named_children()) {
+      if (built_children.count(child.key())) continue;
+      for (const auto& p : child.value()->parameters()) state.push_back(p);
+    }
+    for (const auto& p : module_->parameters(/*recurse=*/false)) state.push_back(p);
+    for (const auto& b : module_->buffers()) state.push_back(b);
+    if (broadcast_all || !state.empty()) BroadcastFromRank0(*pg_, state, &bytes_);
+  }
+
+  // Wrap policy: children with enough parameters are units; the rest is the root unit.
+  std::vector<std::pair<std::string, NamedParamList>> groups;
+  std::set<const void*> claimed;
+  for (const auto& child : module_->named_children()) {
+    if (built_children.count(child.key())) {
+      for (const auto& p : child.value()->parameters()) claimed.insert(p.unsafeGetTensorImpl());
+      groups.emplace_back(child.key(), NamedParamList{});
+      continue;
+    }
+    int64_t count = 0;
+    NamedParamList params = ChildParams(child.key(), *child.value(), &count);
+    if (params.empty() || count < options_.min_unit_params) continue;
+    for (const auto& p : params) claimed.insert(p.second.unsafeGetTensorImpl());
+    groups.emplace_back(child.key(), std::move(params));
+  }
+  NamedParamList rest;
+  for (const auto& p : module_->named_parameters()) {
+    if (p.value().requires_grad() && !claimed.count(p.value().unsafeGetTensorImpl())) {
+      rest.emplace_back(p.key(), p.value());
+    }
+  }
+  if (!rest.empty()) groups.emplace_back("", std::move(rest));
+  TORCH_CHECK(!groups.empty(), "FullyShardedDataParallel: the module has no trainable parameters");
+
+  if (built.built_.empty()) {
+    // Not built by the builder: the pools are on the device of the module's parameters.
+    pools_ = std::make_unique<BufferPools>(groups.front().second.front().second.device());
+  } else {
+    pools_ = std::move(built.pools_);
+  }
+  for (auto& [name, params] : groups) {
+    std::unique_ptr<Unit> unit;
+    FsdpUnitInfo info;
+    auto b = built_children.find(name);
+    if (b != built_children.end()) {
+      unit = std::move(b->second->unit);
+      info = std::move(b->second->info);
+    } else {
+      unit = MakeUnit(*pools_, options_, rank_, shards_per_unit_, name, params, &info);
+    }
+    if (name.empty()) {
+      root_ = static_cast<int>(units_.size());
+    } else {
+      unit_of_child_[name] = units_.size();
+    }
+    shards_.push_back(unit->shard);
+    infos_.push_back(std::move(info));
+    units_.push_back(std::move(unit));
+  }
+
+  for (size_t u = 0; u < units_.size(); ++u) {
+    for (size_t i = 0; i < units_[u]->params.size(); ++i) {
+      auto accumulator = torch::autograd::impl::grad_accumulator(units_[u]->params[i]);
+      accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, u, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+            OnGradReady(u, i);
+            return outputs;
+          }));
+      accumulators_.push_back(std::move(accumulator));
+    }
+  }
+  for (size_t u = 0; u < units_.size(); ++u) last_forward_order_.push_back(u);
+  module_->set_child_hooks(this);
+  UpdatePeak();
+}
+
+FullyShardedDataParallel::~FullyShardedDataParallel() {
+  module_->set_child_hooks(nullptr);
+  for (auto& unit : units_) {
+    if (unit->gather_work) unit->gather_work->wait();
+    if (unit->reduce_scatter.active()) unit->reduce_scatter.Finish(unit->shard.grad(), 1.0, true);
+    ReturnReduceLoans(*unit);
+    if (unit->all_reduce) unit->all_reduce->wait();
+    // The module outlives this wrapper: leave no parameter pointing into the pool's memory.
+    pools_->For(unit->full).TakeFrom(unit->full);
+    pools_->For(unit->flat_grad).TakeFrom(unit->flat_grad);
+  }
+}
+
+void FullyShardedDataParallel::UpdatePeak() { peak_ = std::max(peak_, memory().peak); }
+
+FsdpMemory FullyShardedDataParallel::memory() const {
+  FsdpMemory m;
+  for (const auto& unit : units_) {
+    if (Allocated(unit->full)) m.params += Bytes(unit->full);
+    if (Allocated(unit->flat_grad)) m.grads += Bytes(unit->flat_grad);
+    if (unit->separate_shard) m.params += Bytes(unit->shard);
+    if (unit->separate_grad && unit->shard.grad().defined()) m.grads += Bytes(unit->shard.grad());
+    if (unit->reduce_scatter.active()) {
+      m.working += ReduceScatterOp::ReceiveNumel(DefaultReduceScatter(*pg_), unit->flat_grad.numel(), world_) *
+                   static_cast<int64_t>(c10::elementSize(ReduceDtype(*unit)));
+    }
+    if (unit->separate_shard) m.held += Bytes(unit->shard);
+    if (unit->separate_grad && unit->shard.grad().defined()) m.held += Bytes(unit->shard.grad());
+    if (options_.strategy != ShardingStrategy::kFullShard) m.held += Bytes(unit->full);
+    if (!unit->separate_grad) m.held += Bytes(unit->flat_grad);
+  }
+  m.pooled = pools_ ? pools_->bytes() : 0;
+  m.pool_peak_lent = pools_ ? pools_->peak_lent_bytes() : 0;
+  m.held += m.pooled;
+  m.peak = std::max(peak_, std::max(m.params + m.grads + m.working, m.held));
+  return m;
+}
+
+void FullyShardedDataParallel::ResetPeak() {
+  peak_ = 0;
+  UpdatePeak();
+}
+
+void FullyShardedDataParallel::Prefetch(Unit& unit) {
+  if (unit.gather_work) return;
+  switch (options_.strategy) {
+    case ShardingStrategy::kNoShard:
+      return;
+    case ShardingStrategy::kShardOptimizer:
+    case ShardingStrategy::kShardGradOp:
+      // Optimizers may update through .data() (SGD does), which the version counter does not
+      // see: regather after every synchronized backward too, when a step is due.
+      if (!unit.stale && unit.full._version() == unit.gathered_version) return;
+      break;
+    case ShardingStrategy::kFullShard:
+      if (unit.gathered) return;
+      pools_->For(unit.full).LendTo(unit.full);
+      break;
+  }
+  unit.gather_work = StartAllGather(*pg_, unit.shard, unit.full, &bytes_);
+  UpdatePeak();
+}
+
+void FullyShardedDataParallel::Gather(Unit& unit) {
+  Prefetch(unit);
+  if (unit.gather_work) {
+    unit.gather_work->wait();
+    unit.gather_work.reset();
+    unit.gathered = true;
+    unit.gathered_version = unit.full._version();
+    unit.stale = false;
+  }
+}
+
+void FullyShardedDataParallel::Reshard(Unit& unit) {
+  if (options_.strategy != ShardingStrategy::kFullShard) return;
+  if (unit.gather_work) {
+    unit.gather_work->wait();
+    unit.gather_work.reset();
+  }
+  pools_->For(unit.full).TakeFrom(unit.full);
+  unit.gathered = false;
+}
+
+void FullyShardedDataParallel::PreForward(size_t u) {
+  Gather(*units_[u]);
+  forward_order_.push_back(u);
+  if (!options_.prefetch) return;
+  // Prefetch the unit that followed this one in the last iteration's forward.
+  auto at = std::find(last_forward_order_.begin(), last_forward_order_.end(), u);
+  if (at != last_forward_order_.end() && at + 1 != last_forward_order_.end()) Prefetch(*units_[*(at + 1)]);
+}
+
+torch::Tensor FullyShardedDataParallel::PostForward(size_t u, torch::Tensor output) {
+  const bool backward_follows = output.requires_grad();
+  // The root unit's parameters are used all along the forward: keep them until its backward.
+  if (static_cast<int>(u) != root_ || !backward_follows) Reshard(*units_[u]);
+  if (backward_follows) {
+    output.register_hook([this, u](const torch::Tensor& grad) {
+      PreBackward(u);
+      return grad;
+    });
+  }
+  return output;
+}
+
+void FullyShardedDataParallel::BeforeChild(const std::string& name) {
+  auto it = unit_of_child_.find(name);
+  if (it != unit_of_child_.end()) PreForward(it->second);
+}
+
+torch::Tensor FullyShardedDataParallel::RunChild(const std::string& name, const torch::Tensor& input,
+                                                 const ChildFn& run) {
+  if (!options_.activation_checkpointing || !unit_of_child_.count(name)) return run(input);
+  // In backward the unit's output hook (PostForward) gathers it before the recomputation runs.
+  return CheckpointedCall(input, run);
+}
+
+torch::Tensor FullyShardedDataParallel::AfterChild(const std::string& name, torch::Tensor output) {
+  auto it = unit_of_child_.find(name);
+  return it == unit_of_child_.end() ? output : PostForward(it->second, std::move(output));
+}
+
+torch::Tensor FullyShardedDataParallel::forward(const torch::Tensor& input) {
+  forward_order_.clear();
+  // Mixed precision: the model computes in param_dtype; the caller gets its own dtype back.
+  const bool cast = options_.param_dtype.has_value() && input.is_floating_point() &&
+                    input.scalar_type() != *options_.param_dtype;
+  if (root_ >= 0) PreForward(root_);
+  torch::Tensor output = module_->forward(cast ? input.to(*options_.param_dtype) : input);
+  if (root_ >= 0) output = PostForward(root_, output);
+  if (cast && output.is_floating_point()) output = output.to(input.scalar_type());
+  if (!forward_order_.empty()) last_forward_order_ = forward_order_;
+  UpdatePeak();
+  return output;
+}
+
+c10::ScalarType FullyShardedDataParallel::ReduceDtype(const Unit& unit) const {
+  return options_.reduce_dtype.value_or(unit.flat_grad.scalar_type());
+}
+
+void FullyShardedDataParallel::ReturnReduceLoans(Unit& unit) {
+  for (BufferPool::Loan* loan : {&unit.receive, &unit.cast}) {
+    if (loan->index >= 0) pools_->For(ReduceDtype(unit)).Return(*loan);
+    *loan = {};
+  }
+}
+
+void FullyShardedDataParallel::EnsureGradShard(Unit& unit) {
+  if (unit.shard.grad().defined()) return;
+  // The optimizer's zero_grad() set the gradient shard to None (LibTorch 2's default): start from
+  // zeros again, with the same aliasing as the constructor set up.
+  torch::NoGradGuard no_grad;
+  const int64_t s = unit.shard.numel();
+  switch (options_.strategy) {
+    case ShardingStrategy::kNoShard:
+      unit.flat_grad.zero_();
+      unit.shard.mutable_grad() = unit.flat_grad;
+      break;
+    case ShardingStrategy::kShardOptimizer:
+      unit.flat_grad.zero_();
+      unit.shard.mutable_grad() =
+          torch::empty({0}, unit.flat_grad.options()).set_(unit.flat_grad.storage(), rank_ * s, {s}, {1});
+      unit.grad_version = -1;
+      break;
+    case ShardingStrategy::kShardGradOp:
+    case ShardingStrategy::kFullShard:
+      unit.shard.mutable_grad() = torch::zeros({s}, unit.shard.options());
+      break;
+  }
+}
+
+void FullyShardedDataParallel::PreBackward(size_t u) {
+  if (!in_backward_) {
+    in_backward_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { Finalize(); });
+  }
+  Unit& unit = *units_[u];
+  if (!unit.grad_pending) EnsureGradShard(unit);
+  if (options_.strategy == ShardingStrategy::kShardOptimizer && sync_ && !unit.grad_pending) {
+    TORCH_CHECK(unit.shard.grad()._version() != unit.grad_version,
+                "FullyShardedDataParallel(zero1): gradients were not zeroed since the last synchronized "
+                "backward; call zero_grad() or accumulate under NoSync");
+  }
+  Gather(unit);
+  if (!Allocated(unit.flat_grad)) {
+    pools_->For(unit.flat_grad).LendTo(unit.flat_grad);
+    unit.flat_grad.zero_();
+  }
+  UpdatePeak();
+  if (!options_.prefetch) return;
+  // Backward runs the units in reverse forward order: prefetch the one before this.
+  auto at = std::find(last_forward_order_.begin(), last_forward_order_.end(), u);
+  if (at != last_forward_order_.end() && at != last_forward_order_.begin()) Prefetch(*units_[*(at - 1)]);
+}
+
+void FullyShardedDataParallel::OnGradReady(size_t u, size_t i) {
+  Unit& unit = *units_[u];
+  if (unit.ready[i]) return;
+  unit.ready[i] = true;
+  if (--unit.pending > 0) return;
+  Reshard(unit);  // This unit's backward is over.
+  if (sync_) {
+    Reduce(u);
+  } else {
+    unit.grad_pending = true;
+  }
+}
+
+void FullyShardedDataParallel::Reduce(size_t u) {
+  Unit& unit = *units_[u];
+  if (!unit.grad_pending) EnsureGradShard(unit);
+  FinishReductions(0);  // At most one reduction in flight: bounds the unsharded gradients held.
+  if (!Allocated(unit.flat_grad)) {  // Not part of this backward: reduces zeros.
+    pools_->For(unit.flat_grad).LendTo(unit.flat_grad);
+    unit.flat_grad.zero_();
+  }
+  if (options_.strategy == ShardingStrategy::kNoShard) {
+    std::vector<torch::Tensor> tensors{unit.flat_grad};
+    unit.all_reduce = pg_->allreduce(tensors);
+    if (world_ > 1) bytes_.all_reduce += 2 * Bytes(unit.flat_grad) / world_ * (world_ - 1);
+  } else {
+    const ReduceScatterAlgorithm algorithm = DefaultReduceScatter(*pg_);
+    const int64_t numel = ReduceScatterOp::ReceiveNumel(algorithm, unit.flat_grad.numel(), world_);
+    const c10::ScalarType reduce = ReduceDtype(unit);
+    const auto options = unit.flat_grad.options().dtype(reduce);
+    torch::Tensor input = unit.flat_grad;
+    if (reduce != unit.flat_grad.scalar_type()) {  // Mixed precision with another reduce dtype.
+      unit.cast = pools_->For(reduce).Lend(unit.flat_grad.numel());
+      input = torch::from_blob(unit.cast.data, {unit.flat_grad.numel()}, options);
+      input.copy_(unit.flat_grad);
+    }
+    unit.receive = pools_->For(reduce).Lend(numel);
+    unit.reduce_scatter =
+        ReduceScatterOp::Start(*pg_, input, &bytes_, algorithm, torch::from_blob(unit.receive.data, {numel}, options));
+  }
+  in_flight_.push_back(u);
+  UpdatePeak();
+}
+
+void FullyShardedDataParallel::FinishReductions(size_t keep) {
+  torch::NoGradGuard no_grad;
+  const double scale = 1.0 / world_;
+  while (in_flight_.size() > keep) {
+    Unit& unit = *units_[in_flight_.front()];
+    in_flight_.erase(in_flight_.begin());
+    switch (options_.strategy) {
+      case ShardingStrategy::kNoShard:
+        unit.all_reduce->wait();
+        unit.all_reduce.reset();
+        unit.flat_grad.mul_(scale);
+        break;
+      case ShardingStrategy::kShardOptimizer: {
+        unit.reduce_scatter.Finish(unit.shard.grad(), scale, false);
+        ReturnReduceLoans(unit);
+        const int64_t s = unit.shard.numel();
+        unit.flat_grad.narrow(0, 0, rank_ * s).zero_();  // Other ranks' shards: reduced there.
+        unit.flat_grad.narrow(0, (rank_ + 1) * s, unit.flat_grad.numel() - (rank_ + 1) * s).zero_();
+        unit.grad_version = unit.shard.grad()._version();
+        break;
+      }
+      case ShardingStrategy::kShardGradOp:
+      case ShardingStrategy::kFullShard:
+        unit.reduce_scatter.Finish(unit.shard.grad(), scale, true);
+        ReturnReduceLoans(unit);
+        pools_->For(unit.flat_grad).TakeFrom(unit.flat_grad);
+        break;
+    }
+    unit.grad_pending = false;
+  }
+}
+
+void FullyShardedDataParallel::Finalize() {
+  // Units that (partly) got no gradient in this backward: reduce what they have (zeros for the
+  // missing parameters), as PyTorch's FSDP does.
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = *units_[u];
+    if (unit.pending == 0) continue;
+    Reshard(unit);
+    if (sync_) {
+      Reduce(u);
+    } else if (Allocated(unit.flat_grad)) {
+      unit.grad_pending = true;
+    }
+  }
+  FinishReductions(0);
+  for (auto& unit : units_) {
+    std::fill(unit->ready.begin(), unit->ready.end(), false);
+    unit->pending = unit->params.size();
+    // A prefetch started in backward must not outlive the optimizer step that follows.
+    Reshard(*unit);
+    if (unit->gather_work) {
+      unit->gather_work->wait();
+      unit->gather_work.reset();
+    }
+    if (sync_) unit->stale = true;
+  }
+  in_backward_ = false;
+}
+
+std::map<std::string, torch::Tensor> FullyShardedDataParallel::FullParameters() {
+  std::map<std::string, torch::Tensor> result;
+  torch::NoGradGuard no_grad;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = *units_[u];
+    if (unit.full.scalar_type() != unit.shard.scalar_type() || options_.offload_optimizer) {
+      // Mixed precision or offload: the exact values are the master shards', gathered in their
+      // dtype on the backend's device, and returned where the shards live.
+      torch::Tensor flat = torch::empty({unit.full.numel()}, unit.full.options().dtype(unit.shard.dtype()));
+      StartAllGather(*pg_, unit.shard, flat, &bytes_)->wait();
+      for (size_t i = 0; i < unit.params.size(); ++i) {
+        result[infos_[u].param_names[i]] =
+            flat.narrow(0, unit.offsets[i], unit.params[i].numel()).view(unit.params[i].sizes()).to(
+                unit.shard.device(), /*non_blocking=*/false, /*copy=*/true);
+      }
+      continue;
+    }
+    Gather(unit);
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      result[infos_[u].param_names[i]] = unit.params[i].detach().clone();
+    }
+    Reshard(unit);
+  }
+  return result;
+}
+
+void FullyShardedDataParallel::ShardsChanged() {
+  for (auto& unit : units_) {
+    if (unit->gather_work) {
+      unit->gather_work->wait();
+      unit->gather_work.reset();
+    }
+    unit->gathered_version = -1;
+    if (unit->gathered) Reshard(*unit);
+  }
+}
+
+void FullyShardedDataParallel::BroadcastBuffers() {
+  std::vector<torch::Tensor> buffers;
+  for (const auto& b : module_->buffers()) buffers.push_back(b);
+  BroadcastFromRank0(*pg_, buffers, &bytes_);
+}
+
+}  // namespace elrun::trainer
