@@ -1,5 +1,6 @@
 // elrun: the command a user types. Parses torchrun's options, checks the entrypoint, then runs
-// the job: on this node alone (--standalone, static) or through the gRPC rendezvous.
+// the job: on this node alone (--standalone, static) or through a rendezvous (the grpc or the
+// etcd-v3 backend).
 #include <unistd.h>
 
 #include <string>

@@ -4,9 +4,10 @@
 // survivor of the last one has rejoined or been declared lost; spares fill vacancies only;
 // a scale-up ends a round at most once per last_call_timeout; an ended job is forgotten after
 // close_timeout whatever its sessions do. Each run is bound to its first node's run key (session_auth.h):
-// a node with another key, or none, is refused. The gRPC adapter (coordinator_service.h) feeds it one message at a time
-// and delivers what it sends through each session's SessionSink; tests call it directly.
-// Thread-safe: every public method takes the coordinator's mutex.
+// a node with another key, or none, is refused. The gRPC adapter (coordinator_server.h) and the etcd backend's
+// replica (etcd_rendezvous.h) feed it one message at a time and deliver what it sends through each session's
+// SessionSink; tests call it directly.
+// Thread-safe: every public method takes the coordinator's mutex, and SessionSink is called with it held.
 #ifndef ELRUN_AGENT_COORDINATOR_COORDINATOR_H_
 #define ELRUN_AGENT_COORDINATOR_COORDINATOR_H_
 
@@ -30,8 +31,8 @@ namespace elrun::rdzv {
 using TimePoint = std::chrono::steady_clock::time_point;
 using SessionId = uint64_t;
 
-// Where the coordinator's messages to one agent go. Implementations must not block and must
-// not call back into the Coordinator.
+// Where the coordinator's messages to one agent go. Called with the coordinator's mutex held:
+// implementations must not block and must not call back into the Coordinator.
 class SessionSink {
  public:
   virtual ~SessionSink() = default;

@@ -59,7 +59,8 @@ struct EtcdRendezvousOptions {
 class EtcdRendezvous : public AgentChannel {
  public:
   // Connects (authenticating), takes a lease, registers this node and starts replaying the
-  // job's log. Errors: etcd unreachable or refusing the user, bad TLS files.
+  // job's log. Errors: a run id that is empty or holds '/' (InvalidArgument), etcd unreachable
+  // or refusing the user, bad TLS files.
   static absl::StatusOr<std::unique_ptr<EtcdRendezvous>> Open(const EtcdRendezvousOptions& options);
   // Leaves: revokes the lease (the others see this node gone at once); the last node of the
   // job deletes its keys.

@@ -45,7 +45,7 @@ class RendezvousClient : public AgentChannel {
   // A coordinator that cannot be reached in time (down, or TLS settings that do not match)
   // shows up as the stream's end with UNAVAILABLE.
   static absl::StatusOr<std::unique_ptr<RendezvousClient>> Open(const ClientOptions& options);
-  // Cancels the stream and joins the reader thread.
+  // Cancels the stream and joins the reader and writer threads.
   ~RendezvousClient() override;
 
   // Queues one message for the writer thread (sent once the stream is open); never blocks on

@@ -51,7 +51,7 @@ class JobRuntime {
   HeartbeatServer* heartbeat() { return heartbeat_.get(); }
   // Gives `builder` what this runtime adds to every worker: --numa-binding's CPUs and memory
   // node, TORCHELASTIC_TIMER_FILE when the FileTimer watchdog runs, and ELRUN_HEARTBEAT_FILE
-  // with --worker-timeout or --worker-start-timeout.
+  // with --worker-timeout, --worker-start-timeout or --straggler-factor.
   void PrepareBuilder(AttemptBuilder& builder) const;
 
   // Called when the FileTimer watchdog (TORCHELASTIC_ENABLE_FILE_TIMER=1) signals a process of

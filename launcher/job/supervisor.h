@@ -65,7 +65,8 @@ class Supervisor {
   // When the event loop must call OnDeadline; nullopt when no stop is in progress.
   std::optional<std::chrono::steady_clock::time_point> deadline() const { return deadline_; }
   bool done() const { return state_ == State::kDone; }
-  // Valid once done(): 0 success, 1 failed, 128+signo after a forwarded signal.
+  // Valid once done(): 0 success, 1 failed, 128+signo after a forwarded signal, kExitStopped
+  // after Stop().
   int exit_code() const { return exit_code_; }
   int restart_count() const { return restart_count_; }
   int attempt() const { return attempt_; }

@@ -21,7 +21,7 @@ class OutputPump {
 
   int fd() const { return read_fd_; }
 
-  // Copies what can be read now. Returns false once the pipe reached EOF.
+  // Copies what can be read now. Returns false once the pipe reached EOF (or a read failed).
   bool Pump();
   // Copies everything readable now, then flushes a trailing partial line to the console.
   void Drain();

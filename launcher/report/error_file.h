@@ -19,7 +19,8 @@ struct WorkerError {
   std::optional<long long> timestamp;  // Seconds since the epoch, when given.
 };
 
-// NotFound when the worker wrote no file; InvalidArgument when the file is not in the format.
+// InvalidArgument when the text is not in the format; ReadErrorFile also NotFound when the
+// worker wrote no file (or it cannot be opened).
 absl::StatusOr<WorkerError> ParseErrorFile(const std::string& json);
 absl::StatusOr<WorkerError> ReadErrorFile(const std::string& path);
 
@@ -27,6 +28,7 @@ absl::StatusOr<WorkerError> ReadErrorFile(const std::string& path);
 // scheduler or an outer launcher), elrun writes too:
 // - the root-cause worker's error file, its "message.errorCode" set to the worker's exit code
 //   (negative signal number), as torch's ErrorHandler.dump_error_file does;
+//   InvalidArgument when the worker's file is not JSON or has no "message";
 absl::StatusOr<std::string> RootCauseErrorJson(const std::string& worker_json, int exit_code);
 // - otherwise a record in ErrorHandler.record_exception's format, {"message": {"message":
 //   "<Type>: <text>", "extraInfo": {"py_callstack": <details>, "timestamp": "<epoch s>"}}},
@@ -35,6 +37,7 @@ std::string ErrorRecordJson(const std::string& type_and_text, const std::string&
                             std::chrono::system_clock::time_point time, int exit_code);
 
 // Writes `json` to `path`, replacing what is there (torch removes an existing file first).
+// Internal when it cannot be written.
 absl::Status WriteErrorFile(const std::string& path, const std::string& json);
 
 }  // namespace elrun

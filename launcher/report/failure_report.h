@@ -1,6 +1,7 @@
 // The root-cause summary printed when a job fails: which worker failed first, how (exit code or
 // signal name), where, its own error message from TORCHELASTIC_ERROR_FILE and its logs, then the
-// other workers' ends. Pure formatting; thread-safe.
+// other workers' ends. Formatting, apart from ParentErrorJson and AttachWorkerFiles, which read
+// the worker's files; thread-safe.
 #ifndef ELRUN_LAUNCHER_REPORT_FAILURE_REPORT_H_
 #define ELRUN_LAUNCHER_REPORT_FAILURE_REPORT_H_
 
@@ -59,7 +60,8 @@ std::string ParentErrorJson(const std::vector<WorkerFailure>& failures, const st
 // or "no failure recorded".
 std::string DescribeFirstFailure(const std::vector<WorkerFailure>& failures);
 
-// Fills error, stdout_log and stderr_log of a failure from the files its worker left behind.
+// Fills error_file, error, stdout_log and stderr_log of a failure from the files its worker left
+// behind; an error file that does not parse becomes an error saying so.
 void AttachWorkerFiles(const WorkerLaunch& launch, WorkerFailure* failure);
 
 }  // namespace elrun

@@ -1,5 +1,7 @@
 // The rendezvous settings of a multi-node job, from --rdzv-endpoint, --rdzv-conf and the
-// environment (ELRUN_RDZV_TOKEN, ELRUN_RUN_TOKEN). Pure; thread-safe.
+// environment (ELRUN_RDZV_TOKEN, ELRUN_RUN_TOKEN, ELRUN_ETCD_PASSWORD). Reads the secret files
+// that --rdzv-conf names (token_file, run_token_file, etcd_password_file), nothing else.
+// Thread-safe.
 #ifndef ELRUN_LAUNCHER_SPEC_RDZV_SETTINGS_H_
 #define ELRUN_LAUNCHER_SPEC_RDZV_SETTINGS_H_
 
@@ -41,7 +43,9 @@ struct RdzvSettings {
 
 // Keys accepted in --rdzv-conf: elrun's own and torchrun's (keep_alive_interval,
 // keep_alive_max_attempt map onto the heartbeat; timeout, read_timeout and store_type are
-// accepted and unused). An unknown key or a bad value is InvalidArgument naming it.
+// accepted and unused). Every error is InvalidArgument naming the key: an unknown key, a bad
+// value, an unreadable secret file, or settings that do not go together (heartbeat_timeout not
+// above the interval, etcd_user without a password, tls_cert without tls_key or the reverse).
 absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec,
                                                const std::map<std::string, std::string>& env);
 

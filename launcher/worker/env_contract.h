@@ -1,5 +1,6 @@
-// The worker environment contract (DESIGN.md, the same as torchrun's): which variables each
-// worker gets, from the job spec and this node's place in the rendezvous round. Pure functions.
+// The worker environment contract (docs/architecture.md, the same as torchrun's): which
+// variables each worker gets, from the job spec and this node's place in the rendezvous round.
+// Pure functions.
 #ifndef ELRUN_LAUNCHER_WORKER_ENV_CONTRACT_H_
 #define ELRUN_LAUNCHER_WORKER_ENV_CONTRACT_H_
 

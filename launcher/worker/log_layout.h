@@ -1,6 +1,6 @@
 // Where a job's files go: <log_dir>/<run_id>/attempt_<n>/<local_rank>/{stdout,stderr}.log and
 // error.json, and which of a worker's streams go to files, the console or both. Pure apart from
-// CreateRankDir, which makes directories. Thread-compatible.
+// PrepareRankDir and RemoveEmptyDirs, which make and remove directories. Thread-compatible.
 #ifndef ELRUN_LAUNCHER_WORKER_LOG_LAYOUT_H_
 #define ELRUN_LAUNCHER_WORKER_LOG_LAYOUT_H_
 
@@ -28,7 +28,9 @@ class LogLayout {
   std::string FilteredPath(int attempt, bool stdout_stream) const;
 
   // mkdir -p of RankDir, and removes a stale error.json left by an earlier run in the same
-  // directory, so that a report never shows another run's error.
+  // directory, so that a report never shows another run's error (for local rank 0, the
+  // attempt's filtered logs too). FailedPrecondition when a directory cannot be made or a
+  // stale file cannot be removed.
   absl::Status PrepareRankDir(int attempt, int local_rank) const;
 
   // Removes the directories below RunDir (and RunDir itself) that are empty; files stay.

@@ -1,4 +1,4 @@
-"""The worker environment contract (DESIGN.md), pinned line by line.
+"""The worker environment contract (docs/architecture.md), pinned line by line.
 
 Real PyTorch workers (gloo, init_method=env://, all_reduce) check the contract from inside and
 write what they saw; the test checks the files again across ranks. Cheap Python workers
