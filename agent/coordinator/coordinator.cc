@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "agent/coordinator/group_ranks.h"
 #include "agent/coordinator/session_auth.h"
 #include "agent/coordinator/wire_checks.h"
@@ -102,7 +103,7 @@ Coordinator::Coordinator(Options options)
       nonce_(options.nonce ? std::move(options.nonce) : [](SessionId) { return RandomNonce(); }) {}
 
 void Coordinator::OnConnect(SessionId id, SessionSink* sink, TimePoint now) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Session& session = sessions_[id] = Session{sink, "", now, false, nonce_(id), false};
   unjoined_.insert({now, id});
   v1::CoordinatorMessage challenge;
@@ -151,7 +152,7 @@ absl::Status Coordinator::OnMessage(SessionId id, const v1::AgentMessage& messag
   if (message.has_join() && !message.join().run_key().empty()) {
     std::string nonce;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       auto session = sessions_.find(id);
       if (session != sessions_.end() && !session->second.authenticated) nonce = session->second.nonce;
     }
@@ -161,7 +162,7 @@ absl::Status Coordinator::OnMessage(SessionId id, const v1::AgentMessage& messag
                                             join.run_id(), join.node_id());
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   absl::Status status = HandleMessage(id, message, now, signature_valid);
   if (!status.ok()) {
     ++counters_.refused[absl::AsciiStrToLower(absl::StatusCodeToString(status.code()))];
@@ -490,7 +491,7 @@ void Coordinator::EndJob(Job& job, bool success, const std::string& detail, Time
 }
 
 void Coordinator::OnDisconnect(SessionId id, TimePoint now, const std::string& why) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto session = sessions_.find(id);
   if (session == sessions_.end()) return;
   std::string run_id = session->second.run_id;
@@ -512,7 +513,7 @@ void Coordinator::RemoveNode(const std::string& run_id, SessionId id, const std:
   if (by_id != job->node_ids.end() && by_id->second == id) job->node_ids.erase(by_id);
   if (job->nodes.empty()) {
     jobs_.erase(run_id);  // Nobody left: a later Join with this run id starts a new job.
-    job_gone_.notify_all();
+    job_gone_.SignalAll();
     return;
   }
   if (job->phase == Phase::kRunning && node.state == NodeState::kActive) {
@@ -534,7 +535,7 @@ void Coordinator::RemoveNode(const std::string& run_id, SessionId id, const std:
 }
 
 void Coordinator::Tick(TimePoint now) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   // Sessions that never joined (a client that opened a stream and went quiet) are closed.
   while (!unjoined_.empty() && now >= unjoined_.begin()->first + first_join_timeout_) {
     Session& session = sessions_.at(unjoined_.begin()->second);
@@ -633,7 +634,7 @@ void Coordinator::Evict(const std::string& run_id, const std::vector<SessionId>&
 }
 
 std::optional<TimePoint> Coordinator::NextDeadline() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::optional<TimePoint> next;
   auto consider = [&next](TimePoint t) {
     if (!next || t < *next) next = t;
@@ -657,7 +658,7 @@ std::optional<TimePoint> Coordinator::NextDeadline() const {
 }
 
 std::optional<JobView> Coordinator::View(const std::string& run_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = jobs_.find(run_id);
   if (it == jobs_.end()) return std::nullopt;
   const Job& job = it->second;
@@ -676,7 +677,7 @@ std::optional<JobView> Coordinator::View(const std::string& run_id) const {
 CoordinatorSnapshot Coordinator::Snapshot() const {
   static const char* const kPhases[] = {"gathering", "running", "done"};
   static const char* const kStates[] = {"pending", "wait_listed", "active", "stopping", "done"};
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   CoordinatorSnapshot snapshot;
   snapshot.counters = counters_;
   snapshot.sessions = sessions_.size();
@@ -707,12 +708,17 @@ CoordinatorSnapshot Coordinator::Snapshot() const {
 
 bool Coordinator::WaitUntilJobGone(const std::string& run_id,
                                    std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return job_gone_.wait_until(lock, deadline, [&] { return jobs_.count(run_id) == 0; });
+  absl::MutexLock lock(&mu_);
+  while (jobs_.count(run_id) != 0) {
+    std::chrono::steady_clock::duration left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) return false;
+    job_gone_.WaitWithTimeout(&mu_, absl::FromChrono(left));
+  }
+  return true;
 }
 
 size_t Coordinator::job_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return jobs_.size();
 }
 

@@ -12,17 +12,17 @@
 #define ELRUN_AGENT_COORDINATOR_COORDINATOR_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/coordinator/protocol_version.h"
 #include "proto/rendezvous.pb.h"
 
@@ -109,32 +109,35 @@ class Coordinator {
 
   // A new agent stream: sends it the session's Challenge. `sink` must stay valid until
   // OnDisconnect(id) has returned.
-  void OnConnect(SessionId id, SessionSink* sink, TimePoint now);
+  void OnConnect(SessionId id, SessionSink* sink, TimePoint now) ABSL_LOCKS_EXCLUDED(mu_);
 
   // One message from a session. A bad message (malformed, for another run id, out of order)
   // returns an error status and changes nothing; the caller ends the stream with it.
-  absl::Status OnMessage(SessionId id, const v1::AgentMessage& message, TimePoint now);
+  absl::Status OnMessage(SessionId id, const v1::AgentMessage& message, TimePoint now)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The stream ended (the agent died, left, or the stream broke); `why` goes into the round's
   // end as the node's cause.
-  void OnDisconnect(SessionId id, TimePoint now, const std::string& why = "its stream closed");
+  void OnDisconnect(SessionId id, TimePoint now, const std::string& why = "its stream closed")
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Applies every timeout due at `now`: a session's first Join, heartbeats, last call, join
   // timeout, a deferred scale-up, close timeout.
-  void Tick(TimePoint now);
+  void Tick(TimePoint now) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The earliest time Tick has something to do; nullopt when nothing is pending.
-  std::optional<TimePoint> NextDeadline() const;
+  std::optional<TimePoint> NextDeadline() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  std::optional<JobView> View(const std::string& run_id) const;
+  std::optional<JobView> View(const std::string& run_id) const ABSL_LOCKS_EXCLUDED(mu_);
   // Every job and node with the counters, taken under the lock at one instant.
-  CoordinatorSnapshot Snapshot() const;
-  size_t job_count() const;
+  CoordinatorSnapshot Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
+  size_t job_count() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocks until no node of `run_id` is connected any more (the job is forgotten) or `deadline`
   // passes; true in the first case. An agent hosting the coordinator calls this after its own
   // end so that the other nodes receive the job's end before the server stops.
-  bool WaitUntilJobGone(const std::string& run_id, std::chrono::steady_clock::time_point deadline);
+  bool WaitUntilJobGone(const std::string& run_id, std::chrono::steady_clock::time_point deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   enum class NodeState { kPending, kWaitListed, kActive, kStopping, kDone };
@@ -195,41 +198,46 @@ class Coordinator {
   // outside the lock.
   absl::Status VerifyProof(const Session& session, const v1::Join& join, std::optional<bool> signature_valid) const;
   // Marks the session authenticated and sends its Welcome, the coordinator's own proof.
-  void Welcome(SessionId id, Session& session, const v1::Join& join);
+  void Welcome(SessionId id, Session& session, const v1::Join& join) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Status HandleMessage(SessionId id, const v1::AgentMessage& message, TimePoint now,
-                             std::optional<bool> signature_valid);
+                             std::optional<bool> signature_valid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandleJoin(SessionId id, Session& session, const v1::Join& join, TimePoint now,
-                          std::optional<bool> signature_valid);
-  absl::Status HandleWorkersEnded(Job& job, Node& node, const v1::WorkersEnded& ended);
-  absl::Status HandlePaces(SessionId id, Job& job, Node& node, const v1::Paces& paces);
-  void MaybeCompleteRound(Job& job, TimePoint now);
-  void CompleteRound(Job& job, TimePoint now);
-  void EndRound(Job& job, v1::RoundEnded::Reason reason, const std::string& detail, TimePoint now);
-  void EndJob(Job& job, bool success, const std::string& detail, TimePoint now);
+                          std::optional<bool> signature_valid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status HandleWorkersEnded(Job& job, Node& node, const v1::WorkersEnded& ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status HandlePaces(SessionId id, Job& job, Node& node, const v1::Paces& paces)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeCompleteRound(Job& job, TimePoint now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteRound(Job& job, TimePoint now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndRound(Job& job, v1::RoundEnded::Reason reason, const std::string& detail, TimePoint now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndJob(Job& job, bool success, const std::string& detail, TimePoint now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the sessions of a job's remaining nodes with `status` and forgets them, and the job
   // when nobody is left.
   void Evict(const std::string& run_id, const std::vector<SessionId>& ids, const absl::Status& status,
-             const std::string& why, const char* reason, TimePoint now);
-  void TickJob(const std::string& run_id, TimePoint now);
+             const std::string& why, const char* reason, TimePoint now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TickJob(const std::string& run_id, TimePoint now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a node that died or hung; reacts as the job's phase requires. May erase the job.
-  void RemoveNode(const std::string& run_id, SessionId id, const std::string& why, TimePoint now);
-  void Send(SessionId id, const v1::CoordinatorMessage& message);
+  void RemoveNode(const std::string& run_id, SessionId id, const std::string& why, TimePoint now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Send(SessionId id, const v1::CoordinatorMessage& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int Count(const Job& job, NodeState state) const;
   static void SetState(Job& job, Node& node, NodeState state);
-  Job* FindJob(const std::string& run_id);
+  Job* FindJob(const std::string& run_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::chrono::milliseconds first_join_timeout_;
   const bool heartbeats_;
   const std::string key_;  // TokenKey(token), empty without a token.
   const std::function<std::string(SessionId)> nonce_;
-  mutable std::mutex mu_;
-  std::condition_variable job_gone_;  // Notified when a job is erased.
-  std::map<SessionId, Session> sessions_;  // Guarded by mu_.
-  // Sessions not joined and not closing, by the time they opened. Guarded by mu_.
-  std::set<std::pair<TimePoint, SessionId>> unjoined_;
-  std::map<std::string, Job> jobs_;        // Guarded by mu_.
-  CoordinatorCounters counters_;           // Guarded by mu_.
+  mutable absl::Mutex mu_;
+  absl::CondVar job_gone_;  // Signalled when a job is erased.
+  std::map<SessionId, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  // Sessions not joined and not closing, by the time they opened.
+  std::set<std::pair<TimePoint, SessionId>> unjoined_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  CoordinatorCounters counters_ ABSL_GUARDED_BY(mu_);
 };
 
 // Checks a Join's fields (sizes, ranges, protocol version) before it reaches any state.

@@ -78,7 +78,10 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(const EtcdOption
   if (!credentials.ok()) return credentials.status();
   std::unique_ptr<EtcdClient> client(new EtcdClient(options));
   // Agents start on different members, so that a big job does not load one member alone.
-  client->current_ = static_cast<size_t>(std::random_device{}()) % options.endpoints.size();
+  {
+    absl::MutexLock lock(&client->mu_);
+    client->current_ = static_cast<size_t>(std::random_device{}()) % options.endpoints.size();
+  }
   for (const std::string& endpoint : options.endpoints) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);  // A page of a big job's log.
@@ -128,14 +131,14 @@ absl::Status EtcdClient::Authenticate(Member& member) {
     return absl::UnauthenticatedError(
         absl::StrCat("etcd refused user '", options_.user, "': ", status.error_message()));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   token_ = response.token();
   return absl::OkStatus();
 }
 
 void EtcdClient::SetUp(grpc::ClientContext& context, bool deadline) {
   if (deadline) context.set_deadline(std::chrono::system_clock::now() + options_.call_timeout);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!token_.empty()) context.AddMetadata("token", token_);
 }
 
@@ -144,7 +147,7 @@ absl::Status EtcdClient::Retry(const char* what, Call call, std::optional<RetryP
   auto give_up = std::chrono::steady_clock::now() + options_.retry_for;
   size_t index;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     index = plan ? plan->start % members_.size() : current_;
   }
   bool reauthenticated = false;
@@ -156,7 +159,7 @@ absl::Status EtcdClient::Retry(const char* what, Call call, std::optional<RetryP
     if (plan) context.set_deadline(std::chrono::system_clock::now() + std::min(plan->attempt, options_.call_timeout));
     last = call(member, context);
     if (last.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       current_ = index;
       return absl::OkStatus();
     }
@@ -277,11 +280,11 @@ class EtcdClient::KeepAliveStream {
 EtcdClient::~EtcdClient() = default;  // (KeepAliveStream is complete here.)
 
 absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease_id) {
-  std::lock_guard<std::mutex> lock(keepalive_mu_);
+  absl::MutexLock lock(&keepalive_mu_);
   if (!keepalive_) {
     size_t index;
     {
-      std::lock_guard<std::mutex> guard(mu_);
+      absl::MutexLock guard(&mu_);
       index = current_;
     }
     // The first stream goes to the etcd leader: a follower forwards each renewal to the leader

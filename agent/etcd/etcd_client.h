@@ -12,13 +12,14 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/net/transport.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
@@ -102,13 +103,14 @@ class EtcdClient {
 
   const EtcdOptions options_;
   std::vector<std::unique_ptr<Member>> members_;
-  std::mutex mu_;
-  size_t current_ = 0;     // The member that answered last. Guarded by mu_.
-  std::string token_;      // etcd's auth token. Guarded by mu_.
-  std::mutex keepalive_mu_;
-  std::unique_ptr<KeepAliveStream> keepalive_;  // Guarded by keepalive_mu_.
-  size_t keepalive_member_ = 0;                  // Its member. Guarded by keepalive_mu_.
-  bool leader_looked_up_ = false;                // For the first stream. Guarded by keepalive_mu_.
+  absl::Mutex mu_;
+  size_t current_ ABSL_GUARDED_BY(mu_) = 0;  // The member that answered last.
+  std::string token_ ABSL_GUARDED_BY(mu_);   // etcd's auth token.
+  // Taken before mu_ when both are held.
+  absl::Mutex keepalive_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::unique_ptr<KeepAliveStream> keepalive_ ABSL_GUARDED_BY(keepalive_mu_);
+  size_t keepalive_member_ ABSL_GUARDED_BY(keepalive_mu_) = 0;  // Its member.
+  bool leader_looked_up_ ABSL_GUARDED_BY(keepalive_mu_) = false;  // For the first stream.
 };
 
 // One watch stream. Read blocks for the next response (events of any of its watchers); Cancel

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "agent/coordinator/session_auth.h"
 
 namespace elrun::rdzv {
@@ -260,18 +261,22 @@ EtcdRendezvous::EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<Et
 
 EtcdRendezvous::~EtcdRendezvous() {
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     // A leader leaving hands over what its replica made: the others would otherwise wait for
     // the next in line to replay the log and write it.
     if (leading_) {
-      flushed_.wait_for(lock, 2 * options_.etcd.call_timeout,
-                        [this] { return outputs_.empty() && outbox_.empty() && !writing_; });
+      const auto until = std::chrono::steady_clock::now() + 2 * options_.etcd.call_timeout;
+      while (!(outputs_.empty() && outbox_.empty() && !writing_)) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= until) break;
+        flushed_.WaitWithTimeout(&mu_, absl::FromChrono(until - now));
+      }
     }
     stop_ = true;
     if (watch_) watch_->Cancel();
   }
-  wake_.notify_all();
-  renew_wake_.notify_all();
+  wake_.SignalAll();
+  renew_wake_.SignalAll();
   reader_.join();
   writer_.join();
   renewer_.join();
@@ -290,7 +295,7 @@ EtcdRendezvous::~EtcdRendezvous() {
 std::string EtcdRendezvous::OutPrefix(uint64_t session) const { return absl::StrCat(base_, "out/", session, "/"); }
 
 bool EtcdRendezvous::Write(const v1::AgentMessage& message) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (ended_) return false;
   if (message.has_heartbeat()) return true;
   v1::LogEntry entry;
@@ -298,14 +303,14 @@ bool EtcdRendezvous::Write(const v1::AgentMessage& message) {
   entry.set_session(session_);
   *entry.mutable_message() = message;
   outbox_.push_back({LogKey(absl::StrCat("m/", session_, "/", next_seq_++)), entry.SerializeAsString()});
-  wake_.notify_all();
+  wake_.SignalAll();
   return true;
 }
 
 std::deque<v1::CoordinatorMessage> EtcdRendezvous::Take() {
   uint64_t drained;
   (void)!::read(event_fd_, &drained, sizeof(drained));
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::deque<v1::CoordinatorMessage> out;
   out.swap(inbox_);
   if (ended_) Signal(event_fd_);  // Stays readable: the end is still to be seen.
@@ -313,23 +318,23 @@ std::deque<v1::CoordinatorMessage> EtcdRendezvous::Take() {
 }
 
 std::optional<absl::Status> EtcdRendezvous::ended() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return ended_;
 }
 
 void EtcdRendezvous::Deliver(const v1::CoordinatorMessage& message) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (ended_) return;
   inbox_.push_back(message);
   Signal(event_fd_);
 }
 
 void EtcdRendezvous::End(const absl::Status& status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (ended_) return;
   ended_ = status;
   Signal(event_fd_);
-  wake_.notify_all();
+  wake_.SignalAll();
 }
 
 // ------------------------------------------------------------------------- the reader
@@ -339,7 +344,7 @@ void EtcdRendezvous::ReadLoop() {
   while (true) {
     bool leading;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       // A leader whose own session ended still leads until it leaves: the others' outputs.
       if (stop_ || (ended_ && !leading_)) return;
       leading = leading_;
@@ -415,20 +420,22 @@ absl::Status EtcdRendezvous::Follow() {
   }
   const std::string ahead = ahead_;
   if (ahead.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!ended_) leading_ = true;  // Every node before this one is gone.
     return absl::OkStatus();
   }
   auto opened = client_->Watch({{mine, PrefixEnd(mine)}, {ahead, ""}}, at + 1);
   if (!opened.ok()) return opened.status();
+  EtcdWatch* watch;  // Only this thread resets watch_: it reads through it without the lock.
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stop_) return absl::OkStatus();
     watch_ = *std::move(opened);
+    watch = watch_.get();
   }
   bool gone = false;  // The predecessor.
   etcdpb::WatchResponse response;
-  while (!gone && watch_->Read(&response)) {
+  while (!gone && watch->Read(&response)) {
     if (response.canceled() || response.compact_revision() > 0) break;  // Read the keys again.
     for (const mvccpb::Event& event : response.events()) {
       if (event.type() == mvccpb::Event::PUT && absl::StartsWith(event.kv().key(), mine)) {
@@ -441,7 +448,7 @@ absl::Status EtcdRendezvous::Follow() {
   if (gone) ahead_.clear();  // The next look reads the line.
   // The watch ran, and ended (its member died, or the predecessor went): look again. Only
   // reads and watches that cannot be opened count against the cluster.
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   watch_->Cancel();
   (void)watch_->Finish();
   watch_.reset();
@@ -464,7 +471,7 @@ void EtcdRendezvous::OnOutput(const mvccpb::KeyValue& kv) {
 void EtcdRendezvous::TakeOutput(uint64_t seq, const v1::OutEntry& entry) {
   uint64_t next;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     next = delivered_;
   }
   if (seq < next) return;  // Taken already (written again by a new leader, or read twice).
@@ -481,7 +488,7 @@ void EtcdRendezvous::TakeOutput(uint64_t seq, const v1::OutEntry& entry) {
       Deliver(it->second.message());
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   delivered_ = next;
 }
 
@@ -492,13 +499,15 @@ absl::Status EtcdRendezvous::Lead() {
   const std::string nodes = base_ + "nodes/";
   auto opened = client_->Watch({{log, PrefixEnd(log)}, {nodes, PrefixEnd(nodes)}}, *revision + 1);
   if (!opened.ok()) return opened.status();
+  EtcdWatch* watch;  // Only this thread resets watch_: it reads through it without the lock.
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stop_) return absl::OkStatus();
     watch_ = *std::move(opened);
+    watch = watch_.get();
   }
   etcdpb::WatchResponse response;
-  while (watch_->Read(&response)) {
+  while (watch->Read(&response)) {
     if (response.canceled() || response.compact_revision() > 0) break;  // Read the keys again.
     for (const mvccpb::Event& event : response.events()) {
       const std::string& key = event.kv().key();
@@ -512,7 +521,7 @@ absl::Status EtcdRendezvous::Lead() {
   }
   // The watch ran, and ended (its member died, or the predecessor went): look again. Only
   // reads and watches that cannot be opened count against the cluster.
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   watch_->Cancel();
   (void)watch_->Finish();
   watch_.reset();
@@ -560,9 +569,9 @@ absl::StatusOr<int64_t> EtcdRendezvous::CatchUp() {
     absl::Status written = ReadWritten(at);
     if (!written.ok()) return written;
     replica_ready_ = true;
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     outputs_.push_front({base_ + "leader", options_.node_id});
-    wake_.notify_all();
+    wake_.SignalAll();
   }
   while (true) {
     etcdpb::RangeRequest page = InCreateOrder(log, etcdpb::RangeRequest::ASCEND, 1000);
@@ -601,10 +610,10 @@ void EtcdRendezvous::OnPresenceGone(const std::string& node_id) {
   entry.set_time_ms(WallMs());
   entry.set_session(session);
   entry.set_disconnect("its etcd lease ended (the agent left, died or stalled)");
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!disconnects_asked_.insert(session).second) return;
   outbox_.push_back({LogKey(absl::StrCat("d/", session)), entry.SerializeAsString()});
-  wake_.notify_all();
+  wake_.SignalAll();
 }
 
 void EtcdRendezvous::Output(uint64_t session, v1::OutEntry entry) {
@@ -618,16 +627,16 @@ void EtcdRendezvous::Output(uint64_t session, v1::OutEntry entry) {
   if (seq == 0 && entry.has_message() && entry.message().has_challenge()) return;
   auto written = written_.find(session);
   if (written != written_.end() && seq < written->second) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   outputs_.push_back({absl::StrCat(OutPrefix(session), seq), entry.SerializeAsString()});
-  wake_.notify_all();
+  wake_.SignalAll();
 }
 
 void EtcdRendezvous::Applied() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   trim_.Wrote(std::chrono::steady_clock::now());
   replica_changed_ = true;
-  wake_.notify_all();
+  wake_.SignalAll();
 }
 
 void EtcdRendezvous::CloseSession(uint64_t session, const absl::Status& status) {
@@ -690,17 +699,19 @@ void EtcdRendezvous::Apply(const mvccpb::KeyValue& kv) {
 void EtcdRendezvous::RenewLoop() {
   const auto renew_every = std::max(std::chrono::milliseconds(200), options_.lease_ttl / 3);
   auto renewed_at = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (true) {
     // While this node may write: a follower whose session ended has left the line (the writer
     // revoked its lease); a leader whose own session ended still fences its writes with it.
     auto next = std::chrono::steady_clock::now() + renew_every;
-    renew_wake_.wait_until(lock, next, [this] { return stop_; });
+    for (auto now = std::chrono::steady_clock::now(); !stop_ && now < next; now = std::chrono::steady_clock::now()) {
+      renew_wake_.WaitWithTimeout(&mu_, absl::FromChrono(next - now));
+    }
     if (stop_) return;
     if (ended_ && !leading_) continue;
-    lock.unlock();
+    mu_.Unlock();
     auto renewed = client_->KeepAlive(lease_);
-    lock.lock();
+    mu_.Lock();
     if (renewed.ok()) {
       renewed_at = std::chrono::steady_clock::now();
       continue;
@@ -711,13 +722,13 @@ void EtcdRendezvous::RenewLoop() {
                   std::chrono::steady_clock::now() - renewed_at < options_.lease_ttl)) {
       continue;
     }
-    lock.unlock();
+    mu_.Unlock();
     End(absl::UnavailableError(
         renewed.status().code() == absl::StatusCode::kNotFound
             ? absl::StrCat("this node's etcd lease expired (stalled or cut off for longer than the ",
                            options_.lease_ttl.count() / 1000.0, " s heartbeat_timeout)")
             : absl::StrCat("cannot renew the etcd lease: ", renewed.status().message())));
-    lock.lock();
+    mu_.Lock();
   }
 }
 
@@ -749,18 +760,18 @@ void EtcdRendezvous::WriteLoop() {
   // How long the writer waits when nothing falls due (it is woken for any work).
   constexpr std::chrono::seconds kIdle{60};
   int64_t ticked_for = -1;  // The deadline last logged, not again.
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   // A write is retried until it is done, the lease is lost (the renewer renews meanwhile) or
   // the node leaves: a busy cluster only delays the job.
   // After this node's own session ended, only a leader writes (its replica's outputs).
-  auto may_write = [this] { return !ended_ || leading_; };
-  auto retry = [&](const std::function<absl::Status()>& write) {
+  auto may_write = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !ended_ || leading_; };
+  auto retry = [&](const std::function<absl::Status()>& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::Status status;
     writing_ = true;
     while (!stop_ && may_write()) {
-      lock.unlock();
+      mu_.Unlock();
       status = write();
-      lock.lock();
+      mu_.Lock();
       if (status.code() != absl::StatusCode::kUnavailable && status.code() != absl::StatusCode::kDeadlineExceeded) {
         break;  // Refused (permissions, a bad request, the lead lost): no retry will do.
       }
@@ -773,13 +784,13 @@ void EtcdRendezvous::WriteLoop() {
       leading_ = false;
       if (watch_) watch_->Cancel();
     }
-    if (outputs_.empty() && outbox_.empty()) flushed_.notify_all();
+    if (outputs_.empty() && outbox_.empty()) flushed_.SignalAll();
     if (!status.ok() && !stop_ && !ended_) {
-      lock.unlock();
+      mu_.Unlock();
       End(absl::UnavailableError(status.code() == absl::StatusCode::kNotFound
                                      ? absl::StrCat("lost the lead of the job's rendezvous: ", status.message())
                                      : absl::StrCat("cannot write to etcd: ", status.message())));
-      lock.lock();
+      mu_.Lock();
     }
   };
   bool left = false;
@@ -790,11 +801,11 @@ void EtcdRendezvous::WriteLoop() {
       // wait for this one to take a lead it would not take.
       if (!left) {
         left = true;
-        lock.unlock();
+        mu_.Unlock();
         (void)client_->RevokeLease(lease_);
-        lock.lock();
+        mu_.Lock();
       }
-      wake_.wait(lock, [this] { return stop_; });
+      while (!stop_) wake_.Wait(&mu_);
       continue;
     }
     if (!outbox_.empty()) {
@@ -825,9 +836,9 @@ void EtcdRendezvous::WriteLoop() {
     // (The coordinator's lock is taken without mu_: the reader holds it while delivering.)
     replica_changed_ = false;
     if (leading_) {
-      lock.unlock();
+      mu_.Unlock();
       std::optional<TimePoint> deadline = coordinator_.NextDeadline();
-      lock.lock();
+      mu_.Lock();
       if (deadline) {
         int64_t due = std::chrono::duration_cast<std::chrono::milliseconds>(deadline->time_since_epoch()).count();
         int64_t wall = WallMs();
@@ -844,9 +855,9 @@ void EtcdRendezvous::WriteLoop() {
       // After a burst of writes, etcd's read buffer goes with the spare lease (etcd_quiet_trim.h).
       switch (trim_.Due(now)) {
         case EtcdQuietTrim::Step::kGrant: {
-          lock.unlock();
+          mu_.Unlock();
           auto spare = client_->GrantLease(kSpareLeaseTtl.count());
-          lock.lock();
+          mu_.Lock();
           if (spare.ok()) {
             trim_.Granted(*spare);
           } else {
@@ -856,9 +867,9 @@ void EtcdRendezvous::WriteLoop() {
         }
         case EtcdQuietTrim::Step::kRevoke: {
           const int64_t spare = trim_.lease();
-          lock.unlock();
+          mu_.Unlock();
           (void)client_->RevokeLease(spare);  // Or it expires: a delete-only commit as well.
-          lock.lock();
+          mu_.Lock();
           trim_.Revoked(now);
           continue;
         }
@@ -869,9 +880,11 @@ void EtcdRendezvous::WriteLoop() {
         wait_until = std::min(wait_until, *trim_due);
       }
     }
-    wake_.wait_until(lock, wait_until, [&] {
-      return stop_ || (may_write() && (!outbox_.empty() || !outputs_.empty())) || replica_changed_;
-    });
+    for (now = std::chrono::steady_clock::now();
+         !(stop_ || (may_write() && (!outbox_.empty() || !outputs_.empty())) || replica_changed_) && now < wait_until;
+         now = std::chrono::steady_clock::now()) {
+      wake_.WaitWithTimeout(&mu_, absl::FromChrono(wait_until - now));
+    }
   }
 }
 

@@ -21,20 +21,20 @@
 #define ELRUN_AGENT_ETCD_ETCD_RENDEZVOUS_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/coordinator/agent_channel.h"
 #include "agent/coordinator/coordinator.h"
 #include "agent/etcd/etcd_client.h"
@@ -158,24 +158,26 @@ class EtcdRendezvous : public AgentChannel {
   int64_t applied_ = 0;      // The last log entry applied (its create revision).
   int64_t log_time_ms_ = 0;  // The replica's clock.
 
-  mutable std::mutex mu_;
-  std::condition_variable wake_;                // The writer's.
-  std::condition_variable renew_wake_;          // The renewer's: only to stop.
-  std::condition_variable flushed_;             // Nothing left to write (a leader leaving).
-  bool writing_ = false;                        // The writer is in a write. Guarded by mu_.
-  std::deque<v1::CoordinatorMessage> inbox_;    // Guarded by mu_.
-  std::optional<absl::Status> ended_;           // Guarded by mu_.
-  uint64_t delivered_ = 0;                      // This node's outputs taken. Guarded by mu_.
-  bool leading_ = false;                        // Guarded by mu_.
-  std::deque<Put> outbox_;                      // Log entries to append. Guarded by mu_.
-  std::deque<Put> outputs_;                     // The leader's, to write. Guarded by mu_.
-  std::set<uint64_t> disconnects_asked_;        // Guarded by mu_.
-  bool stop_ = false;                           // Guarded by mu_.
-  bool replica_changed_ = false;                // Guarded by mu_.
-  uint64_t next_seq_ = 0;                       // Guarded by mu_.
-  std::unique_ptr<EtcdWatch> watch_;            // Guarded by mu_ (Cancel from the destructor).
-  // The leader's: when it clears etcd's read buffer after a burst of writes. Guarded by mu_.
-  EtcdQuietTrim trim_{std::chrono::seconds(1)};
+  mutable absl::Mutex mu_;
+  absl::CondVar wake_;                          // The writer's.
+  absl::CondVar renew_wake_;                    // The renewer's: only to stop.
+  absl::CondVar flushed_;                       // Nothing left to write (a leader leaving).
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;  // The writer is in a write.
+  std::deque<v1::CoordinatorMessage> inbox_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> ended_ ABSL_GUARDED_BY(mu_);
+  uint64_t delivered_ ABSL_GUARDED_BY(mu_) = 0;  // This node's outputs taken.
+  bool leading_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Put> outbox_ ABSL_GUARDED_BY(mu_);   // Log entries to append.
+  std::deque<Put> outputs_ ABSL_GUARDED_BY(mu_);  // The leader's, to write.
+  std::set<uint64_t> disconnects_asked_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool replica_changed_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set and reset by the reader thread, which reads it without the lock; Cancel from the
+  // writer and the destructor.
+  std::unique_ptr<EtcdWatch> watch_ ABSL_GUARDED_BY(mu_);
+  // The leader's: when it clears etcd's read buffer after a burst of writes.
+  EtcdQuietTrim trim_ ABSL_GUARDED_BY(mu_){std::chrono::seconds(1)};
   std::thread reader_;
   std::thread writer_;
   std::thread renewer_;

@@ -17,11 +17,12 @@
 #include <cstring>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/net/tcp_listen.h"
 
 namespace elrun::rdzv {
@@ -110,7 +111,7 @@ class ConnectionGate::Relay {
   int max_connections() const { return max_connections_; }
   int max_per_peer() const { return max_per_peer_; }
   GateCounts counts() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return counts_;
   }
 
@@ -290,7 +291,7 @@ class ConnectionGate::Relay {
 
   template <typename F>
   void Count(F update) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     update(counts_);
   }
 
@@ -309,8 +310,8 @@ class ConnectionGate::Relay {
   std::map<int, std::shared_ptr<Connection>> connections_;  // By client and by backend fd.
   std::map<std::string, int> per_peer_;
   std::deque<std::pair<Clock::time_point, std::weak_ptr<Connection>>> silent_;  // By deadline.
-  mutable std::mutex mu_;
-  GateCounts counts_;  // Guarded by mu_.
+  mutable absl::Mutex mu_;
+  GateCounts counts_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::StatusOr<std::unique_ptr<ConnectionGate>> ConnectionGate::Start(const std::string& listen,

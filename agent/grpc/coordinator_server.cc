@@ -11,14 +11,16 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <condition_variable>
 #include <deque>
 #include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/rendezvous.grpc.pb.h"
 
 namespace elrun::rdzv {
@@ -57,50 +59,54 @@ class Ticker {
   explicit Ticker(Coordinator* coordinator) : coordinator_(coordinator), thread_([this] { Run(); }) {}
   ~Ticker() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     thread_.join();
   }
-  void Wake() {
+  void Wake() ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       ++generation_;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
  private:
   // Sleeps until the coordinator's next deadline, recomputed after every wake (a message
   // may have brought one closer); Tick runs only when a deadline is due. Both walk every node,
   // so wakes that come while they run are served by one pass, not one each.
-  void Run() {
-    std::unique_lock<std::mutex> lock(mu_);
+  void Run() ABSL_LOCKS_EXCLUDED(mu_) {
+    mu_.Lock();
     while (!stop_) {
       uint64_t seen = generation_;
-      lock.unlock();
+      mu_.Unlock();
       std::optional<TimePoint> next = coordinator_->NextDeadline();
-      lock.lock();
-      auto woken = [&] { return stop_ || generation_ != seen; };
-      if (next) {
-        cv_.wait_until(lock, *next, woken);
-      } else {
-        cv_.wait(lock, woken);
+      mu_.Lock();
+      while (!stop_ && generation_ == seen) {
+        if (!next) {
+          cv_.Wait(&mu_);
+        } else if (TimePoint now = std::chrono::steady_clock::now(); now < *next) {
+          cv_.WaitWithTimeout(&mu_, absl::FromChrono(*next - now));
+        } else {
+          break;
+        }
       }
       if (stop_) break;
       if (!next || std::chrono::steady_clock::now() < *next) continue;
-      lock.unlock();
+      mu_.Unlock();
       coordinator_->Tick(std::chrono::steady_clock::now());
-      lock.lock();
+      mu_.Lock();
     }
+    mu_.Unlock();
   }
 
   Coordinator* const coordinator_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t generation_ = 0;  // Guarded by mu_.
-  bool stop_ = false;        // Guarded by mu_.
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
@@ -140,7 +146,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   }
 
   void Send(const v1::CoordinatorMessage& message) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (finish_requested_) return;
     outbox_.push_back(Serialize(message));
     if (!writing_) {
@@ -150,7 +156,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   }
 
   void Close(const absl::Status& status) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (finish_requested_) return;
     finish_requested_ = true;
     final_status_ = ToGrpc(status);
@@ -158,7 +164,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     outbox_.pop_front();
     if (ok && !outbox_.empty()) {
       StartWrite(&outbox_.front());
@@ -189,11 +195,11 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   const SessionId id_;
   std::atomic<bool> connected_{false};
   grpc::ByteBuffer incoming_;  // Only touched by the read chain.
-  std::mutex mu_;
-  std::deque<grpc::ByteBuffer> outbox_;  // Guarded by mu_; front() is being written.
-  bool writing_ = false;                        // Guarded by mu_.
-  bool finish_requested_ = false;               // Guarded by mu_.
-  grpc::Status final_status_;                   // Guarded by mu_.
+  absl::Mutex mu_;
+  std::deque<grpc::ByteBuffer> outbox_ ABSL_GUARDED_BY(mu_);  // front() is being written.
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
 };
 
 class Service final : public v1::Rendezvous::WithRawCallbackMethod_Session<v1::Rendezvous::Service> {

@@ -5,12 +5,12 @@
 
 #include <cerrno>
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/rendezvous.grpc.pb.h"
 
 namespace elrun::rdzv {
@@ -23,14 +23,14 @@ class RendezvousClient::Stream {
   std::string endpoint;
   std::chrono::milliseconds connect_timeout{0};
   std::atomic<bool> cancelled{false};
-  std::mutex write_mu;
-  std::condition_variable write_cv;
-  // Guarded by write_mu: the stream once open, the messages not sent yet, whether the writer
-  // thread is inside a Write, and whether the stream is over.
-  std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::CoordinatorMessage>> rw;
-  std::deque<v1::AgentMessage> unsent;
-  bool writing = false;
-  bool broken = false;
+  absl::Mutex write_mu;
+  absl::CondVar write_cv;
+  // The stream once open, the messages not sent yet, whether the writer thread is inside a
+  // Write, and whether the stream is over.
+  std::unique_ptr<grpc::ClientReaderWriter<v1::AgentMessage, v1::CoordinatorMessage>> rw ABSL_GUARDED_BY(write_mu);
+  std::deque<v1::AgentMessage> unsent ABSL_GUARDED_BY(write_mu);
+  bool writing ABSL_GUARDED_BY(write_mu) = false;
+  bool broken ABSL_GUARDED_BY(write_mu) = false;
 };
 
 std::chrono::milliseconds KeepaliveInterval(std::chrono::milliseconds silence_timeout) {
@@ -92,10 +92,10 @@ RendezvousClient::RendezvousClient(int event_fd, std::unique_ptr<Stream> stream)
 
 RendezvousClient::~RendezvousClient() {
   {
-    std::lock_guard<std::mutex> lock(stream_->write_mu);
+    absl::MutexLock lock(&stream_->write_mu);
     stream_->cancelled = true;
   }
-  stream_->write_cv.notify_all();
+  stream_->write_cv.SignalAll();
   stream_->context.TryCancel();
   if (reader_.joinable()) reader_.join();
   if (writer_.joinable()) writer_.join();
@@ -120,15 +120,18 @@ void RendezvousClient::ReadLoop() {
       state = stream_->channel->GetState(/*try_to_connect=*/true);
     }
   }
+  // Set once, here: this thread reads and finishes it without the lock.
+  grpc::ClientReaderWriter<v1::AgentMessage, v1::CoordinatorMessage>* rw;
   {
-    std::lock_guard<std::mutex> lock(stream_->write_mu);
+    absl::MutexLock lock(&stream_->write_mu);
     stream_->rw = stream_->stub->Session(&stream_->context);
+    rw = stream_->rw.get();
   }
-  stream_->write_cv.notify_all();
+  stream_->write_cv.SignalAll();
   v1::CoordinatorMessage message;
-  while (stream_->rw->Read(&message)) {
+  while (rw->Read(&message)) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       inbox_.push_back(message);
     }
     uint64_t one = 1;
@@ -137,31 +140,31 @@ void RendezvousClient::ReadLoop() {
   }
   {
     // The call is over, so a Write in progress returns at once; Finish must not overlap it.
-    std::unique_lock<std::mutex> lock(stream_->write_mu);
+    absl::MutexLock lock(&stream_->write_mu);
     stream_->broken = true;
-    stream_->write_cv.notify_all();
-    stream_->write_cv.wait(lock, [this] { return !stream_->writing; });
+    stream_->write_cv.SignalAll();
+    while (stream_->writing) stream_->write_cv.Wait(&stream_->write_mu);
   }
-  grpc::Status status = stream_->rw->Finish();
+  grpc::Status status = rw->Finish();
   End(absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()));
 }
 
 void RendezvousClient::WriteLoop() {
-  std::unique_lock<std::mutex> lock(stream_->write_mu);
+  absl::MutexLock lock(&stream_->write_mu);
   for (;;) {
-    stream_->write_cv.wait(lock, [this] {
-      return stream_->cancelled || stream_->broken || (stream_->rw && !stream_->unsent.empty());
-    });
+    while (!(stream_->cancelled || stream_->broken || (stream_->rw && !stream_->unsent.empty()))) {
+      stream_->write_cv.Wait(&stream_->write_mu);
+    }
     if (stream_->cancelled || stream_->broken) return;
     v1::AgentMessage message = std::move(stream_->unsent.front());
     stream_->unsent.pop_front();
     stream_->writing = true;
     auto* rw = stream_->rw.get();
-    lock.unlock();
+    stream_->write_mu.Unlock();
     bool ok = rw->Write(message);
-    lock.lock();
+    stream_->write_mu.Lock();
     stream_->writing = false;
-    stream_->write_cv.notify_all();
+    stream_->write_cv.SignalAll();
     if (!ok) {
       stream_->broken = true;
       return;
@@ -171,14 +174,14 @@ void RendezvousClient::WriteLoop() {
 
 void RendezvousClient::End(const absl::Status& status) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ended_ = status;
   }
   {
-    std::lock_guard<std::mutex> lock(stream_->write_mu);
+    absl::MutexLock lock(&stream_->write_mu);
     stream_->broken = true;
   }
-  stream_->write_cv.notify_all();
+  stream_->write_cv.SignalAll();
   uint64_t one = 1;
   ssize_t ignored = ::write(event_fd_, &one, sizeof(one));
   (void)ignored;
@@ -186,11 +189,11 @@ void RendezvousClient::End(const absl::Status& status) {
 
 bool RendezvousClient::Write(const v1::AgentMessage& message) {
   {
-    std::lock_guard<std::mutex> lock(stream_->write_mu);
+    absl::MutexLock lock(&stream_->write_mu);
     if (stream_->broken) return false;
     stream_->unsent.push_back(message);
   }
-  stream_->write_cv.notify_all();
+  stream_->write_cv.SignalAll();
   return true;
 }
 
@@ -198,7 +201,7 @@ std::deque<v1::CoordinatorMessage> RendezvousClient::Take() {
   uint64_t count;
   ssize_t ignored = ::read(event_fd_, &count, sizeof(count));
   (void)ignored;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::deque<v1::CoordinatorMessage> out;
   out.swap(inbox_);
   if (ended_) {  // Stay readable so the loop sees the end.
@@ -209,7 +212,7 @@ std::deque<v1::CoordinatorMessage> RendezvousClient::Take() {
 }
 
 std::optional<absl::Status> RendezvousClient::ended() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return ended_;
 }
 

@@ -11,13 +11,14 @@
 #include <deque>
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/coordinator/agent_channel.h"
 #include "agent/net/transport.h"
 #include "proto/rendezvous.pb.h"
@@ -72,9 +73,9 @@ class RendezvousClient : public AgentChannel {
 
   const int event_fd_;
   std::unique_ptr<Stream> stream_;
-  mutable std::mutex mu_;
-  std::deque<v1::CoordinatorMessage> inbox_;  // Guarded by mu_.
-  std::optional<absl::Status> ended_;         // Guarded by mu_.
+  mutable absl::Mutex mu_;
+  std::deque<v1::CoordinatorMessage> inbox_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> ended_ ABSL_GUARDED_BY(mu_);
   std::thread reader_;
   std::thread writer_;
 };

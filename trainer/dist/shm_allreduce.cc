@@ -197,10 +197,10 @@ ShmAllreduce::ShmAllreduce(int rank, int world, int64_t capacity_bytes, void* ba
 
 ShmAllreduce::~ShmAllreduce() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     stopping_ = true;
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   thread_.join();
   ::munmap(base_, bytes_);
 }
@@ -217,10 +217,10 @@ c10::intrusive_ptr<c10d::Work> ShmAllreduce::Allreduce(at::Tensor tensor) {
               tensor.defined() ? tensor.nbytes() : 0, " bytes");
   auto op = c10::make_intrusive<Op>(std::move(tensor));
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    absl::MutexLock lock(&mutex_);
     queue_.push_back(op);
   }
-  wake_.notify_one();
+  wake_.Signal();
   return op;
 }
 
@@ -228,8 +228,8 @@ void ShmAllreduce::Loop() {
   for (;;) {
     c10::intrusive_ptr<Op> op;
     {
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      absl::MutexLock lock(&mutex_);
+      while (!stopping_ && queue_.empty()) wake_.Wait(&mutex_);
       if (queue_.empty()) return;
       op = queue_.front();
       queue_.pop_front();

@@ -21,11 +21,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
@@ -34,7 +32,9 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace elrun::trainer {
 
@@ -81,9 +81,9 @@ class ShmAllreduce {
   const std::chrono::milliseconds timeout_;
   Header* const header_;
 
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<c10::intrusive_ptr<Op>> queue_;  // Guarded by mutex_.
+  absl::Mutex mutex_;
+  absl::CondVar wake_;
+  std::deque<c10::intrusive_ptr<Op>> queue_ ABSL_GUARDED_BY(mutex_);
   std::atomic<bool> stopping_{false};         // Set under mutex_; Barrier reads it without.
   const bool may_spin_;                       // world_ <= the CPUs this process may use.
   std::string broken_;                        // Set by the thread: why ops now fail.
