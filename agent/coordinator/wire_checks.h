@@ -39,8 +39,8 @@ absl::Status ValidateRoundStarted(const v1::RoundStarted& round, const RoundExpe
 
 // `text` from another machine made safe for a console or a log line: valid UTF-8 printable
 // characters stay; control characters (C0, DEL, C1), Unicode bidi overrides and invalid bytes
-// become \xNN or \u{NNNN} escapes, a backslash becomes "\\". Cut to `max_bytes` of input,
-// with "..." when cut.
+// become \xNN or \u{NNNN} escapes (newline, carriage return and tab: \n, \r, \t), a backslash
+// becomes "\\". Cut to `max_bytes` of input, with "..." when cut.
 std::string EscapeForConsole(absl::string_view text, size_t max_bytes = 4096);
 
 }  // namespace elrun::rdzv

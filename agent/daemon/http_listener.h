@@ -1,8 +1,9 @@
-// A small HTTP/1.1 server for elrun-rdzv's status page and metrics: GET only, one request per
-// connection, answered from a handler on the listener's own thread. Anything from the network
-// is hostile: requests over 8 KiB, connections that send nothing whole within 5 s, and more than
-// 64 open connections are closed. With a token, every request must carry it, as
-// "Authorization: Bearer <token>" or "?token=<token>" (percent-encoded), or gets 401.
+// A small HTTP/1.1 server for elrun-rdzv's status page and metrics: GET (and HEAD) only, one
+// request per connection, answered from a handler on the listener's own thread. Anything from
+// the network is hostile: a request over 8 KiB is answered 431, and connections that send
+// nothing whole within 5 s, or beyond 64 open at once, are closed. With a token, every request
+// must carry it, as "Authorization: Bearer <token>" or "?token=<token>" (percent-encoded), or
+// gets 401.
 // Thread-safe; the destructor stops the thread and closes every socket.
 #ifndef ELRUN_AGENT_DAEMON_HTTP_LISTENER_H_
 #define ELRUN_AGENT_DAEMON_HTTP_LISTENER_H_

@@ -1,8 +1,9 @@
 // Serves a Coordinator over gRPC: one callback reactor per agent stream (no thread per agent),
-// token check on every call, optional TLS, a size limit on every message, and a timer thread
-// that applies the coordinator's timeouts exactly when they fall due. The TCP port belongs to a
-// ConnectionGate, which admits connections within its limits and relays them to gRPC on a
-// private unix socket; the soft descriptor limit is raised to the hard one at start.
+// the token proven inside each session (session_auth.h, never sent), optional TLS, a size limit
+// on every message, and a timer thread that applies the coordinator's timeouts exactly when they
+// fall due. The TCP port belongs to a ConnectionGate, which admits connections within its limits
+// and relays them to gRPC on a private unix socket; the soft descriptor limit is raised to the
+// hard one at start.
 // Thread-safe; Shutdown (or the destructor) stops everything.
 #ifndef ELRUN_AGENT_GRPC_COORDINATOR_SERVER_H_
 #define ELRUN_AGENT_GRPC_COORDINATOR_SERVER_H_

@@ -43,8 +43,10 @@ struct NumaPlan {
 };
 
 // `cuda_visible_devices`: the variable's value, nullopt when unset. `allowed`: the CPUs the
-// launcher may use (its affinity). A local rank without a GPU, an unparsable sysfs file or a
-// CUDA_VISIBLE_DEVICES entry that names no GPU is an error naming it.
+// launcher may use (its affinity). Errors name the cause: a local rank without a GPU, a GPU
+// whose NUMA node has no allowed CPU, exclusive with fewer cores than GPUs on a node
+// (FailedPrecondition); a CUDA_VISIBLE_DEVICES entry that names no GPU, an unparsable sysfs file
+// (InvalidArgument); a sysfs file that cannot be read (NotFound).
 absl::StatusOr<NumaPlan> PlanNumaBinding(NumaMode mode, int nproc,
                                          const std::optional<std::string>& cuda_visible_devices,
                                          const std::string& root, const std::set<int>& allowed);
