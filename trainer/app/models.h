@@ -1,5 +1,7 @@
 // The models elrun-train trains: FashionNet, the Fashion-MNIST benchmark's "2 Conv + pooling +
-// BN" network, and a plain MLP, both behind Classifier so the trainer can pick one by name.
+// BN" network, a plain MLP and a residual MLP (ResMlp), all behind Classifier so the trainer can
+// pick one by name; and the interfaces through which a wrapper sees their children as they are
+// built and run (ChildSink, ChildForwardHooks).
 // Modules are thread-compatible (one thread forwards at a time), as every torch::nn::Module.
 #ifndef ELRUN_TRAINER_APP_MODELS_H_
 #define ELRUN_TRAINER_APP_MODELS_H_

@@ -1,4 +1,4 @@
-// Checkpoints in torch::pickle_save format, which Python's torch.load opens: a dict with
+// Checkpoints in torch.save's format (SaveForPython), which Python's torch.load opens: a dict with
 // "model" (name -> tensor, parameters and buffers), "optimizer" (SGD momentum buffers by
 // parameter name; Adam's exp_avg, exp_avg_sq and step as "<name>.<field>"), "optimizer_kind", and "step", "epoch", "samples_seen" (the global sample position) and
 // "world_size". Written atomically (temp file, fsync, rename). Thread-compatible.
@@ -34,13 +34,15 @@ TrainProgress ReadProgress(const c10::impl::GenericDict& dict);  // Throws c10::
 // a global weights_only refuses). torch::pickle_load reads it back. Throws c10::Error.
 std::vector<char> SaveForPython(const c10::IValue& value);
 
-// Writes `bytes` to `path` through a temporary file, fsync and rename.
+// Writes `bytes` to `path` through a temporary file, fsync and rename. FailedPrecondition
+// naming the step that failed.
 absl::Status WriteAtomically(const std::string& path, const std::vector<char>& bytes);
 
 // The checkpoint file of a directory (one per job; replaced atomically on every save).
 std::string CheckpointPath(const std::string& dir);
 
 // Saves module parameters and buffers, the optimizer's state (SGD or Adam) and `progress`.
+// InvalidArgument for another optimizer; WriteAtomically's errors, or Internal from LibTorch.
 absl::Status SaveCheckpoint(const std::string& path, torch::nn::Module& module,
                             torch::optim::Optimizer& optimizer, const TrainProgress& progress);
 

@@ -28,8 +28,10 @@ struct DistEnv {
   int master_port = 0;
 };
 
-// Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT. InvalidArgument naming the
-// variable when one is missing or malformed.
+// Reads RANK, WORLD_SIZE and LOCAL_RANK, each defaulting to a single process (0, 1, 0) when
+// unset, and, when WORLD_SIZE > 1, MASTER_ADDR and MASTER_PORT, which are then required.
+// InvalidArgument naming the variable when a required one is missing or one is malformed, or
+// when RANK is not below WORLD_SIZE.
 absl::StatusOr<DistEnv> ReadDistEnv(const std::map<std::string, std::string>& env);
 
 struct Dist {
@@ -41,7 +43,7 @@ struct Dist {
 
 // Connects to (rank 0: hosts) the store and builds the backend; waits up to `timeout` for the
 // other ranks. kNccl takes `cuda_device`, the index of this rank's CUDA device (made current).
-// Errors from LibTorch come back as a Status, never as an exception.
+// Errors from LibTorch come back as a Status (Unavailable), never as an exception.
 absl::StatusOr<Dist> InitProcessGroup(const DistEnv& env, BackendKind backend, int cuda_device,
                                       std::chrono::milliseconds timeout);
 

@@ -1,11 +1,14 @@
 // Which kernel computes the models' fully connected layers, y = x W^T + b.
 //
-// LibTorch 1.13 on CPU sends Linear to the BLAS it was linked with. Debian's is the generic
-// reference BLAS (libblas3: plain loops, no SIMD, ~3 GFLOP/s here), so FashionNet's 3136 -> 128
-// layer took ~40% of a training step. Its convolutions go to oneDNN's JIT kernels instead, and a
-// Linear layer is a 1x1 convolution: kOneDnn computes it as one. Same parameters, same result up
-// to float rounding (relative differences ~1e-6), 5-8x faster for batches of 16 rows or more
-// (scripts/bench/README.md). Checkpoints do not change: the weight keeps its [out, in] shape.
+// LibTorch on CPU sends Linear to the BLAS it was linked with. Debian's LibTorch 1.13, which
+// elrun-train used to link, had the generic reference BLAS (libblas3: plain loops, no SIMD,
+// ~3 GFLOP/s here), so FashionNet's 3136 -> 128 layer took ~40% of a training step. Its
+// convolutions go to oneDNN's JIT kernels instead, and a Linear layer is a 1x1 convolution:
+// kOneDnn computes it as one. Same parameters, same result up to float rounding (relative
+// differences ~1e-6), 5-8x faster than that BLAS for batches of 16 rows or more
+// (scripts/bench/README.md). The torch 2.11 wheel's Linear (MKL) beats the oneDNN route, so
+// --linear auto now means kAten (train_main.cc). Checkpoints do not change: the weight keeps its
+// [out, in] shape.
 #ifndef ELRUN_TRAINER_NN_LINEAR_KERNEL_H_
 #define ELRUN_TRAINER_NN_LINEAR_KERNEL_H_
 

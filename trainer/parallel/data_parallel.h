@@ -26,10 +26,12 @@ namespace elrun::trainer {
 
 class DataParallel {
  public:
-  // `ddp_options` apply to Strategy::kDdp. Throws c10::Error when the first collective fails.
-  // With a `sink` from ShardingSink, the model was built through it (sharded as it was built).
-  // `sharding` applies to the sharded strategies (its `strategy` field is ignored: `strategy`
-  // decides): activation checkpointing, mixed precision.
+  // `ddp_options` apply to Strategy::kDdp. Throws c10::Error when the first collective fails,
+  // when the ranks built different values through the sink, or when ddp is asked for activation
+  // checkpointing or mixed precision. With a `sink` from ShardingSink, the model was built
+  // through it (sharded as it was built) and the sink's options apply. Otherwise `sharding`
+  // applies to the sharded strategies (its `strategy` field is ignored: `strategy` decides):
+  // activation checkpointing, mixed precision.
   static std::unique_ptr<DataParallel> Create(Strategy strategy, std::shared_ptr<Classifier> model,
                                               c10::intrusive_ptr<c10d::Backend> pg, const DdpOptions& ddp_options,
                                               std::unique_ptr<ChildSink> sink = nullptr,

@@ -1,16 +1,19 @@
 // Sharded checkpoints of FullyShardedDataParallel, loadable by another world size.
 // Layout under a checkpoint directory:
 //   sharded/step-<S>-of-<K>/shard-<k>-of-<K>.pt   one per shard (K = the wrapper's shard count; one
-//                                          file for no_shard), torch::pickle_save dicts holding
+//                                          file for no_shard), dicts in torch.save's format
+//                                          (SaveForPython, checkpoint.h) holding
 //                                          the unit layout, the flat parameter shard and the
 //                                          optimizer state of that shard, progress, and (in
 //                                          shard 0) the module's buffers.
 //   sharded/LATEST                         "step-<S>-of-<K>", replaced atomically by rank 0 once every
 //                                          rank has written its file (agreed by an all-reduce),
-//                                          so a crash mid-save leaves the previous set current.
+//                                          so a crash mid-save leaves the previous set current;
+//                                          older step-* directories are then removed.
 // Loading reads the K files and cuts each unit's flat parameters and optimizer state again for
 // this wrapper's shard count (resharding): an elastic restart with fewer or more ranks resumes.
-// Every function here is collective: all ranks call it in the same order.
+// Every function here is collective: all ranks call it in the same order. Save and Load fail on
+// every rank when one rank fails (Aborted on the others).
 #ifndef ELRUN_TRAINER_PARALLEL_SHARDED_CHECKPOINT_H_
 #define ELRUN_TRAINER_PARALLEL_SHARDED_CHECKPOINT_H_
 

@@ -1,6 +1,8 @@
 // elrun-train's side of elrun's progress heartbeats (launcher/watchdog/heartbeat.h): one line per step to
-// the FIFO in ELRUN_HEARTBEAT_FILE, and a SIGUSR1 handler that prints this thread's stack to
-// stderr when elrun judges the worker hung. No LibTorch. Thread-compatible.
+// the FIFO in ELRUN_HEARTBEAT_FILE, and a SIGUSR1 handler that prints to stderr the stack of the
+// thread the signal is delivered to (elrun signals the process group: any thread that does not
+// block SIGUSR1, not necessarily the training thread) when elrun judges the worker hung. No
+// LibTorch. Thread-compatible.
 #ifndef ELRUN_TRAINER_RUNTIME_HEARTBEAT_CLIENT_H_
 #define ELRUN_TRAINER_RUNTIME_HEARTBEAT_CLIENT_H_
 
