@@ -49,9 +49,8 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(HERE, "bench"))
-import bench_common  # noqa: E402
+sys.path.insert(0, HERE)
+from elrun_tools import bench, paths, plots, procs  # noqa: E402
 
 TAG_VAR = "ELRUN_SOAK_TAG"
 LOG_EVERY = 10  # elrun-train's --log-every in the soak.
@@ -105,7 +104,7 @@ class Soak:
         self.label = label
         self.elrun, self.rdzv, self.train = args.elrun, args.elrun_rdzv, args.elrun_train
         self.tag = "%s-%d-%s" % (label, os.getpid(), int(time.time()))
-        self.env = dict(bench_common.clean_env(), **{TAG_VAR: self.tag})
+        self.env = dict(procs.clean_env(), **{TAG_VAR: self.tag})
         self.env["TMPDIR"] = workdir
         self.checkpoints = os.path.join(workdir, "checkpoints")
         self.run_id = "soak-%s" % label
@@ -133,7 +132,7 @@ class Soak:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not (os.path.exists(port_file) and open(port_file).read().strip()):
             if self.daemon.poll() is not None:
-                raise bench_common.RunError("elrun-rdzv exited with %s" % self.daemon.returncode)
+                raise bench.RunError("elrun-rdzv exited with %s" % self.daemon.returncode)
             time.sleep(0.05)
         self.endpoint = "127.0.0.1:%d" % int(open(port_file).read())
         self.t0 = time.monotonic()
@@ -174,7 +173,7 @@ class Soak:
 
     def workers(self):
         pids = []
-        for pid in bench_common.tagged_pids(TAG_VAR, self.tag):
+        for pid in procs.tagged_pids(TAG_VAR, self.tag):
             try:
                 with open("/proc/%d/cmdline" % pid, "rb") as f:
                     argv0 = f.read().split(b"\0")[0]
@@ -222,7 +221,7 @@ class Soak:
     def stop(self):
         for agent in self.agents:
             if agent.alive():
-                bench_common.kill_group(agent.proc.pid)
+                procs.kill_group(agent.proc.pid)
             agent.proc.wait()
             for reader in agent.readers:
                 reader.join(timeout=5)
@@ -233,15 +232,15 @@ class Soak:
             try:
                 self.daemon.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                bench_common.kill_group(self.daemon.pid)
+                procs.kill_group(self.daemon.pid)
                 self.daemon.wait()
         # Workers that elrun's guardians SIGKILLed may take a moment to die: poll, bounded.
         deadline = time.monotonic() + 5.0
-        left = bench_common.tagged_pids(TAG_VAR, self.tag)
+        left = procs.tagged_pids(TAG_VAR, self.tag)
         while left and time.monotonic() < deadline:
             time.sleep(0.05)
-            left = bench_common.tagged_pids(TAG_VAR, self.tag)
-        bench_common.kill_tagged(TAG_VAR, self.tag)
+            left = procs.tagged_pids(TAG_VAR, self.tag)
+        procs.kill_tagged(TAG_VAR, self.tag)
         return left
 
     def final(self):
@@ -270,13 +269,8 @@ class Soak:
 
 
 def etcd_cluster():
-    """tests/integration/etcd_cluster.py (a real etcd cluster on loopback). It imports the test
-    harness, which makes this process a child subreaper; the soak finds orphans by their tag
-    instead, and must not collect them as zombies, so that is undone."""
-    sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
-    import ctypes
-    import etcd_cluster as module
-    ctypes.CDLL(None, use_errno=True).prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER, off.
+    """elrun_tools/etcd_cluster.py (a real etcd cluster on loopback), imported only when needed."""
+    from elrun_tools import etcd_cluster as module
     return module
 
 
@@ -299,7 +293,7 @@ def chaos(soak, args, rng):
             if target is not None:
                 soak.faults.append({"t": time.monotonic() - soak.t0, "kind": kind, "target": target,
                                     "step": soak.step_now()})
-                bench_common.log("  %6.1f s  %-14s %s (step %d)" % (soak.faults[-1]["t"], kind, target,
+                procs.log("  %6.1f s  %-14s %s (step %d)" % (soak.faults[-1]["t"], kind, target,
                                                                    soak.faults[-1]["step"]))
                 if kind in kinds:
                     kinds.remove(kind)
@@ -391,7 +385,7 @@ def run(args, label, with_chaos):
 
 
 def plot(result, path):
-    plt = bench_common.pyplot()
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
     if result["progress"]:
         ts, ss = zip(*result["progress"])
@@ -407,7 +401,7 @@ def plot(result, path):
     ax.set_ylabel("training step")
     ax.set_title("elrun chaos soak (%s): progress and faults" % result.get("backend", "grpc"))
     ax.legend(fontsize=8, loc="upper left")
-    bench_common.save_figure(fig, path)
+    plots.save_figure(fig, path)
 
 
 def report(args, chaos_result, reference):
@@ -470,23 +464,23 @@ def main():
     ap.add_argument("--timeout", type=float, default=900, help="seconds for the job to finish after the faults")
     ap.add_argument("--no-reference", action="store_true", help="skip the uninterrupted run")
     ap.add_argument("--keep", action="store_true", help="keep the work directories and agents' output")
-    ap.add_argument("--elrun", default=os.path.join(REPO, "bazel-bin", "launcher", "elrun"))
-    ap.add_argument("--elrun-rdzv", default=os.path.join(REPO, "bazel-bin", "agent", "daemon", "elrun-rdzv"))
-    ap.add_argument("--elrun-train", default=os.path.join(REPO, "bazel-bin", "trainer", "app", "elrun-train"))
-    ap.add_argument("--python", default=os.path.join(REPO, ".venv", "bin", "python3"),
+    ap.add_argument("--elrun", default=paths.binary("elrun"))
+    ap.add_argument("--elrun-rdzv", default=paths.binary("elrun-rdzv"))
+    ap.add_argument("--elrun-train", default=paths.binary("elrun-train"))
+    ap.add_argument("--python", default=paths.PYTHON,
                     help="a Python with torch, to load the checkpoint (default: %(default)s)")
-    bench_common.add_output_options(ap, os.path.join(HERE, "chaos_soak.png"), json_help="also write the results here")
+    bench.add_output_options(ap, os.path.join(HERE, "chaos_soak.png"), json_help="also write the results here")
     args = ap.parse_args()
     if not 1 <= args.min_nodes <= args.start_nodes <= args.max_nodes <= 200:
         ap.error("expected 1 <= --min-nodes <= --start-nodes <= --max-nodes <= 200")
     for path in (args.elrun, args.elrun_rdzv, args.elrun_train):
         if not os.access(path, os.X_OK):
             ap.error("%s is not an executable (build with bazel first)" % path)
-    bench_common.log("chaos run (seed %d):" % args.seed)
+    procs.log("chaos run (seed %d):" % args.seed)
     chaos_result = run(args, "chaos", with_chaos=True)
     reference = None
     if not args.no_reference:
-        bench_common.log("uninterrupted run:")
+        procs.log("uninterrupted run:")
         reference = run(args, "reference", with_chaos=False)
     text, ok = report(args, chaos_result, reference)
     print(text)

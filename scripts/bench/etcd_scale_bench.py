@@ -20,43 +20,31 @@ For each N in --sizes, with a fresh etcd cluster per run:
                 lease: a clean exit); from then to every survivor holding the next round
   peak RSS      VmHWM of the etcd member with the highest, and of etcd_load, at the end
 
-Prints a markdown report on stdout and writes a PNG plot. Run from the repository root after
+Writes the result (JSON; --json, default docs/results/etcd_scale_bench.json), prints its markdown
+report (etcd_scale_report.py) on stdout and writes a PNG plot. Run from the repository root after
   bazel build //scripts/bench:etcd_load
   /usr/bin/python3 scripts/bench/etcd_scale_bench.py [--sizes 100,1000] [--runs 3] [--members 3]
 A size that does not form within --timeout is reported with how far it got, not hidden.
 """
 import argparse
-import json
 import os
 import select
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-import bench_common
-from bench_common import REPO, log, machine_info, pid_cpu_seconds, loadavg
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from elrun_tools import bench as bench_common, etcd_cluster, paths, results  # noqa: E402
+from elrun_tools.machine import (loadavg, machine_info, peak_rss_mib, pid_cpu_seconds,  # noqa: E402
+                                 sh_out)
+from elrun_tools.procs import kill_group, log  # noqa: E402
 
-sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
-import etcd_cluster  # noqa: E402  (tests/integration: a real etcd on loopback, cleaned up)
+import etcd_scale_report  # noqa: E402
 
-LOAD = os.path.join(REPO, "bazel-bin", "scripts", "bench", "etcd_load")
-# The gRPC backend's targets (issue 15), which the etcd backend is held to at 1,000 nodes.
-TARGETS = {"formation_s": 2.0, "etcd_rss_mib": 256.0, "steady_etcd_cores": 0.2, "reform_s": 1.0}
-TARGET_N = 1000
-
-
-def peak_rss_mib(pid):
-    try:
-        with open("/proc/%d/status" % pid) as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
+BENCH = "etcd_scale_bench"
+LOAD = paths.binary("etcd_load")
 
 
 def threads(pid):
@@ -136,7 +124,7 @@ class SpreadCluster(etcd_cluster.EtcdCluster):
         if self.ports > 1:
             # Picked per address: a start retried on another address picks anew.
             extra = self.extra_ports.setdefault(
-                (m.host, m.index), etcd_cluster._pick_ports(m.host, self.ports - 1))
+                (m.host, m.index), etcd_cluster.pick_ports(m.host, self.ports - 1))
             urls = [self.client_url(m.index)] + ["%s://%s:%d" % (self.scheme, m.host, p) for p in extra]
             args += ["--listen-client-urls", ",".join(urls)]  # The last one counts.
         return args
@@ -230,7 +218,7 @@ def run_once(n, args, tmp):
                     except (OSError, subprocess.TimeoutExpired):
                         r["quit_s"] = None
                     if load.poll() is None:
-                        bench_common.kill_group(load.pid)
+                        kill_group(load.pid)
                         load.wait()
                 r["progress"] = out.last_progress if load is not None else None
                 r["ended"], r["notes"], r["end_reasons"] = out.ended, out.notes, out.reasons
@@ -259,7 +247,7 @@ def main():
     ap.add_argument("--quit-timeout", type=float, default=60.0,
                     help="bound on etcd_load leaving cleanly before it is killed")
     ap.add_argument("--load", default=LOAD)
-    bench_common.add_output_options(ap, os.path.join(REPO, "scripts", "bench", "etcd_scale_bench.png"))
+    bench_common.add_output_options(ap, os.path.join(paths.BENCH, "etcd_scale_bench.png"), bench=BENCH)
     args = ap.parse_args()
     # SIGTERM / SIGHUP: unwind through the finally blocks that stop etcd and etcd_load.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -267,7 +255,7 @@ def main():
     if not os.access(args.load, os.X_OK):
         sys.exit("no %s; run bazel build //scripts/bench:etcd_load" % args.load)
     sizes = [int(s) for s in args.sizes.split(",")]
-    results = {n: [] for n in sizes}
+    runs = {n: [] for n in sizes}
     with tempfile.TemporaryDirectory(prefix="etcd_scale_bench.") as tmp:
         for run in range(args.runs):
             for n in sizes:  # Interleaved: a slow moment of the machine hits every size.
@@ -282,118 +270,16 @@ def main():
                 else:
                     log("run %d N=%d FAILED: %s; last progress: %s; %d sessions ended; %s"
                         % (run + 1, n, r["error"], r["progress"], r["ended"], r["notes"][:2]))
-                results[n].append(r)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({str(n): rs for n, rs in results.items()}, f, indent=1)
-
-    etcd_version = bench_common.sh_out([etcd_cluster.ETCD, "--version"]).splitlines()
-    print("## Rendezvous at scale, etcd-v3 backend: %d-member etcd, N simulated nodes\n" % args.members)
-    info = machine_info([("etcd_load", args.load)])
-    for key, text in info:
-        if key not in ("python", "torch"):
-            print("- **%s**: %s" % (key, text))
-    print("- **etcd**: %s (%s)" % (etcd_version[0] if etcd_version else "?", etcd_cluster.ETCD))
-    print("- **load**: loadavg at the end %s" % (loadavg(),))
-    print("- **command**: `/usr/bin/python3 scripts/bench/etcd_scale_bench.py %s`\n" % " ".join(sys.argv[1:]))
-    print("Medians (min-max) of the runs that formed, of %d per N. Every node is a real EtcdRendezvous "
-          "(lease TTL %d ms, renewed every TTL/3) in one etcd_load process on this machine, so "
-          "the agents' CPU is N agents' work on this machine's cores; formation includes opening "
-          "the N sessions (%s); the nodes are spread over %d client connections per etcd "
-          "member.\n" % (args.runs, args.lease_ms,
-                         "%d threads taking the nodes in turn" % args.open_threads if args.open_threads > 0
-                         else "all at once, a thread each", args.connections))
-    print("| N | runs formed | sessions open | formation | etcd CPU to formation | agents CPU to formation "
-          "| steady: etcd cores | steady: agents cores | re-formation after 1% lost | etcd peak RSS "
-          "| etcd_load peak RSS | all nodes leave |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-
-    def cell(n, key, unit, digits, target=None):
-        xs = [r[key] for r in results[n] if r["ok"]]
-        if not xs:
-            # No run got through: what the runs had reached when they were stopped, if measured.
-            got = [r[key] for r in results[n] if r.get(key) is not None]
-            if key == "formation_s":
-                return "✗ missed: none within %.0f s" % args.timeout
-            if not got:
-                return "not reached"
-            med = statistics.median(got)
-            text = ("%.*f %s" % (digits, med, unit)).rstrip() + " at the stop"
-            if target is not None:
-                text += " (%s so far)" % ("within target" if med <= target else "✗ over target")
-            return text
-        med = statistics.median(xs)
-        text = ("%.*f %s" % (digits, med, unit)).rstrip()
-        if len(xs) > 1:
-            text += " (%.*f-%.*f)" % (digits, min(xs), digits, max(xs))
-        if target is not None:
-            text += " %s" % ("✓ met" if med <= target else "✗ missed (target %.*f %s)" % (digits, target, unit))
-        return text
-
-    for n in sizes:
-        tgt = lambda k: TARGETS[k] if n == TARGET_N else None  # noqa: E731
-        ok = [r for r in results[n] if r["ok"]]
-        leave = [r.get("quit_s") for r in ok]
-        leave_text = ("—" if not leave else "> %.0f s (killed)" % args.quit_timeout if None in leave
-                      else "%.2f s" % statistics.median(leave))
-        print("| %d | %d/%d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            n, len(ok), len(results[n]), cell(n, "open_s", "s", 2),
-            cell(n, "formation_s", "s", 2, tgt("formation_s")), cell(n, "etcd_cpu_s", "s", 2),
-            cell(n, "load_cpu_s", "s", 1), cell(n, "steady_etcd_cores", "", 3, tgt("steady_etcd_cores")),
-            cell(n, "steady_load_cores", "", 3), cell(n, "reform_s", "s", 3, tgt("reform_s")),
-            cell(n, "etcd_rss_mib", "MiB", 1, tgt("etcd_rss_mib")), cell(n, "load_rss_mib", "MiB", 1),
-            leave_text))
-    print("\nall nodes leave: from \"quit\" to etcd_load's exit, every node destroyed (lease revoked) "
-          "from 32 threads while the others are still in the job (bounded by --quit-timeout %.0f s)."
-          % args.quit_timeout)
-    print("\nTargets (those of the gRPC backend at 10,000 nodes, asked of the etcd backend at %d): "
-          "formation ≤ 2 s, peak RSS ≤ 256 MiB (etcd), steady cost under 0.2 of a core (etcd), "
-          "re-formation ≤ 1 s." % TARGET_N)
-    failures = [r for n in sizes for r in results[n] if not r["ok"]]
-    if failures:
-        print("\nRuns that did not complete (how far they got):\n")
-        for r in failures:
-            print("- N=%d: %s. Last progress: `%s`. Sessions ended on their own: %d (%s). etcd CPU "
-                  "%.1f s, agents CPU %.1f s, etcd RSS %.1f MiB, etcd_load RSS %.1f MiB, %d threads." % (
-                      r["n"], r["error"], r["progress"], r["ended"],
-                      "; ".join("%d × `%s`" % (c, why) for why, c in sorted(
-                          r["end_reasons"].items(), key=lambda x: -x[1])) or "none",
-                      r["etcd_cpu_s"], r["load_cpu_s"], r["etcd_rss_mib"], r["load_rss_mib"],
-                      r["load_threads"]))
-    notes = [r for n in sizes for r in results[n] if r["ok"] and (r["ended"] or r["round"] != 1)]
-    for r in notes:
-        print("\nN=%d formed in round %d with %d nodes; %d sessions ended on their own%s" % (
-            r["n"], r["round"], r["formed_nodes"], r["ended"],
-            (": " + "; ".join("`%s`" % x[:160] for x in r["notes"][:3])) if r["notes"] else "."))
-
-    plt = bench_common.pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    for ax, keys, title, target in zip(
-            axes, [("formation_s", "open_s"), ("reform_s",), ("steady_etcd_cores", "steady_load_cores")],
-            ["formation (s)", "re-formation after 1% lost (s)", "steady cost (cores)"],
-            [TARGETS["formation_s"], TARGETS["reform_s"], TARGETS["steady_etcd_cores"]]):
-        for key in keys:
-            xs = [n for n in sizes if any(r["ok"] for r in results[n])]
-            ys = [statistics.median(r[key] for r in results[n] if r["ok"]) for n in xs]
-            label = {"open_s": "sessions open", "formation_s": "formation",
-                     "steady_etcd_cores": "etcd", "steady_load_cores": "agents (etcd_load)",
-                     "reform_s": "re-formation"}.get(key, key)
-            ax.plot(xs, ys, "o-", label=label)
-        ax.axhline(target, color="gray", linestyle="--", linewidth=1, label="target at %d" % TARGET_N)
-        for n in sizes:
-            if not any(r["ok"] for r in results[n]):
-                ax.axvline(n, color="red", linestyle=":", linewidth=1)
-                ax.text(n, ax.get_ylim()[1] * 0.9, " N=%d did not\n form" % n, color="red", fontsize=8)
-        ax.set_xscale("log")
-        ax.set_xlabel("simulated nodes")
-        ax.set_title(title)
-        ax.legend(fontsize=7)
-    fig.suptitle("etcd-v3 rendezvous, %d-member etcd; %s" % (args.members, dict(info).get("machine", "")),
-                 fontsize=9)
-    bench_common.save_figure(fig, args.png, dpi=100)
-    log("wrote " + args.png)
-    return 1 if failures else 0
+                runs[n].append(r)
+    etcd_version = sh_out([etcd_cluster.ETCD, "--version"]).splitlines()
+    record = dict(results.stamp(BENCH), machine=dict(machine_info([("etcd_load", args.load)])),
+                  options=bench_common.options_record(args), load=f"loadavg at the end {loadavg()}",
+                  etcd="%s (%s)" % (etcd_version[0] if etcd_version else "?", etcd_cluster.ETCD),
+                  sizes=sizes, **{str(n): rs for n, rs in runs.items()})
+    results.publish(args, record, etcd_scale_report)
+    return 1 if any(not r["ok"] for rs in runs.values() for r in rs) else 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
+

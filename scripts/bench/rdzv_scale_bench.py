@@ -10,34 +10,30 @@ For each N in --sizes, with a fresh daemon (token set, so every Join is proven a
                every survivor holding RoundStarted for round 2 (a lost stream is detected at once)
   peak RSS     the daemon's VmHWM at the end
 
-Prints a markdown report on stdout and writes a PNG plot. Run from the repository root after
+Writes the result (JSON; --json, default docs/results/rdzv_scale_bench.json), prints its markdown
+report (rdzv_scale_report.py) on stdout and writes a PNG plot. Run from the repository root after
   bazel build //agent/daemon:elrun-rdzv //scripts/bench:rdzv_load
   /usr/bin/python3 scripts/bench/rdzv_scale_bench.py [--sizes 1000,10000] [--runs 3]
 """
 import argparse
 import os
 import select
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-import bench_common
-from bench_common import REPO, log, machine_info, pid_cpu_seconds, loadavg
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from elrun_tools import bench as bench_common, paths, results  # noqa: E402
+from elrun_tools.machine import loadavg, machine_info, peak_rss_mib, pid_cpu_seconds  # noqa: E402
+from elrun_tools.procs import log  # noqa: E402
 
-RDZV = os.path.join(REPO, "bazel-bin", "agent", "daemon", "elrun-rdzv")
-LOAD = os.path.join(REPO, "bazel-bin", "scripts", "bench", "rdzv_load")
+import rdzv_scale_report  # noqa: E402
+
+BENCH = "rdzv_scale_bench"
+RDZV = paths.binary("elrun-rdzv")
+LOAD = paths.binary("rdzv_load")
 TOKEN = "scale-bench-token"
-TARGETS = {"formation_s": 2.0, "rss_mib": 256.0, "heartbeat_cores": 0.2, "reform_s": 1.0}
-
-
-def peak_rss_mib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 class LineReader:
@@ -123,57 +119,24 @@ def main():
     ap.add_argument("--settle", type=float, default=2.0)
     ap.add_argument("--rdzv", default=RDZV)
     ap.add_argument("--load", default=LOAD)
-    bench_common.add_output_options(ap, os.path.join(REPO, "scripts", "bench", "rdzv_scale_bench.png"))
+    bench_common.add_output_options(ap, os.path.join(paths.BENCH, "rdzv_scale_bench.png"), bench=BENCH)
     bench_common.add_run_options(ap, timeout=120)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    results = {n: [] for n in sizes}
+    runs = {n: [] for n in sizes}
     with tempfile.TemporaryDirectory() as tmp:
         for run in range(args.runs):
             for n in sizes:  # Interleaved: a slow moment of the machine hits every size.
                 r = run_once(n, args, tmp)
                 log("run %d N=%d: formation %.3f s, heartbeats %.3f cores, re-formation %.3f s, RSS %.1f MiB"
                     % (run + 1, n, r["formation_s"], r["heartbeat_cores"], r["reform_s"], r["rss_mib"]))
-                results[n].append(r)
+                runs[n].append(r)
+    record = dict(results.stamp(BENCH),
+                  machine=dict(machine_info([("elrun-rdzv", args.rdzv), ("rdzv_load", args.load)])),
+                  options=bench_common.options_record(args), load=f"loadavg at the end {loadavg()}",
+                  sizes=sizes, results={str(n): rs for n, rs in runs.items()})
+    results.publish(args, record, rdzv_scale_report)
 
-    print("## Rendezvous at scale: one elrun-rdzv, N simulated nodes\n")
-    for key, text in machine_info([("elrun-rdzv", args.rdzv), ("rdzv_load", args.load)]):
-        print("- **%s**: %s" % (key, text))
-    print("- **load**: loadavg at the end %s" % (loadavg(),))
-    print("- **command**: `/usr/bin/python3 scripts/bench/rdzv_scale_bench.py %s`\n" % " ".join(sys.argv[1:]))
-    print("Medians (min-max) of %d runs per N; every node proves the token and signs its first Join.\n" % args.runs)
-    print("| N | formation | daemon CPU to formation | heartbeats at 1 Hz (daemon cores) | "
-          "re-formation after 1% lost | daemon peak RSS |")
-    print("|---:|---:|---:|---:|---:|---:|")
-
-    def cell(n, key, unit, digits, target=None):
-        xs = [r[key] for r in results[n]]
-        med = statistics.median(xs)
-        text = "%.*f %s (%.*f-%.*f)" % (digits, med, unit, digits, min(xs), digits, max(xs))
-        if target is not None:
-            text += " %s" % ("✓" if med <= target else "✗ target %.*f" % (digits, target))
-        return text
-
-    for n in sizes:
-        tgt = n >= 10000
-        print("| %d | %s | %s | %s | %s | %s |" % (
-            n, cell(n, "formation_s", "s", 3, TARGETS["formation_s"] if tgt else None),
-            cell(n, "formation_cpu_s", "s", 2),
-            cell(n, "heartbeat_cores", "", 3, TARGETS["heartbeat_cores"] if tgt else None),
-            cell(n, "reform_s", "s", 3, TARGETS["reform_s"] if tgt else None),
-            cell(n, "rss_mib", "MiB", 1, TARGETS["rss_mib"] if tgt else None)))
-    print("\nTargets (issue 15, at 10,000 nodes): formation ≤ 2 s, peak RSS ≤ 256 MiB, heartbeats "
-          "under 0.2 of a core, re-formation ≤ 1 s.")
-    plt = bench_common.pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    for ax, key, title in zip(axes, ["formation_s", "reform_s", "heartbeat_cores"],
-                              ["formation (s)", "re-formation after 1% lost (s)", "heartbeat cost (cores)"]):
-        ax.plot(sizes, [statistics.median(r[key] for r in results[n]) for n in sizes], "o-")
-        ax.set_xscale("log")
-        ax.set_xlabel("simulated nodes")
-        ax.set_title(title)
-    bench_common.save_figure(fig, args.png, dpi=100)
-    log("wrote " + args.png)
 
 if __name__ == "__main__":
     main()

@@ -17,32 +17,29 @@ of triples at or above the 0.95 target, and elrun's 2-rank rate as a share of th
 ceiling of the same triple.
 
 Every run: FashionNet, batch 64 per rank, --threads 1, --max-steps S (200), --lr-schedule
-constant, seed 0 (train_bench.py's elrun-train command). Prints a markdown report on stdout,
-progress on stderr, writes a PNG. A failed run stops the benchmark with exit status 1.
+constant, seed 0 (train_bench.py's elrun-train command, train_jobs.py). Writes the result (JSON;
+--json, default docs/results/scaling_bench.json), prints its markdown report (scaling_report.py)
+on stdout, progress on stderr, writes a PNG. A failed run stops the benchmark with exit status 1.
 
   /usr/bin/python3 scripts/bench/scaling_bench.py [--triples 8] [--max-steps 200] [--wait-idle 60]
 """
 import argparse
 import os
-import statistics
 import sys
 import time
 
-import train_bench
-import bench_common
-from bench_common import RunError, binary_id, clean_env, fmt, log, loadavg, wait_idle
-from bench_common import machine_info as _machine_info
-from train_bench import ELRUN, PAIR, TAG_VAR, TARGET_SCALING, Config
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from elrun_tools import bench as bench_common, paths, results  # noqa: E402
+from elrun_tools.bench import RunError  # noqa: E402
+from elrun_tools.machine import binary_id, loadavg, machine_info, wait_idle  # noqa: E402
+from elrun_tools.procs import clean_env, log  # noqa: E402
 
-DEFAULT_PNG = os.path.join(train_bench.HERE, "scaling_bench.png")
+import scaling_report  # noqa: E402
+from train_jobs import (ELRUN, PAIR, TAG_VAR, Config, add_job_options,  # noqa: E402
+                        check_job_options, run_once)
 
-
-def quartiles(xs):
-    """(q1, median, q3) of xs, by the inclusive method (the median of one value is itself)."""
-    if len(xs) == 1:
-        return xs[0], xs[0], xs[0]
-    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
-    return q1, q2, q3
+BENCH = "scaling_bench"
+DEFAULT_PNG = os.path.join(paths.BENCH, "scaling_bench.png")
 
 
 def triple_ratios(ones, twos, pairs):
@@ -66,7 +63,7 @@ def bench(args, workdir):
 
     def run(c, i):
         try:
-            wall, end, share, argv = train_bench.run_once(args, c, env, workdir, i)
+            wall, end, share, argv = run_once(args, c, env, workdir, i)
         except RunError as ex:
             raise RunError(f"{c.key}, triple {i + 1}: {ex}") from None
         commands[c.key] = argv
@@ -92,100 +89,16 @@ def bench(args, workdir):
     return triple_ratios(ones, twos, pairs), commands, time.monotonic() - t0
 
 
-def pooled(rows, key):
-    """All triples as one: the sum of a rate over the sum of 2 x its references. Unlike the
-    median of per-triple ratios, a triple's share counts by its rates, and a slow 1-rank pair
-    cannot skew the figure by dividing by a small number."""
-    return sum(r[key] for r in rows) / sum(r["one_before"] + r["one_after"] for r in rows)
-
-
-def summary(rows):
-    s = {"pooled": pooled(rows, "two"), "pooled_ceiling": pooled(rows, "pair"),
-         "pooled_sync": pooled(rows, "sync")}
-    for key in ("scaling", "ceiling", "sync_ceiling", "of_sync", "lockstep"):
-        s[key] = quartiles([r[key] for r in rows])
-    s["met"] = sum(r["scaling"] >= TARGET_SCALING for r in rows)
-    s["sync_met"] = sum(r["sync_ceiling"] >= TARGET_SCALING for r in rows)
-    return s
-
-
-def q_cell(q, digits=3):
-    return f"{q[1]:.{digits}f} ({q[0]:.{digits}f}–{q[2]:.{digits}f})"
-
-
-def report(args, rows, s, commands, info, load, elapsed):
-    n = len(rows)
-    out = train_bench.report_header(
-        "Scaling efficiency of elrun-train's DDP, from adjacent runs", args, info,
-        f"{n} triples (1 rank, 2 ranks, the pair) and a closing 1-rank run", "triple", load, elapsed)
-
-    def verdict(x):
-        return f"(target ≥ {TARGET_SCALING:g}: **{'yes' if x >= TARGET_SCALING else 'NO'}**)"
-
-    out += ["| | pooled over all triples | median (quartiles) over triples | triples ≥ 0.95 |",
-            "|---|---:|---:|---:|",
-            f"| elrun-train DDP, scaling efficiency rate(2) / (2 × rate(1)) | {s['pooled']:.3f} "
-            f"{verdict(s['pooled'])} | {q_cell(s['scaling'])} {verdict(s['scaling'][1])} | "
-            f"{s['met']} of {n} |",
-            f"| ceiling: the pair (two 1-rank jobs at once, no communication) | "
-            f"{s['pooled_ceiling']:.3f} | {q_cell(s['ceiling'])} | |",
-            f"| synchronous ceiling: the pair in lock step | {s['pooled_sync']:.3f} | "
-            f"{q_cell(s['sync_ceiling'])} | {s['sync_met']} of {n} |",
-            f"| elrun-train DDP ÷ synchronous ceiling | {s['pooled'] / s['pooled_sync']:.3f} | "
-            f"{q_cell(s['of_sync'])} | |",
-            f"| lock-step factor of the pair | | {q_cell(s['lockstep'])} | |", ""]
-    out += ["Each triple's 2-rank job and pair are judged against the mean of the 1-rank jobs run "
-            "just before and just after them (samples/s from each run's end record, as in "
-            "train_bench.py). Pooled: the sum of the triples' rates over the sum of 2 × their "
-            "references (all triples as one long run). The synchronous ceiling is the pair's rate over its lock-step "
-            "factor: sum over steps k of max(a_k, b_k) of the two jobs' `--step-times-file` "
-            "step times, over the mean of their sums — the best a job whose ranks wait for each "
-            "other every step could have reached in that triple.", "", "Every triple:", "",
-            "| triple | 1 rank before / after | 2 ranks | off CPU, per rank | pair | lock step | "
-            "synchronous | scaling | ceiling | synchronous ceiling | 2 ranks ÷ synchronous |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for i, r in enumerate(rows):
-        off = " / ".join(f"{100 * x:.1f}%" for x in r["off_cpu"])
-        out.append(f"| {i + 1} | {fmt(r['one_before'])} / {fmt(r['one_after'])} | {fmt(r['two'])} | "
-                   f"{off} | {fmt(r['pair'])} | {r['lockstep']:.3f}× | {fmt(r['sync'])} | "
-                   f"{r['scaling']:.3f} | {r['ceiling']:.3f} | {r['sync_ceiling']:.3f} | "
-                   f"{r['of_sync']:.3f} |")
-    out += train_bench.commands_block(args, [(key, argv, key.startswith(PAIR))
-                                             for key, argv in commands.items()])
-    return "\n".join(out)
-
-
-def plot(rows, s, path):
-    plt = bench_common.pyplot()
-
-    x = range(1, len(rows) + 1)
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    ax.plot(x, [r["ceiling"] for r in rows], "s--", color="#999999", label="ceiling: the pair")
-    ax.plot(x, [r["sync_ceiling"] for r in rows], "^-", color="#666666",
-            label="synchronous ceiling: the pair in lock step")
-    ax.plot(x, [r["scaling"] for r in rows], "o-", color="#2a7ab0", linewidth=2,
-            label=f"elrun-train DDP (pooled {s['pooled']:.3f}, median {s['scaling'][1]:.3f})")
-    ax.axhline(TARGET_SCALING, color="green", linestyle=":", label=f"target ≥ {TARGET_SCALING:g}")
-    ax.set_xticks(list(x))
-    ax.set_xlabel("triple (1 rank, 2 ranks, pair; against the 1-rank runs around it)")
-    ax.set_ylabel("rate(2) / (2 × rate(1))")
-    ax.set_title("Scaling efficiency from adjacent runs: FashionNet, batch 64/rank, 1 thread/rank",
-                 fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
-    bench_common.save_figure(fig, path)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    train_bench.add_job_options(ap, max_steps=200, unit="triple")
+    add_job_options(ap, max_steps=200, unit="triple")
     ap.add_argument("--triples", type=int, default=8,
                     help="1-rank, 2-rank and pair runs, back to back, this many times (default 8)")
-    bench_common.add_output_options(ap, DEFAULT_PNG,
-                                    json_help="also write every triple's figures to this file")
+    bench_common.add_output_options(ap, DEFAULT_PNG, bench=BENCH)
     args = ap.parse_args()
     if args.triples < 1:
         ap.error("--triples must be >= 1")
-    train_bench.check_job_options(ap, args, "scaling_bench")
+    check_job_options(ap, args, "scaling_bench")
     try:
         with bench_common.private_copies(args, "scaling_bench", {"elrun": "elrun", "train": "elrun-train"}) as tmp:
             return run(args, tmp)
@@ -195,16 +108,16 @@ def main():
 
 
 def run(args, tmp):
-    info = _machine_info([("elrun", args.elrun), ("elrun-train", args.train)])
+    info = machine_info([("elrun", args.elrun), ("elrun-train", args.train)])
     load_start = loadavg()
     rows, commands, elapsed = bench(args, tmp)
     load = f"loadavg (1/5/15 min) {load_start} at start, {loadavg()} at end"
     if (binary_id(args.elrun), binary_id(args.train)) != (binary_id(args.elrun_copy),
                                                           binary_id(args.train_copy)):
         load += " — a binary was rebuilt during the benchmark; the runs used copies taken at its start"
-    s = summary(rows)
-    train_bench.publish(args, report(args, rows, s, commands, info, load, elapsed),
-                        lambda path: plot(rows, s, path), {"machine": dict(info), "rows": rows})
+    record = dict(results.stamp(BENCH), machine=dict(info), options=bench_common.options_record(args),
+                  load=load, elapsed_s=elapsed, rows=rows, commands=commands)
+    results.publish(args, record, scaling_report)
     return 0
 
 

@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -26,11 +27,15 @@ PYTHON = os.environ.get("PYTHON_EXEC") or os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ".venv", "bin", "python3")
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "workers")
+# The helpers shared with the benchmarks (scripts/elrun_tools), in the checkout and in runfiles.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts"))
+from elrun_tools.procs import (Pidfds, cmdline, describe, descendants, is_running,  # noqa: E402,F401
+                               proc_stat, wait_dead)
 
 # Bounds for every wait in the suite; none of them is a synchronisation sleep.
 RUN_TIMEOUT_S = 30.0  # One elrun invocation from start to exit.
 READY_TIMEOUT_S = 20.0  # Workers to report that they are running.
-DEATH_TIMEOUT_S = 10.0  # Processes to die after a kill.
+DEATH_TIMEOUT_S = 10.0  # Processes to die after a kill (elrun_tools.procs uses the same).
 LEAK_GRACE_S = 3.0  # After elrun exits, for what it killed to finish dying.
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -83,7 +88,7 @@ def elrun_command():
     return bazel_binary("launcher", "elrun", "ELRUN_BIN")
 
 
-# True when ELRUN_BIN points at Debian's torchrun (scripts/bench/torchrun_compat.py), which is only
+# True when ELRUN_BIN points at Debian's torchrun (scripts/elrun_tools/torchrun_compat.py), which is only
 # used to debug the worker scripts: tests then skip what torchrun 1.13 does differently.
 TORCHRUN_REFERENCE = "torchrun" in os.environ.get("ELRUN_BIN", "")
 # What torch_allreduce.py must not check against torchrun 1.13 (ELRUN_TEST_RELAX).
@@ -117,108 +122,8 @@ class ReservedPort:
 
 
 # ---------------------------------------------------------------------------------------------
-# /proc helpers.
-
-def proc_stat(pid):
-    """(state, ppid, pgid, starttime) of a live or zombie process, or None when it is gone."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            data = f.read().decode("ascii", "replace")
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = data[data.rindex(")") + 2:].split()
-    return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
-
-
-def cmdline(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-    except OSError:
-        return "<gone>"
-
-
-def is_running(pid):
-    """True when pid exists and is not a zombie."""
-    stat = proc_stat(pid)
-    return stat is not None and stat[0] not in ("Z", "X")
-
-
-def descendants(root):
-    """{pid: starttime} of every process below root (any depth), found by scanning /proc."""
-    children = {}
-    starts = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        stat = proc_stat(int(name))
-        if stat is None:
-            continue
-        children.setdefault(stat[1], []).append(int(name))
-        starts[int(name)] = stat[3]
-    found = {}
-    frontier = [root]
-    for _ in range(100000):  # Bounded walk; the tree is finite and acyclic.
-        if not frontier:
-            break
-        pid = frontier.pop()
-        for child in children.get(pid, []):
-            if child not in found:
-                found[child] = starts[child]
-                frontier.append(child)
-    return found
-
-
-def describe(pids):
-    return ", ".join("%d (%s)" % (p, cmdline(p)) for p in sorted(pids)) or "none"
-
-
-class Pidfds:
-    """pidfds opened at once for pids just learned from a worker, so later waits and kills refer to
-    exactly those processes. A pid that is already gone counts as dead."""
-
-    def __init__(self, pids):
-        self.fds = {}
-        for pid in pids:
-            try:
-                self.fds[pid] = os.pidfd_open(pid)
-            except ProcessLookupError:
-                pass
-
-    def wait_all_dead(self, timeout):
-        """Waits until every process has exited (zombies count as exited). Returns the pids still
-        running after timeout seconds."""
-        pending = dict(self.fds)
-        deadline = time.monotonic() + timeout
-        for _ in range(len(pending) + 1):  # Each round retires at least one fd, or times out.
-            remaining = deadline - time.monotonic()
-            if not pending or remaining <= 0:
-                break
-            ready, _, _ = select.select(list(pending.values()), [], [], remaining)
-            for pid in [p for p, fd in pending.items() if fd in ready]:
-                del pending[pid]
-        return sorted(pending)
-
-    def kill_all(self):
-        for fd in self.fds.values():
-            try:
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def close(self):
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds = {}
-
-
-def wait_dead(pids, timeout=DEATH_TIMEOUT_S):
-    """Returns the pids among `pids` still running after timeout seconds."""
-    fds = Pidfds(pids)
-    try:
-        return fds.wait_all_dead(timeout)
-    finally:
-        fds.close()
+# /proc and pidfd helpers (proc_stat, cmdline, is_running, descendants, describe, Pidfds,
+# wait_dead) come from scripts/elrun_tools/procs.py, imported above.
 
 
 def kill_descendants_of_self(timeout=DEATH_TIMEOUT_S):

@@ -33,17 +33,17 @@ def train_command():
 
 
 def torchrun_command():
-    """Debian's torchrun (torch 1.13.1) through scripts/bench/torchrun_compat.py, with exits
+    """Debian's torchrun (torch 1.13.1) through scripts/elrun_tools/torchrun_compat.py, with exits
     noticed every 0.1 s instead of torchrun's default 5 s. TORCHRUN_COMPAT overrides the path."""
     path = os.environ.get("TORCHRUN_COMPAT")
     if not path:
         candidates = []
         for root in (os.environ.get("TEST_SRCDIR"), os.environ.get("RUNFILES_DIR")):
             if root:
-                candidates.append(os.path.join(root, "elrun", "scripts", "bench",
+                candidates.append(os.path.join(root, "elrun", "scripts", "elrun_tools",
                                                "torchrun_compat.py"))
         repo = os.path.dirname(os.path.dirname(harness.HERE))
-        candidates.append(os.path.join(repo, "scripts", "bench", "torchrun_compat.py"))
+        candidates.append(os.path.join(repo, "scripts", "elrun_tools", "torchrun_compat.py"))
         found = [p for p in candidates if os.path.isfile(p)]
         if not found:
             raise RuntimeError("torchrun_compat.py not found; looked at %s (set TORCHRUN_COMPAT)"

@@ -11,25 +11,28 @@ Members are our children with a parent-death signal of SIGKILL, are recorded in 
 registry that an atexit hook SIGKILLs, and are SIGTERMed, then SIGKILLed, and reaped by close():
 none outlives the test, even one that fails or dies. etcdctl runs with every wait bounded.
 Single-threaded, like harness: members get SIGKILL when the *thread* that started them exits.
-Standard library only; harness.py supplies pidfd waits and the bounds shared by the suite.
-Self-test: python3 tests/integration/etcd_cluster.py
+Standard library only; elrun_tools.procs supplies pidfd waits; etcd_member.py the members and
+their registry, etcd_tls.py the certificates. Self-test: python3 scripts/elrun_tools/etcd_cluster.py
 """
-import atexit
 import base64
-import ctypes
 import json
 import os
-import random
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
 
-import harness
+if __name__ == "__main__":  # Run as a script: make the package importable.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from elrun_tools.procs import DEATH_TIMEOUT_S, cmdline, describe, is_running, wait_dead  # noqa: E402
+from elrun_tools.etcd_member import (RUNNING, EtcdError, Member, PortTaken,  # noqa: E402,F401
+                                     die_with_parent, etcd_env, pick_ports, random_loopback_host)
+from elrun_tools.etcd_tls import TlsFiles, make_tls_files  # noqa: E402,F401
 
 ETCD = os.environ.get("ETCD_BIN", "/usr/bin/etcd")
 ETCDCTL = os.environ.get("ETCDCTL_BIN", "/usr/bin/etcdctl")
@@ -41,69 +44,6 @@ STOP_TIMEOUT_S = 5.0  # A member to exit after SIGTERM before it gets SIGKILL.
 ETCDCTL_TIMEOUT_S = 15.0  # One etcdctl invocation (its own dial/command timeouts are shorter).
 POLL_S = 0.1  # Between two polls of the cluster's state; etcd offers nothing to wait on.
 START_ATTEMPTS = 3  # Whole-cluster starts when a port we picked was taken (see _pick_ports).
-
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True)
-
-# Every member process still running, by pid, so that nothing leaks if a test forgets close() or
-# the interpreter exits on an exception: the atexit hook SIGKILLs and reaps them.
-_RUNNING = {}
-
-
-@atexit.register
-def _kill_running():
-    for proc in list(_RUNNING.values()):
-        if proc.poll() is None:
-            proc.kill()
-            try:
-                proc.wait(timeout=harness.DEATH_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pass
-    _RUNNING.clear()
-
-
-def _die_with_parent(parent):
-    """preexec_fn of every member: SIGKILL when the test process dies (even by SIGKILL)."""
-    def setup():
-        if _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
-        if os.getppid() != parent:  # The parent died before prctl: nobody would kill us.
-            os.kill(os.getpid(), signal.SIGKILL)
-    return setup
-
-
-def _clean_env():
-    """Our environment minus etcd's and etcdctl's own variables (ETCD_*, ETCDCTL_*: etcd 3.4
-    reads every flag from one, and they would change what the flags here say) and proxies."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ETCD_", "ETCDCTL_"))
-           and k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "grpc_proxy")}
-    env["ETCDCTL_API"] = "3"
-    return env
-
-
-def random_loopback_host():
-    """A random address 127.a.b.c (c in 2..254); all of 127/8 is loopback on Linux, so clusters
-    of concurrent tests (and the suite's 127.0.0.N agents) practically never share one."""
-    return "127.%d.%d.%d" % (random.randint(1, 254), random.randint(0, 255),
-                             random.randint(2, 254))
-
-
-def _pick_ports(host, count):
-    """`count` distinct ports that were free on host a moment ago. etcd can not listen on port 0
-    and report the port, so the kernel picks them here (bind port 0, read it back) and they are
-    released before etcd binds them: another process may take one in between, which the cluster
-    start detects (a member exits with "address already in use") and retries with new ports."""
-    socks = []
-    try:
-        for _ in range(count):  # All held open together, so the kernel never repeats one.
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(s)
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _series_sum(body, name, labels):
@@ -118,107 +58,6 @@ def _series_sum(body, name, labels):
                 total += float(value)
     return total
 
-
-class TlsFiles:
-    """PEM files for a cluster with TLS on its client URLs (peers stay plain http): the CA that
-    signed both certificates, the members' server certificate and key, optionally a client
-    certificate and key for etcdctl (else etcdctl presents the server's, which has no extended
-    key usage and so serves as a client certificate too). client_cert_auth: members then require
-    a client certificate signed by the CA. ip: the address the server certificate is valid for,
-    which EtcdCluster then listens on (make_tls_files sets it)."""
-
-    def __init__(self, ca, cert, key, client_cert=None, client_key=None, client_cert_auth=False,
-                 ip=None):
-        self.ca, self.cert, self.key = ca, cert, key
-        self.client_cert, self.client_key = client_cert, client_key
-        self.client_cert_auth = client_cert_auth
-        self.ip = ip
-
-    def __repr__(self):
-        return "TlsFiles(%r)" % self.__dict__
-
-
-def make_tls_files(tmpdir, ip=None, client_cert_auth=False):
-    """Makes a throw-away CA, a server certificate for IP:<ip> (also IP:127.0.0.1 and
-    DNS:localhost) and a client certificate with the openssl CLI, as
-    tests/agent/grpc/testdata/make_certs.sh does (EC P-256 keys), in a new directory under tmpdir.
-    ip defaults to a random_loopback_host(). Returns their TlsFiles."""
-    ip = ip or random_loopback_host()
-    out = tempfile.mkdtemp(prefix="etcd-tls.", dir=tmpdir)
-
-    def openssl(*args):
-        proc = subprocess.run(["openssl"] + list(args), stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=ETCDCTL_TIMEOUT_S)
-        if proc.returncode != 0:
-            raise RuntimeError("openssl %s failed (exit %d):\n%s"
-                               % (" ".join(args), proc.returncode, proc.stdout.decode()))
-
-    def key(path):
-        openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                "-out", path)
-        return path
-
-    p = lambda name: os.path.join(out, name)  # noqa: E731
-    key(p("ca.key"))
-    openssl("req", "-x509", "-new", "-key", p("ca.key"), "-out", p("ca.pem"), "-days", "3650",
-            "-subj", "/CN=elrun etcd test CA")
-    with open(p("ext"), "w") as f:
-        f.write("subjectAltName=IP:%s,IP:127.0.0.1,DNS:localhost\n" % ip)
-    for who in ("server", "client"):
-        key(p(who + ".key"))
-        openssl("req", "-new", "-key", p(who + ".key"), "-out", p(who + ".csr"),
-                "-subj", "/CN=elrun etcd %s" % who)
-        openssl("x509", "-req", "-in", p(who + ".csr"), "-CA", p("ca.pem"), "-CAkey", p("ca.key"),
-                "-set_serial", "0x%016x" % random.getrandbits(63), "-days", "3650",
-                "-extfile", p("ext"), "-out", p(who + ".pem"))
-    return TlsFiles(ca=p("ca.pem"), cert=p("server.pem"), key=p("server.key"),
-                    client_cert=p("client.pem"), client_key=p("client.key"),
-                    client_cert_auth=client_cert_auth, ip=ip)
-
-
-class EtcdError(RuntimeError):
-    """The cluster did not start, did not become healthy, or an etcdctl call failed; the message
-    ends with the tails of the member logs."""
-
-
-class _PortTaken(EtcdError):
-    pass
-
-
-class Member:
-    """One etcd member: its name, ports, data dir, log file and process (None when not running)."""
-
-    def __init__(self, index, host, client_port, peer_port, directory):
-        self.index = index
-        self.name = "member%d" % index
-        self.host, self.client_port, self.peer_port = host, client_port, peer_port
-        self.data_dir = os.path.join(directory, self.name + ".data")
-        self.log_path = os.path.join(directory, self.name + ".log")
-        self.proc = None
-        self.stopped = False  # SIGSTOPped through EtcdCluster.kill (until its SIGCONT).
-        self.id = None  # etcd's member id (an int), learned from endpoint status.
-
-    @property
-    def endpoint(self):
-        return "%s:%d" % (self.host, self.client_port)
-
-    def running(self):
-        """The process exists (it may be SIGSTOPped)."""
-        return self.proc is not None and self.proc.poll() is None
-
-    def serving(self):
-        """Running and not SIGSTOPped: etcdctl calls go to serving members only."""
-        return self.running() and not self.stopped
-
-    def log_tail(self, limit=6000):
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - limit))
-                return f.read().decode("utf-8", "replace")
-        except OSError as e:
-            return "<no log: %s>" % e
 
 
 class EtcdCluster:
@@ -283,7 +122,7 @@ class EtcdCluster:
         failures = []
         for attempt in range(1, START_ATTEMPTS + 1):
             host = self.fixed_host or random_loopback_host()
-            ports = _pick_ports(host, 2 * self.size)
+            ports = pick_ports(host, 2 * self.size)
             self.dir = tempfile.mkdtemp(prefix="etcd.", dir=self.tmpdir)
             self.token = "elrun-test-%s" % os.path.basename(self.dir)
             self.members = [Member(i, host, ports[2 * i], ports[2 * i + 1], self.dir)
@@ -293,8 +132,8 @@ class EtcdCluster:
                     self._spawn(i)
                 self._wait_healthy(HEALTHY_TIMEOUT_S)
                 break
-            except _PortTaken as e:
-                # A port picked by _pick_ports was taken before etcd bound it; another address
+            except PortTaken as e:
+                # A port picked by pick_ports was taken before etcd bound it; another address
                 # and fresh ports make a repeat practically impossible.
                 failures.append("attempt %d: %s" % (attempt, e))
                 self._stop_all()
@@ -342,13 +181,13 @@ class EtcdCluster:
         # Appends: a restarted member's log follows its first life's.
         with open(m.log_path, "ab") as log:
             m.proc = subprocess.Popen(self._member_args(m), stdin=subprocess.DEVNULL, stdout=log,
-                                      stderr=subprocess.STDOUT, env=_clean_env(),
-                                      cwd=self.dir, preexec_fn=_die_with_parent(os.getpid()))
-        _RUNNING[m.proc.pid] = m.proc
+                                      stderr=subprocess.STDOUT, env=etcd_env(),
+                                      cwd=self.dir, preexec_fn=die_with_parent(os.getpid()))
+        RUNNING[m.proc.pid] = m.proc
 
     def _wait_healthy(self, timeout, members=None):
         """Polls `etcdctl endpoint health` (a linearizable read on each endpoint) of the running
-        `members` (default: all) until every one answers; raises _PortTaken when a member
+        `members` (default: all) until every one answers; raises PortTaken when a member
         exited because its port was taken, EtcdError when one exited otherwise or on timeout."""
         members = [self.members[i] for i in (members if members is not None
                                               else range(self.size))]
@@ -359,7 +198,7 @@ class EtcdCluster:
                 if not m.running():
                     tail = m.log_tail()
                     if "address already in use" in tail:
-                        raise _PortTaken("%s: port %d or %d was taken"
+                        raise PortTaken("%s: port %d or %d was taken"
                                          % (m.name, m.client_port, m.peer_port))
                     raise EtcdError("etcd %s exited (%s) while the cluster started\n%s"
                                     % (m.name, m.proc.returncode, self.logs()))
@@ -392,7 +231,7 @@ class EtcdCluster:
         argv = [ETCDCTL, "--endpoints", ",".join(urls)] + self._ctl_flags(auth) + list(args)
         try:
             return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, env=_clean_env(), timeout=timeout,
+                                  stderr=subprocess.PIPE, env=etcd_env(), timeout=timeout,
                                   universal_newlines=True)
         except subprocess.TimeoutExpired as e:
             return subprocess.CompletedProcess(argv, -1, _text(e.stdout), _text(e.stderr) +
@@ -506,7 +345,7 @@ class EtcdCluster:
                         % ([m.index for m in self.members if m.serving()], sorted(excluded),
                            timeout, self.logs()))
 
-    def kill(self, i, sig=signal.SIGKILL, wait=True, timeout=harness.DEATH_TIMEOUT_S):
+    def kill(self, i, sig=signal.SIGKILL, wait=True, timeout=DEATH_TIMEOUT_S):
         """Sends sig to member i and, with wait (for a signal that ends it), waits until it has
         exited and returns its Popen returncode (-sig). wait=False: e.g. SIGSTOP, after which
         the member counts as not serving (etcdctl, leader, live_endpoint_list skip it) until a
@@ -533,12 +372,12 @@ class EtcdCluster:
     # -- stopping -------------------------------------------------------------------------------
 
     def _reap(self, m, timeout):
-        alive = harness.wait_dead([m.proc.pid], timeout)
+        alive = wait_dead([m.proc.pid], timeout)
         if alive:
             raise EtcdError("etcd %s (pid %d) still runs %.0f s after the signal"
                             % (m.name, m.proc.pid, timeout))
-        rc = m.proc.wait(timeout=harness.DEATH_TIMEOUT_S)
-        _RUNNING.pop(m.proc.pid, None)
+        rc = m.proc.wait(timeout=DEATH_TIMEOUT_S)
+        RUNNING.pop(m.proc.pid, None)
         return rc
 
     def _metrics(self, i, timeout=1.0):
@@ -585,21 +424,21 @@ class EtcdCluster:
             self._terminate([self.members[leader].proc])
         for m in self.members:  # Killed ones were reaped by kill(); forget them all.
             if m.proc is not None:
-                _RUNNING.pop(m.proc.pid, None)
+                RUNNING.pop(m.proc.pid, None)
 
     def _terminate(self, procs):
         for proc in procs:
             proc.terminate()
             proc.send_signal(signal.SIGCONT)  # A member a test SIGSTOPped.
-        stubborn = harness.wait_dead([p.pid for p in procs], STOP_TIMEOUT_S)
+        stubborn = wait_dead([p.pid for p in procs], STOP_TIMEOUT_S)
         for proc in procs:
             if proc.pid in stubborn:
                 proc.kill()
         for proc in procs:
             try:
-                proc.wait(timeout=harness.DEATH_TIMEOUT_S)
+                proc.wait(timeout=DEATH_TIMEOUT_S)
             finally:
-                _RUNNING.pop(proc.pid, None)
+                RUNNING.pop(proc.pid, None)
 
     def _remove_data(self):
         # WAL segments are preallocated (64 MB each): drop them, keep the logs.
@@ -683,9 +522,9 @@ def _self_test():
             assert cluster.host == tls.ip
             check(cluster, "tls")
         pids = [int(p) for p in os.listdir("/proc") if p.isdigit()
-                and harness.is_running(int(p)) and "etcd" in harness.cmdline(int(p))
-                and base in harness.cmdline(int(p))]
-        assert not pids, "etcd members left running: %s" % harness.describe(pids)
+                and is_running(int(p)) and "etcd" in cmdline(int(p))
+                and base in cmdline(int(p))]
+        assert not pids, "etcd members left running: %s" % describe(pids)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print("etcd_cluster self-test ok (%.2f s)" % (time.monotonic() - start))

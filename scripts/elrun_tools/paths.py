@@ -1,0 +1,51 @@
+"""Where things are in the checkout: the repository, the torch environment, the built binaries.
+
+The one place that names the Bazel outputs the scripts run: when a target moves, change its line in
+BINARIES. `python3 scripts/elrun_tools/paths.py NAME` prints a binary's path (for shell scripts).
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.dirname(HERE)
+REPO = os.path.dirname(SCRIPTS)
+BENCH = os.path.join(SCRIPTS, "bench")
+# The torch 2.11 environment (scripts/setup.sh links it as .venv) runs torchrun, the Python twin
+# and every worker; the benchmark scripts themselves run on Debian's python3 (matplotlib).
+PYTHON = os.path.join(REPO, ".venv", "bin", "python3")
+TORCHRUN_COMPAT = os.path.join(HERE, "torchrun_compat.py")
+# Committed benchmark results (one JSON per benchmark, overwritten by each run) and their report.
+RESULTS_DIR = os.path.join(REPO, "docs", "results")
+PLOTS_DIR = os.path.join(REPO, "docs", "benchmarks")
+BENCHMARKS_MD = os.path.join(REPO, "docs", "benchmarks.md")
+
+# Bazel-built binaries by name: their path under bazel-bin (= their Bazel label's package/name).
+BINARIES = {
+    "elrun": "launcher/elrun",
+    "elrun-rdzv": "agent/daemon/elrun-rdzv",
+    "elrun-train": "trainer/app/elrun-train",
+    "rdzv_load": "scripts/bench/rdzv_load",
+    "etcd_load": "scripts/bench/etcd_load",
+}
+
+
+def binary(name, repo=REPO):
+    """The path of the Bazel-built binary `name` (a key of BINARIES) under repo's bazel-bin."""
+    return os.path.join(repo, "bazel-bin", BINARIES[name])
+
+
+def label(name):
+    """The Bazel label that builds `name`, for messages: //launcher:elrun."""
+    package, _, target = BINARIES[name].rpartition("/")
+    return f"//{package}:{target}"
+
+
+def relative(path):
+    """path relative to the repository root when it lies inside it, for printed commands."""
+    return path.replace(REPO + "/", "")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in BINARIES:
+        sys.exit(f"usage: {sys.argv[0]} {{{','.join(BINARIES)}}}")
+    print(binary(sys.argv[1]))
