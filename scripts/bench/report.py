@@ -8,6 +8,7 @@ A benchmark with no result is listed as not run. Debian's python3 (matplotlib) d
 """
 import argparse
 import os
+import re
 import shlex
 import sys
 
@@ -44,6 +45,12 @@ BENCHMARKS = [
     ("fsdp_bench", fsdp_report,
      "per-rank memory and step time of ddp, zero1, zero2, fsdp and no_shard"),
 ]
+
+
+def checkout_relative(text):
+    """Paths into the measuring checkout (its bazel-bin, its .venv) written from its root, so that
+    the document does not carry one machine's directory layout."""
+    return re.sub(r"/[^\s`'\"()]*?/(bazel-bin|\.venv)/", r"\1/", text)
 
 
 def demote(text):
@@ -101,7 +108,7 @@ def render(results_dir, plots_dir, out_path, note):
                 lines += [f"![{bench}]({os.path.relpath(png, out_dir)})", ""]
         except ImportError as ex:  # No matplotlib: the tables still render.
             log(f"{bench}: no plot ({ex})")
-        lines += [demote(module.markdown(r)), ""]
+        lines += [checkout_relative(demote(module.markdown(r))), ""]
     with open(out_path, "w") as f:
         f.write("\n".join(lines).rstrip() + "\n")
     log(f"wrote {out_path} ({len(found)} of {len(BENCHMARKS)} benchmarks have results)")
