@@ -9,16 +9,16 @@ Run it under torchrun of the project's torch 2.11 environment (.venv, scripts/se
 --device cuda (one GPU per rank, cuda:LOCAL_RANK) trains on the GPU with nccl, as elrun-train's
 --device cuda does: each batch is gathered into pinned host memory and copied without blocking.
 
-It does what trainer/train_main.cc does, step for step, with Python's own tools:
-- Model: FashionNet (trainer/models.cc: conv1 1->32 3x3 pad 1, bn1, ReLU, maxpool 2, conv2 32->64
+It does what trainer/app/train_main.cc does, step for step, with Python's own tools:
+- Model: FashionNet (trainer/app/models.cc: conv1 1->32 3x3 pad 1, bn1, ReLU, maxpool 2, conv2 32->64
   3x3 pad 1, bn2, ReLU, maxpool 2, flatten, fc1 3136->128, ReLU, fc2 128->10) or the MLP
   (Linear 784->256->128->10, ReLU between), built after torch.manual_seed(--seed) with the
   modules constructed in the same order as in C++. LibTorch here is the torch 2.11 wheel's, the
   same library as this interpreter's torch, so the initial weights come out identical.
 - Data: Fashion-MNIST read from the gzip IDX files in --data-dir, whole into memory, normalized
-  exactly like trainer/fashion_mnist.cc: float32((v / 255.0 - 0.2860) / 0.3530), computed in
+  exactly like trainer/data/fashion_mnist.cc: float32((v / 255.0 - 0.2860) / 0.3530), computed in
   double, per pixel value v.
-- Data order: trainer/sampler.cc replicated exactly: per epoch a std::mt19937_64 seeded with
+- Data order: trainer/data/sampler.cc replicated exactly: per epoch a std::mt19937_64 seeded with
   seed + epoch (implemented below with numpy, checked against the C++ standard library), a
   Fisher-Yates shuffle from the back drawing j = Below(gen, i + 1) by rejection, rank r takes
   positions r, r + W, ... of the order, drop_last, batches of --batch-size per rank (the last one
@@ -64,7 +64,7 @@ import numpy as np
 
 MASK64 = (1 << 64) - 1
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
-MEAN, STD = 0.2860, 0.3530  # trainer/fashion_mnist.h
+MEAN, STD = 0.2860, 0.3530  # trainer/data/fashion_mnist.h
 
 
 # --- std::mt19937_64 and the sampler ------------------------------------------------------------
@@ -125,7 +125,7 @@ class MT19937_64:
 
 
 def epoch_order(n, seed, epoch):
-    """DistributedSampler::Order: the permutation of 0..n-1 of `epoch` (trainer/sampler.cc)."""
+    """DistributedSampler::Order: the permutation of 0..n-1 of `epoch` (trainer/data/sampler.cc)."""
     order = list(range(n))
     if n <= 1:
         return order
@@ -167,7 +167,7 @@ def position(n, world, batch_size, steps):
 
 def check_rng():
     """The self-check of MT19937_64 and epoch_order against values printed by std::mt19937_64
-    (g++ 12, libstdc++) and by the Fisher-Yates loop of trainer/sampler.cc compiled alone."""
+    (g++ 12, libstdc++) and by the Fisher-Yates loop of trainer/data/sampler.cc compiled alone."""
     gen = MT19937_64()
     gen.advance(9999)
     checks = [("default seed, 10000th output", gen(), 9981545732273789042)]

@@ -5,7 +5,7 @@ fsdp_report.py.
 
 STRATEGIES = ["ddp", "zero1", "zero2", "fsdp", "no_shard"]
 LABELS = {
-    "ddp": "ddp (bucketed DDP, trainer/ddp.cc)",
+    "ddp": "ddp (bucketed DDP, trainer/parallel/ddp.cc)",
     "zero1": "zero1 (FSDP SHARD_OPTIMIZER)",
     "zero2": "zero2 (FSDP SHARD_GRAD_OP)",
     "fsdp": "fsdp (FSDP FULL_SHARD, ZeRO-3)",

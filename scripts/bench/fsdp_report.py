@@ -193,7 +193,7 @@ def notes(args, summary):
                "compare a hash of each unit's initial values instead of broadcasting the model. "
                "ddp builds the whole model on every rank and broadcasts it from rank 0.")
     out.append("- FSDP's gathered parameters, unsharded gradients and reduce-scatter receive "
-               "buffers come from a persistent, size-classed pool (`trainer/buffer_pool.h`): at "
+               "buffers come from a persistent, size-classed pool (`trainer/memory/buffer_pool.h`): at "
                "most two units' parameters (the one in use and the prefetched one) and two units' "
                "gradients are lent at once, and the same buffers serve every step. On Gloo the "
                "all-gather is in place (one broadcast per rank's chunk, into the pooled buffer) "
