@@ -74,6 +74,122 @@ void RouteGrpcLogs() {
   });
 }
 
+// Hosts the coordinator when the endpoint is this machine and its port is free (or
+// --rdzv-conf is_host says so). nullptr when another process hosts it; an error, one line, when
+// this node must host it and cannot.
+absl::StatusOr<std::unique_ptr<rdzv::CoordinatorServer>> MaybeHostCoordinator(const JobSpec& spec,
+                                                                             const RdzvSettings& rdzv) {
+  const bool etcd = spec.rdzv_backend == "etcd-v3";
+  if (etcd || !rdzv.is_host.value_or(IsLocalHost(rdzv.host))) return nullptr;
+  rdzv::ServerOptions options;
+  options.listen = rdzv.Endpoint();
+  options.token = rdzv.token;
+  options.tls = {rdzv.tls_cert, rdzv.tls_key, rdzv.tls_ca};
+  auto started = rdzv::CoordinatorServer::Start(options);
+  if (started.ok()) {
+    spdlog::info("hosting the rendezvous coordinator on {}", rdzv.Endpoint());
+    return *std::move(started);
+  }
+  if (rdzv.is_host.value_or(false) || started.status().code() != absl::StatusCode::kAlreadyExists) {
+    return absl::Status(started.status().code(), absl::StrCat("cannot host the rendezvous on ", rdzv.Endpoint(),
+                                                              ": ", started.status().message()));
+  }
+  return nullptr;  // Another elrun on this machine hosts it.
+}
+
+// This node's channel to the rendezvous: its session in etcd, or its stream to the coordinator.
+absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> OpenChannel(const JobSpec& spec, const RdzvSettings& rdzv,
+                                                                const std::string& node_id) {
+  if (spec.rdzv_backend == "etcd-v3") return OpenEtcd(spec, rdzv, node_id);
+  rdzv::ClientOptions options;
+  options.endpoint = rdzv.Endpoint();
+  options.tls = {rdzv.tls_cert, rdzv.tls_key, rdzv.tls_ca};
+  options.connect_timeout = rdzv.join_timeout;
+  options.silence_timeout = rdzv.heartbeat_timeout;
+  auto opened = rdzv::RendezvousClient::Open(options);
+  if (!opened.ok()) return opened.status();
+  return std::unique_ptr<rdzv::AgentChannel>(*std::move(opened));
+}
+
+// The address this node's workers publish as MASTER_ADDR when it is group rank 0: --local-addr,
+// else the local address that routes toward the rendezvous host (127.0.0.1 for a local one,
+// the host name when nothing routes). InvalidArgument, one line, for a malformed one.
+absl::StatusOr<std::string> ResolveMasterAddr(const JobSpec& spec, const RdzvSettings& rdzv) {
+  std::string master_addr = spec.local_addr;
+  if (master_addr.empty()) {
+    master_addr = LocalAddressToward(rdzv.host, rdzv.port).value_or(IsLocalHost(rdzv.host) ? "127.0.0.1" : HostName());
+  }
+  if (absl::Status s = rdzv::CheckHostOrAddress("--local-addr", master_addr); !s.ok()) return s;
+  return master_addr;
+}
+
+// Stragglers judged against the whole job: this node's paces go to the rendezvous, and the job's
+// pace comes back (its hosts are other nodes' words: escaped). `heartbeat` must outlive `agent`.
+void ShareStragglerPaces(ElasticAgent& agent, HeartbeatServer* heartbeat) {
+  agent.SetPaceSource(
+      [heartbeat] {
+        std::vector<v1::RankPace> paces;
+        for (const auto& [rank, ms] : heartbeat->RankPaces()) {
+          v1::RankPace& pace = paces.emplace_back();
+          pace.set_rank(rank);
+          pace.set_median_step_ms(ms);
+          pace.set_host(heartbeat->host().substr(0, 255));
+        }
+        return paces;
+      },
+      [heartbeat](const v1::JobPace& job) {
+        if (!(job.median_step_ms() > 0 && job.median_step_ms() < 1e9)) return;
+        std::vector<HeartbeatServer::RemotePace> slowest;
+        for (const v1::RankPace& pace : job.slowest()) {
+          if (slowest.size() == 3) break;
+          slowest.push_back({pace.rank(), rdzv::EscapeForConsole(pace.host(), 255), pace.median_step_ms()});
+        }
+        heartbeat->SetJobPace(job.median_step_ms(), job.ranks(), std::move(slowest));
+      });
+}
+
+// Runs the agent on the runtime's loop until it is done: signals, the channel's messages and
+// end, worker exits and the agent's deadlines. An error when the loop itself failed.
+absl::Status RunAgent(JobRuntime& rt, ElasticAgent& agent, rdzv::AgentChannel& channel) {
+  absl::Status status = rt.HandleSignals([&](int signo) { agent.OnSignal(signo); });
+  auto on_channel_event = [&] {
+    for (const v1::CoordinatorMessage& message : channel.Take()) agent.OnMessage(message);
+    if (std::optional<absl::Status> ended = channel.ended()) agent.OnSessionEnded(*ended);
+  };
+  if (status.ok()) status = rt.loop().Add(channel.event_fd(), on_channel_event);
+  if (status.ok()) {
+    agent.Start();
+    status = rt.RunUntil([&] { return agent.done(); }, [&] { return agent.Deadline(); },
+                         [&] { agent.OnDeadline(); });
+  }
+  rt.loop().Remove(channel.event_fd());
+  return status;
+}
+
+// For a failed job: the root-cause report of this node's workers, or elrun's own error file
+// naming what ended the job elsewhere, and one line saying why.
+void ReportFailedJob(const JobSpec& spec, const std::map<std::string, std::string>& env, const ElasticAgent& agent) {
+  if (agent.failed() != nullptr) {
+    PrintFailureReport(spec, *agent.failed(), spec.rdzv_id, agent.group_rank(), env);
+  } else if (!agent.end_detail().empty()) {
+    WriteLauncherErrorFile(env, "ChildFailedError", agent.end_detail());
+  } else if (!agent.rendezvous_error().empty()) {
+    WriteLauncherErrorFile(env, "RendezvousError", agent.rendezvous_error());
+  }
+  if (!agent.end_detail().empty()) PrintError(absl::StrCat("the job failed: ", agent.end_detail()));
+}
+
+// The other nodes may not have read the job's end yet: keeps serving until they have all left,
+// for close_timeout at most, then stops the coordinator.
+void CloseCoordinator(rdzv::CoordinatorServer& server, const JobSpec& spec, const RdzvSettings& rdzv) {
+  if (!server.coordinator().WaitUntilJobGone(spec.rdzv_id, std::chrono::steady_clock::now() + rdzv.close_timeout)) {
+    spdlog::warn("nodes of run {} still connected {} s after the job ended; stopping the "
+                 "coordinator",
+                 spec.rdzv_id, rdzv.close_timeout.count() / 1000.0);
+  }
+  server.Shutdown();
+}
+
 }  // namespace
 
 int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>& env,
@@ -91,126 +207,41 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
     return kExitJobFailed;
   }
   JobRuntime& rt = **runtime;
-  // The coordinator, embedded when the endpoint is this machine and its port is free.
-  std::unique_ptr<rdzv::CoordinatorServer> server;
-  const bool etcd = spec.rdzv_backend == "etcd-v3";
-  bool want_host = !etcd && rdzv.is_host.value_or(IsLocalHost(rdzv.host));
-  if (want_host) {
-    rdzv::ServerOptions options;
-    options.listen = rdzv.Endpoint();
-    options.token = rdzv.token;
-    options.tls = {rdzv.tls_cert, rdzv.tls_key, rdzv.tls_ca};
-    auto started = rdzv::CoordinatorServer::Start(options);
-    if (started.ok()) {
-      server = *std::move(started);
-      spdlog::info("hosting the rendezvous coordinator on {}", rdzv.Endpoint());
-    } else if (rdzv.is_host.value_or(false) || started.status().code() != absl::StatusCode::kAlreadyExists) {
-      PrintError(absl::StrCat("cannot host the rendezvous on ", rdzv.Endpoint(), ": ",
-                              started.status().message()));
-      return kExitJobFailed;
-    }
-  }
-
-  const std::string node_id = absl::StrCat(HostName(), ":", ::getpid(), ":", RandomRunId().substr(0, 6));
-  absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> client;
-  if (etcd) {
-    client = OpenEtcd(spec, rdzv, node_id);
-  } else {
-    rdzv::ClientOptions client_options;
-    client_options.endpoint = rdzv.Endpoint();
-    client_options.tls = {rdzv.tls_cert, rdzv.tls_key, rdzv.tls_ca};
-    client_options.connect_timeout = rdzv.join_timeout;
-    client_options.silence_timeout = rdzv.heartbeat_timeout;
-    auto opened = rdzv::RendezvousClient::Open(client_options);
-    if (opened.ok()) client = std::unique_ptr<rdzv::AgentChannel>(*std::move(opened));
-    else client = opened.status();
-  }
-  if (!client.ok()) {
-    PrintError(std::string(client.status().message()));
+  absl::StatusOr<std::unique_ptr<rdzv::CoordinatorServer>> server = MaybeHostCoordinator(spec, rdzv);
+  if (!server.ok()) {
+    PrintError(std::string(server.status().message()));
     return kExitJobFailed;
   }
-
-  std::string master_addr = spec.local_addr;
-  if (master_addr.empty()) {
-    master_addr = LocalAddressToward(rdzv.host, rdzv.port).value_or(
-        IsLocalHost(rdzv.host) ? "127.0.0.1" : HostName());
+  const std::string node_id = absl::StrCat(HostName(), ":", ::getpid(), ":", RandomRunId().substr(0, 6));
+  absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> channel = OpenChannel(spec, rdzv, node_id);
+  if (!channel.ok()) {
+    PrintError(std::string(channel.status().message()));
+    return kExitJobFailed;
   }
-  if (absl::Status s = rdzv::CheckHostOrAddress("--local-addr", master_addr); !s.ok()) {
-    PrintError(std::string(s.message()));
+  absl::StatusOr<std::string> master_addr = ResolveMasterAddr(spec, rdzv);
+  if (!master_addr.ok()) {
+    PrintError(std::string(master_addr.status().message()));
     return kExitJobFailed;
   }
 
   AttemptBuilder builder(spec, argv_template, spec.rdzv_id, rt.layout(), env, PortReservation::Take);
   rt.PrepareBuilder(builder);
-  ClientSession session(**client);
+  ClientSession session(**channel);
   RealClock clock;
-  ElasticAgent agent(spec, rdzv, rt.table(), clock, session, builder, master_addr, node_id, PortReservation::Take);
+  ElasticAgent agent(spec, rdzv, rt.table(), clock, session, builder, *master_addr, node_id, PortReservation::Take);
   agent_ptr = &agent;
   rt.OnWatchdogSignal([&agent](int pid, const std::string& why) { agent.OnWorkerSignalled(pid, why); });
   if (HeartbeatServer* heartbeat = rt.heartbeat(); heartbeat != nullptr && spec.straggler_factor) {
-    // Stragglers judged against the whole job: this node's paces go to the rendezvous, and the
-    // job's pace comes back (its hosts are other nodes' words: escaped).
-    agent.SetPaceSource(
-        [heartbeat] {
-          std::vector<v1::RankPace> paces;
-          for (const auto& [rank, ms] : heartbeat->RankPaces()) {
-            v1::RankPace& pace = paces.emplace_back();
-            pace.set_rank(rank);
-            pace.set_median_step_ms(ms);
-            pace.set_host(heartbeat->host().substr(0, 255));
-          }
-          return paces;
-        },
-        [heartbeat](const v1::JobPace& job) {
-          if (!(job.median_step_ms() > 0 && job.median_step_ms() < 1e9)) return;
-          std::vector<HeartbeatServer::RemotePace> slowest;
-          for (const v1::RankPace& pace : job.slowest()) {
-            if (slowest.size() == 3) break;
-            slowest.push_back({pace.rank(), rdzv::EscapeForConsole(pace.host(), 255), pace.median_step_ms()});
-          }
-          heartbeat->SetJobPace(job.median_step_ms(), job.ranks(), std::move(slowest));
-        });
+    ShareStragglerPaces(agent, heartbeat);
   }
-
-  absl::Status status = rt.HandleSignals([&](int signo) { agent.OnSignal(signo); });
-  rdzv::AgentChannel& stream = **client;
-  auto on_client_event = [&] {
-    for (const v1::CoordinatorMessage& message : stream.Take()) agent.OnMessage(message);
-    if (std::optional<absl::Status> ended = stream.ended()) agent.OnSessionEnded(*ended);
-  };
-  if (status.ok()) status = rt.loop().Add(stream.event_fd(), on_client_event);
-  if (status.ok()) {
-    agent.Start();
-    status = rt.RunUntil([&] { return agent.done(); }, [&] { return agent.Deadline(); },
-                         [&] { agent.OnDeadline(); });
-  }
-  rt.loop().Remove((*client)->event_fd());
-  if (!status.ok()) {
+  if (absl::Status status = RunAgent(rt, agent, **channel); !status.ok()) {
     PrintError(std::string(status.message()));
     return kExitJobFailed;
   }
-  int code = agent.exit_code();
-  if (code == kExitJobFailed) {
-    if (agent.failed() != nullptr) {
-      PrintFailureReport(spec, *agent.failed(), spec.rdzv_id, agent.group_rank(), env);
-    } else if (!agent.end_detail().empty()) {
-      WriteLauncherErrorFile(env, "ChildFailedError", agent.end_detail());
-    } else if (!agent.rendezvous_error().empty()) {
-      WriteLauncherErrorFile(env, "RendezvousError", agent.rendezvous_error());
-    }
-    if (!agent.end_detail().empty()) PrintError(absl::StrCat("the job failed: ", agent.end_detail()));
-  }
-  client->reset();  // Leave the rendezvous.
-  if (server) {
-    // The other nodes may not have read the job's end yet: keep serving until they have all
-    // left, for close_timeout at most.
-    if (!server->coordinator().WaitUntilJobGone(spec.rdzv_id,
-                                                std::chrono::steady_clock::now() + rdzv.close_timeout)) {
-      spdlog::warn("nodes of run {} still connected {} s after the job ended; stopping the "
-                   "coordinator", spec.rdzv_id, rdzv.close_timeout.count() / 1000.0);
-    }
-    server->Shutdown();
-  }
+  const int code = agent.exit_code();
+  if (code == kExitJobFailed) ReportFailedJob(spec, env, agent);
+  channel->reset();  // Leave the rendezvous.
+  if (*server) CloseCoordinator(**server, spec, rdzv);
   return code;
 }
 
