@@ -59,7 +59,7 @@ class TrainOptionsTest(TrainTestCase):
             self.assertEqual((end["steps"], end["memory_format"]), (steps, layout),
                              "expected %d steps in %s layout in %s" % (steps, layout, end))
         # NHWC convolutions sum in another order: measured 6.6e-7 after 3 steps here; training
-        # amplifies such differences step by step (README, "GPU"), hence few steps.
+        # amplifies such differences step by step (docs/gpu.md), hence few steps.
         _, worst = self.assertSameCheckpoint(
             self.path("contiguous", "checkpoints", "checkpoint.pt"),
             self.path("channels-last", "checkpoints", "checkpoint.pt"),

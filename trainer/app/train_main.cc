@@ -311,7 +311,7 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   MlpOptions mlp;
   mlp.hidden = o.mlp_hidden;
   // auto is ATen's Linear on both devices since torch 2.11: its CPU build's Linear (MKL) beat the
-  // oneDNN 1x1-convolution route in train_bench (README), which Debian's reference BLAS needed.
+  // oneDNN 1x1-convolution route in train_bench (docs/benchmarks.md), which Debian's reference BLAS needed.
   job->linear = o.linear == LinearChoice::kOneDnn ? LinearKernel::kOneDnn : LinearKernel::kAten;
   // The sharded strategies shard each layer as the model is built: no rank ever holds the whole
   // model (SyncBatchNorm swaps modules after construction, and a CUDA graph captures the wrapper's
@@ -338,8 +338,8 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   job->model = std::move(*model);
   job->model->to(job->device);
   // Channels-last on CPU: there oneDNN's convolutions and ATen's max-pooling and batch norm are
-  // vectorised over channels in NHWC and much faster than in NCHW (README, "Training
-  // throughput"). The weights decide the convolutions' output layout; they are copied, not
+  // vectorised over channels in NHWC and much faster than in NCHW (docs/benchmarks.md,
+  // "Training"). The weights decide the convolutions' output layout; they are copied, not
   // contiguous()'d, because a one-channel tensor counts as both layouts and would keep its NCHW
   // strides (then suggest_memory_format() says NCHW). On CUDA cuDNN takes either; contiguous
   // until measured otherwise.

@@ -1,6 +1,6 @@
 // torch::optim::SGD whose step runs as a few multi-tensor (foreach) kernels over all parameters
 // instead of three kernels per parameter, as torch.optim.SGD does by default on CUDA: FashionNet's
-// step on a GPU at batch 64 is bound by kernel launches (README, "GPU"). The arithmetic, the
+// step on a GPU at batch 64 is bound by kernel launches (docs/gpu.md). The arithmetic, the
 // options and the state (SGDParamState's momentum buffers, so checkpoints and memory reports
 // see an SGD) are LibTorch's; the results equal torch::optim::SGD's (tests/trainer).
 #ifndef ELRUN_TRAINER_OPTIM_FOREACH_SGD_H_

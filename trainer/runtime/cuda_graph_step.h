@@ -1,7 +1,7 @@
 // --cuda-graph: elrun-train's DDP training step (forward, loss, backward with DDP's bucketed
 // all-reduce, SGD) captured once in a CUDA graph and replayed, so that a step costs one graph
 // launch instead of ~70 kernel launches through the dispatcher and the autograd engine. On a
-// small model at a small batch the GPU otherwise idles ~90% of each step (README, "GPU").
+// small model at a small batch the GPU otherwise idles ~90% of each step (docs/gpu.md).
 //
 // The step: `warmup` eager steps on the capture stream (cuDNN and cuBLAS set up, momentum
 // buffers created), then the next full batch is captured and replayed; every later full batch is
