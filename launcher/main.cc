@@ -10,17 +10,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/net/process_setup.h"
+#include "launcher/cli/options.h"
 #include "launcher/job/elastic_job.h"
+#include "launcher/job/job_runtime.h"
+#include "launcher/job/local_job.h"
+#include "launcher/job/supervisor.h"
+#include "launcher/os/host_info.h"
+#include "launcher/os/output_pump.h"
+#include "launcher/report/console.h"
+#include "launcher/spec/rdzv_settings.h"
 #include "launcher/worker/entrypoint.h"
 #include "launcher/worker/env_contract.h"
-#include "launcher/os/host_info.h"
-#include "launcher/job/job_runtime.h"
-#include "launcher/report/console.h"
-#include "launcher/job/local_job.h"
-#include "launcher/cli/options.h"
-#include "launcher/os/output_pump.h"
-#include "launcher/spec/rdzv_settings.h"
-#include "launcher/job/supervisor.h"
 
 extern char** environ;
 
@@ -28,8 +28,7 @@ namespace {
 
 // Multi-node through the rendezvous, or this node alone.
 bool NeedsRendezvous(const elrun::JobSpec& spec) {
-  return !spec.standalone && spec.rdzv_backend != "static" &&
-         (spec.max_nodes > 1 || !spec.rdzv_endpoint.empty());
+  return !spec.standalone && spec.rdzv_backend != "static" && (spec.max_nodes > 1 || !spec.rdzv_endpoint.empty());
 }
 
 // Overwrites the values of token= and run_token= in elrun's own --rdzv-conf arguments, so

@@ -28,6 +28,8 @@ PACKAGES=(
   openssl libssl-dev libsodium-dev
   # The rendezvous fuzzer (tests/fuzz): clang with libFuzzer and the sanitizer runtimes.
   clang libclang-rt-14-dev
+  # The formatter scripts/check_format.sh runs (.clang-format).
+  clang-format
   # A real Slurm for tests/integration/slurm_test.py: controller, node daemons, srun, munge.
   slurmctld slurmd slurm-client munge
   # A real browser for elrun-rdzv's status page (tests/integration/rdzv_status_test.py).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's test command: setup, then every Bazel test (the launcher's and the rendezvous'
-# unit tests a second time under ASan + UBSan), then one closing line
+# unit tests a second time under ASan + UBSan) and the formatting check, then one closing line
 # "N passed, N failed, N skipped" counting test targets. A target that printed a line
 # "ELRUN_SKIP: <reason>" (a GPU test on a machine without one) counts as skipped, never as passed,
 # and its reason is shown. Exits non-zero when anything failed.
@@ -34,6 +34,13 @@ count_passed() {
   done
 }
 count_passed "$log"
+
+# The formatting check (.clang-format, scripts/check_format.sh) counts as one test target.
+if bash scripts/check_format.sh; then
+  passed=$((passed + 1))
+else
+  echo "//scripts:check_format FAILED" >>"$log"
+fi
 
 # The launcher's and the rendezvous' unit tests again under AddressSanitizer and
 # UndefinedBehaviorSanitizer (.bazelrc's --config=sanitize, its own output tree); each counts

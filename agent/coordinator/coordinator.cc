@@ -19,8 +19,8 @@ constexpr int kMaxNproc = 4096;
 constexpr int64_t kMaxTimeoutMs = 7LL * 24 * 3600 * 1000;
 
 bool IsIdChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-         c == '_' || c == '.' || c == ':';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+         c == '.' || c == ':';
 }
 
 absl::Status CheckId(const std::string& what, const std::string& id) {
@@ -33,8 +33,7 @@ absl::Status CheckId(const std::string& what, const std::string& id) {
 
 absl::Status CheckRange(const std::string& what, int64_t value, int64_t min, int64_t max) {
   if (value < min || value > max) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " = ", value, " is outside [", min, ", ", max, "]"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " = ", value, " is outside [", min, ", ", max, "]"));
   }
   return absl::OkStatus();
 }
@@ -45,13 +44,13 @@ std::string SettingsDiff(const v1::JobSettings& a, const v1::JobSettings& b) {
   auto diff = [](const char* name, int64_t x, int64_t y) {
     return x == y ? std::string() : absl::StrCat(name, " ", y, " (the job has ", x, ")");
   };
-  for (std::string d : {diff("min_nodes", a.min_nodes(), b.min_nodes()),
-                        diff("max_nodes", a.max_nodes(), b.max_nodes()),
-                        diff("max_restarts", a.max_restarts(), b.max_restarts()),
-                        diff("last_call_timeout_ms", a.last_call_timeout_ms(), b.last_call_timeout_ms()),
-                        diff("join_timeout_ms", a.join_timeout_ms(), b.join_timeout_ms()),
-                        diff("heartbeat_timeout_ms", a.heartbeat_timeout_ms(), b.heartbeat_timeout_ms()),
-                        diff("close_timeout_ms", a.close_timeout_ms(), b.close_timeout_ms())}) {
+  for (std::string d :
+       {diff("min_nodes", a.min_nodes(), b.min_nodes()), diff("max_nodes", a.max_nodes(), b.max_nodes()),
+        diff("max_restarts", a.max_restarts(), b.max_restarts()),
+        diff("last_call_timeout_ms", a.last_call_timeout_ms(), b.last_call_timeout_ms()),
+        diff("join_timeout_ms", a.join_timeout_ms(), b.join_timeout_ms()),
+        diff("heartbeat_timeout_ms", a.heartbeat_timeout_ms(), b.heartbeat_timeout_ms()),
+        diff("close_timeout_ms", a.close_timeout_ms(), b.close_timeout_ms())}) {
     if (!d.empty()) return d;
   }
   return "";
@@ -63,22 +62,20 @@ std::chrono::milliseconds Ms(int64_t ms) { return std::chrono::milliseconds(ms);
 
 absl::Status ValidateJoin(const v1::Join& join) {
   if (join.protocol_version() != kProtocolVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "protocol version ", join.protocol_version(), " is not ", kProtocolVersion,
-        "; run the same elrun version on every node"));
+    return absl::FailedPreconditionError(absl::StrCat("protocol version ", join.protocol_version(), " is not ",
+                                                      kProtocolVersion, "; run the same elrun version on every node"));
   }
-  for (absl::Status s : {CheckId("run_id", join.run_id()), CheckId("node_id", join.node_id()),
-                         CheckId("role", join.role()),
-                         CheckRange("nproc", join.nproc(), 1, kMaxNproc),
-                         CheckRange("rank_hint", join.rank_hint(), -1, kMaxNodes - 1),
-                         CheckRange("master_port", join.master_port(), 1, 65535)}) {
+  for (absl::Status s :
+       {CheckId("run_id", join.run_id()), CheckId("node_id", join.node_id()), CheckId("role", join.role()),
+        CheckRange("nproc", join.nproc(), 1, kMaxNproc), CheckRange("rank_hint", join.rank_hint(), -1, kMaxNodes - 1),
+        CheckRange("master_port", join.master_port(), 1, 65535)}) {
     if (!s.ok()) return s;
   }
   // It becomes every worker's MASTER_ADDR: a host name or an address literal, nothing else.
   if (absl::Status s = CheckHostOrAddress("master_addr", join.master_addr()); !s.ok()) return s;
   if (!join.run_key().empty() && join.run_key().size() != kRunKeyBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("run_key has ", join.run_key().size(), " bytes, not ",
-                                                   kRunKeyBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("run_key has ", join.run_key().size(), " bytes, not ", kRunKeyBytes));
   }
   if (join.run_key().empty() && !join.run_signature().empty()) {
     return absl::InvalidArgumentError("run_signature without run_key");
@@ -126,8 +123,8 @@ absl::Status Coordinator::VerifyProof(const Session& session, const v1::Join& jo
   if (!join.run_key().empty() &&
       (join.client_nonce().size() != kNonceBytes ||
        !(signature_valid ? *signature_valid
-                         : VerifyJoinSignature(join.run_key(), join.run_signature(), session.nonce,
-                                               join.client_nonce(), join.run_id(), join.node_id())))) {
+                         : VerifyJoinSignature(join.run_key(), join.run_signature(), session.nonce, join.client_nonce(),
+                                               join.run_id(), join.node_id())))) {
     return absl::UnauthenticatedError("the Join's run key signature does not verify");
   }
   return absl::OkStatus();
@@ -201,8 +198,8 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
   // The run key is proven once per session, by its first Join.
   const std::string& run_key = session.authenticated ? session.run_key : join.run_key();
   if (!session.run_id.empty() && session.run_id != join.run_id()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "this session belongs to run ", session.run_id, ", not ", join.run_id()));
+    return absl::PermissionDeniedError(
+        absl::StrCat("this session belongs to run ", session.run_id, ", not ", join.run_id()));
   }
   Job* job = FindJob(join.run_id());
   if (job == nullptr) {
@@ -215,21 +212,19 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
     job = &jobs_.emplace(join.run_id(), std::move(fresh)).first->second;
   } else if (job->run_key != run_key) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "run ", join.run_id(), " is bound to ",
-        job->run_key.empty() ? "no run credential" : "another run credential",
+        "run ", join.run_id(), " is bound to ", job->run_key.empty() ? "no run credential" : "another run credential",
         " by its first node; this node has ", run_key.empty() ? "none" : "a different one",
         " (every node of a run needs the same run_token, or token when there is no run_token)"));
   } else if (std::string diff = SettingsDiff(job->settings, join.settings()); !diff.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("run ", join.run_id(), ": this node has ", diff,
-                                                      "; every node must use the same settings"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("run ", join.run_id(), ": this node has ", diff, "; every node must use the same settings"));
   }
   if (job->phase == Phase::kDone) {
     return absl::FailedPreconditionError(absl::StrCat("run ", join.run_id(), " has already ended"));
   }
   auto same_id = job->node_ids.find(join.node_id());
   if (same_id != job->node_ids.end() && same_id->second != id) {
-    return absl::AlreadyExistsError(absl::StrCat("node ", join.node_id(), " is already in run ",
-                                                 join.run_id()));
+    return absl::AlreadyExistsError(absl::StrCat("node ", join.node_id(), " is already in run ", join.run_id()));
   }
 
   auto existing = job->nodes.find(id);
@@ -297,8 +292,8 @@ absl::Status Coordinator::HandlePaces(SessionId id, Job& job, Node& node, const 
     return absl::OkStatus();  // About a round that is over: nothing to judge.
   }
   if (paces.ranks_size() > node.nproc) {
-    return absl::InvalidArgumentError(absl::StrCat("paces of ", paces.ranks_size(), " ranks from a node of ",
-                                                   node.nproc));
+    return absl::InvalidArgumentError(
+        absl::StrCat("paces of ", paces.ranks_size(), " ranks from a node of ", node.nproc));
   }
   for (const v1::RankPace& pace : paces.ranks()) {
     if (pace.rank() < node.rank_offset || pace.rank() >= node.rank_offset + node.nproc) {
@@ -318,9 +313,8 @@ absl::Status Coordinator::HandlePaces(SessionId id, Job& job, Node& node, const 
     for (const v1::RankPace& pace : other.paces) all.push_back(&pace);
   }
   if (all.empty()) return absl::OkStatus();
-  std::sort(all.begin(), all.end(), [](const v1::RankPace* a, const v1::RankPace* b) {
-    return a->median_step_ms() > b->median_step_ms();
-  });
+  std::sort(all.begin(), all.end(),
+            [](const v1::RankPace* a, const v1::RankPace* b) { return a->median_step_ms() > b->median_step_ms(); });
   const size_t n = all.size();
   v1::CoordinatorMessage answer;
   v1::JobPace* pace = answer.mutable_job_pace();
@@ -347,16 +341,15 @@ absl::Status Coordinator::HandleWorkersEnded(Job& job, Node& node, const v1::Wor
     EndJob(job, true, absl::StrCat("all workers of round ", job.round, " succeeded"), now);
     return absl::OkStatus();
   }
-  std::string detail = absl::StrCat("node ", node.node_id, " (group rank ", node.group_rank, "): ",
-                                    ended.failure());
+  std::string detail = absl::StrCat("node ", node.node_id, " (group rank ", node.group_rank, "): ", ended.failure());
   job.last_failure = detail;
   if (job.restart_count < job.settings.max_restarts()) {
     ++job.restart_count;
     ++counters_.restarts;
     EndRound(job, v1::RoundEnded::WORKER_FAILED, detail, now);
   } else {
-    EndJob(job, false, absl::StrCat(detail, "; no restarts left (max_restarts ",
-                                    job.settings.max_restarts(), ")"), now);
+    EndJob(job, false, absl::StrCat(detail, "; no restarts left (max_restarts ", job.settings.max_restarts(), ")"),
+           now);
   }
   return absl::OkStatus();
 }
@@ -452,8 +445,7 @@ void Coordinator::CompleteRound(Job& job, TimePoint now) {
   }
 }
 
-void Coordinator::EndRound(Job& job, v1::RoundEnded::Reason reason, const std::string& detail,
-                           TimePoint now) {
+void Coordinator::EndRound(Job& job, v1::RoundEnded::Reason reason, const std::string& detail, TimePoint now) {
   v1::CoordinatorMessage message;
   v1::RoundEnded* ended = message.mutable_round_ended();
   ended->set_round(job.round);
@@ -500,8 +492,7 @@ void Coordinator::OnDisconnect(SessionId id, TimePoint now, const std::string& w
   if (!run_id.empty()) RemoveNode(run_id, id, why, now);
 }
 
-void Coordinator::RemoveNode(const std::string& run_id, SessionId id, const std::string& why,
-                             TimePoint now) {
+void Coordinator::RemoveNode(const std::string& run_id, SessionId id, const std::string& why, TimePoint now) {
   Job* job = FindJob(run_id);
   if (job == nullptr) return;
   auto it = job->nodes.find(id);
@@ -612,15 +603,15 @@ void Coordinator::TickJob(const std::string& run_id, TimePoint now) {
       Count(*job, NodeState::kPending) >= job->settings.min_nodes()) {
     CompleteRound(*job, now);
   } else if (join_timed_out && Count(*job, NodeState::kPending) < job->settings.min_nodes()) {
-    EndJob(*job, false, absl::StrCat("only ", Count(*job, NodeState::kPending), " of min ",
-                                     job->settings.min_nodes(), " nodes joined within join_timeout ",
-                                     job->settings.join_timeout_ms(), " ms"), now);
+    EndJob(*job, false,
+           absl::StrCat("only ", Count(*job, NodeState::kPending), " of min ", job->settings.min_nodes(),
+                        " nodes joined within join_timeout ", job->settings.join_timeout_ms(), " ms"),
+           now);
   }
 }
 
-void Coordinator::Evict(const std::string& run_id, const std::vector<SessionId>& ids,
-                        const absl::Status& status, const std::string& why, const char* reason,
-                        TimePoint now) {
+void Coordinator::Evict(const std::string& run_id, const std::vector<SessionId>& ids, const absl::Status& status,
+                        const std::string& why, const char* reason, TimePoint now) {
   if (!ids.empty()) counters_.evictions[reason] += ids.size();
   for (SessionId id : ids) {
     auto session = sessions_.find(id);
@@ -698,16 +689,15 @@ CoordinatorSnapshot Coordinator::Snapshot() const {
       return a_placed ? a->group_rank < b->group_rank : a->join_order < b->join_order;
     });
     for (const Node* node : nodes) {
-      status.nodes.push_back({node->node_id, kStates[static_cast<int>(node->state)], node->group_rank,
-                              node->nproc, node->master_addr});
+      status.nodes.push_back(
+          {node->node_id, kStates[static_cast<int>(node->state)], node->group_rank, node->nproc, node->master_addr});
     }
     snapshot.jobs.push_back(std::move(status));
   }
   return snapshot;
 }
 
-bool Coordinator::WaitUntilJobGone(const std::string& run_id,
-                                   std::chrono::steady_clock::time_point deadline) {
+bool Coordinator::WaitUntilJobGone(const std::string& run_id, std::chrono::steady_clock::time_point deadline) {
   absl::MutexLock lock(&mu_);
   while (jobs_.count(run_id) != 0) {
     std::chrono::steady_clock::duration left = deadline - std::chrono::steady_clock::now();
@@ -727,9 +717,7 @@ void Coordinator::Send(SessionId id, const v1::CoordinatorMessage& message) {
   if (session != sessions_.end() && session->second.sink != nullptr) session->second.sink->Send(message);
 }
 
-int Coordinator::Count(const Job& job, NodeState state) const {
-  return job.counts[static_cast<int>(state)];
-}
+int Coordinator::Count(const Job& job, NodeState state) const { return job.counts[static_cast<int>(state)]; }
 
 void Coordinator::SetState(Job& job, Node& node, NodeState state) {
   --job.counts[static_cast<int>(node.state)];

@@ -12,8 +12,8 @@
 #define ELRUN_AGENT_COORDINATOR_COORDINATOR_H_
 
 #include <chrono>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -79,7 +79,7 @@ struct JobStatus {
   uint64_t round = 0;
   int restart_count = 0;
   v1::JobSettings settings;
-  std::string last_failure;  // The last worker failure or node loss; empty when none.
+  std::string last_failure;       // The last worker failure or node loss; empty when none.
   std::vector<NodeStatus> nodes;  // By group rank, then the others in join order.
 };
 
@@ -113,13 +113,11 @@ class Coordinator {
 
   // One message from a session. A bad message (malformed, for another run id, out of order)
   // returns an error status and changes nothing; the caller ends the stream with it.
-  absl::Status OnMessage(SessionId id, const v1::AgentMessage& message, TimePoint now)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status OnMessage(SessionId id, const v1::AgentMessage& message, TimePoint now) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The stream ended (the agent died, left, or the stream broke); `why` goes into the round's
   // end as the node's cause.
-  void OnDisconnect(SessionId id, TimePoint now, const std::string& why = "its stream closed")
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void OnDisconnect(SessionId id, TimePoint now, const std::string& why = "its stream closed") ABSL_LOCKS_EXCLUDED(mu_);
 
   // Applies every timeout due at `now`: a session's first Join, heartbeats, last call, join
   // timeout, a deferred scale-up, close timeout.
@@ -156,7 +154,7 @@ class Coordinator {
     bool succeeded = false;
     uint64_t join_order = 0;
     TimePoint last_seen;
-    int rank_offset = 0;  // Of the round it is active in.
+    int rank_offset = 0;              // Of the round it is active in.
     std::vector<v1::RankPace> paces;  // Its workers' last reported paces, this round.
   };
 
@@ -173,7 +171,7 @@ class Coordinator {
     std::optional<TimePoint> ended_at;     // Set when the job is done.
     uint64_t next_join_order = 0;
     std::map<SessionId, Node> nodes;  // By session.
-    std::string run_key;  // Fixed by the run's first node; empty: an open run.
+    std::string run_key;              // Fixed by the run's first node; empty: an open run.
     std::string last_failure;
     // Kept as nodes come, go and change state, so that a Join costs O(log N), not O(N).
     std::map<std::string, SessionId> node_ids;
@@ -187,10 +185,10 @@ class Coordinator {
     SessionSink* sink = nullptr;
     std::string run_id;  // Empty until its first Join.
     TimePoint opened;
-    bool closing = false;  // Closed by the coordinator; OnDisconnect follows.
-    std::string nonce;     // Of its Challenge.
+    bool closing = false;        // Closed by the coordinator; OnDisconnect follows.
+    std::string nonce;           // Of its Challenge.
     bool authenticated = false;  // Its first Join proved the token (or none is needed).
-    std::string run_key;  // The run key its first Join signed with; empty: none.
+    std::string run_key;         // The run key its first Join signed with; empty: none.
   };
 
   // The proofs of a session's first Join (token, run key signature); Unauthenticated when one
@@ -212,8 +210,7 @@ class Coordinator {
   void CompleteRound(Job& job, TimePoint now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndRound(Job& job, v1::RoundEnded::Reason reason, const std::string& detail, TimePoint now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EndJob(Job& job, bool success, const std::string& detail, TimePoint now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndJob(Job& job, bool success, const std::string& detail, TimePoint now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the sessions of a job's remaining nodes with `status` and forgets them, and the job
   // when nobody is left.
   void Evict(const std::string& run_id, const std::vector<SessionId>& ids, const absl::Status& status,

@@ -14,9 +14,8 @@ std::vector<int> AssignGroupRanks(const std::vector<RankCandidate>& candidates) 
   // one round, but be safe: the earlier joiner wins).
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int a, int b) {
-    return candidates[a].join_order < candidates[b].join_order;
-  });
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return candidates[a].join_order < candidates[b].join_order; });
   for (int i : order) {
     int previous = candidates[i].previous_rank;
     if (previous >= 0 && previous < n && !taken[previous]) {

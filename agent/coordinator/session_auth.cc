@@ -32,15 +32,15 @@ std::string Hmac(const std::string& key, std::initializer_list<const std::string
   std::string message = Framed(parts);
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(message.data()), message.size(), digest, &length);
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+       message.size(), digest, &length);
   return std::string(reinterpret_cast<const char*>(digest), length);
 }
 
 const unsigned char* Bytes(const std::string& s) { return reinterpret_cast<const unsigned char*>(s.data()); }
 
-std::string JoinMessage(const std::string& server_nonce, const std::string& client_nonce,
-                        const std::string& run_id, const std::string& node_id) {
+std::string JoinMessage(const std::string& server_nonce, const std::string& client_nonce, const std::string& run_id,
+                        const std::string& node_id) {
   static const std::string kRole = "elrun-rdzv run join";
   return Framed({&kRole, &server_nonce, &client_nonce, &run_id, &node_id});
 }
@@ -86,16 +86,15 @@ std::string SignJoin(const RunKey& key, const std::string& server_nonce, const s
   std::string signature(kRunSignatureBytes, '\0');
   if (key.seed.size() != crypto_sign_SEEDBYTES ||
       crypto_sign_seed_keypair(public_key, secret_key.bytes, Bytes(key.seed)) != 0 ||
-      crypto_sign_detached(reinterpret_cast<unsigned char*>(signature.data()), nullptr, Bytes(message),
-                           message.size(), secret_key.bytes) != 0) {
+      crypto_sign_detached(reinterpret_cast<unsigned char*>(signature.data()), nullptr, Bytes(message), message.size(),
+                           secret_key.bytes) != 0) {
     std::abort();  // Ed25519 signing cannot fail on valid input: libsodium is broken.
   }
   return signature;
 }
 
-bool VerifyJoinSignature(const std::string& public_key, const std::string& signature,
-                         const std::string& server_nonce, const std::string& client_nonce,
-                         const std::string& run_id, const std::string& node_id) {
+bool VerifyJoinSignature(const std::string& public_key, const std::string& signature, const std::string& server_nonce,
+                         const std::string& client_nonce, const std::string& run_id, const std::string& node_id) {
   if (public_key.size() != kRunKeyBytes || signature.size() != kRunSignatureBytes) return false;
   SodiumReady();
   std::string message = JoinMessage(server_nonce, client_nonce, run_id, node_id);
@@ -120,15 +119,13 @@ std::string TokenKey(const std::string& token) {
   return std::string(reinterpret_cast<const char*>(digest), sizeof(digest));
 }
 
-std::string AgentProof(const std::string& key, const std::string& server_nonce,
-                       const std::string& client_nonce, const std::string& run_id,
-                       const std::string& node_id) {
+std::string AgentProof(const std::string& key, const std::string& server_nonce, const std::string& client_nonce,
+                       const std::string& run_id, const std::string& node_id) {
   static const std::string kRole = "elrun-rdzv agent";
   return Hmac(key, {&kRole, &server_nonce, &client_nonce, &run_id, &node_id});
 }
 
-std::string CoordinatorProof(const std::string& key, const std::string& server_nonce,
-                             const std::string& client_nonce) {
+std::string CoordinatorProof(const std::string& key, const std::string& server_nonce, const std::string& client_nonce) {
   static const std::string kRole = "elrun-rdzv coordinator";
   return Hmac(key, {&kRole, &server_nonce, &client_nonce});
 }

@@ -28,11 +28,9 @@ std::string RandomNonce();
 // The HMAC key of a token: SHA-256 of it, so that the token itself keys nothing.
 std::string TokenKey(const std::string& token);
 
-std::string AgentProof(const std::string& key, const std::string& server_nonce,
-                       const std::string& client_nonce, const std::string& run_id,
-                       const std::string& node_id);
-std::string CoordinatorProof(const std::string& key, const std::string& server_nonce,
-                             const std::string& client_nonce);
+std::string AgentProof(const std::string& key, const std::string& server_nonce, const std::string& client_nonce,
+                       const std::string& run_id, const std::string& node_id);
+std::string CoordinatorProof(const std::string& key, const std::string& server_nonce, const std::string& client_nonce);
 
 inline constexpr size_t kRunKeyBytes = 32;        // An Ed25519 public key.
 inline constexpr size_t kRunSignatureBytes = 64;  // An Ed25519 signature.
@@ -48,9 +46,8 @@ RunKey DeriveRunKey(const std::string& secret, const std::string& run_id);
 std::string SignJoin(const RunKey& key, const std::string& server_nonce, const std::string& client_nonce,
                      const std::string& run_id, const std::string& node_id);
 // True when `signature` is `public_key`'s over these fields; false for any malformed input.
-bool VerifyJoinSignature(const std::string& public_key, const std::string& signature,
-                         const std::string& server_nonce, const std::string& client_nonce,
-                         const std::string& run_id, const std::string& node_id);
+bool VerifyJoinSignature(const std::string& public_key, const std::string& signature, const std::string& server_nonce,
+                         const std::string& client_nonce, const std::string& run_id, const std::string& node_id);
 
 // Constant-time comparison; false when the sizes differ.
 bool ProofEquals(const std::string& a, const std::string& b);

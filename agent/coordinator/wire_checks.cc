@@ -22,7 +22,8 @@ bool IsHostName(absl::string_view text) {
   size_t start = 0;
   while (start <= text.size()) {
     size_t dot = text.find('.', start);
-    absl::string_view label = text.substr(start, dot == absl::string_view::npos ? absl::string_view::npos : dot - start);
+    absl::string_view label =
+        text.substr(start, dot == absl::string_view::npos ? absl::string_view::npos : dot - start);
     if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') return false;
     for (char c : label) {
       if (!IsLabelChar(c)) return false;
@@ -56,10 +57,10 @@ std::pair<uint32_t, size_t> DecodeUtf8(absl::string_view text, size_t i) {
 }
 
 bool IsUnsafeCodePoint(uint32_t cp) {
-  return (cp >= 0x80 && cp <= 0x9F) ||                      // C1 controls.
-         cp == 0x200E || cp == 0x200F ||                    // Directional marks.
-         (cp >= 0x2028 && cp <= 0x202E) ||                  // Line breaks, bidi embeddings.
-         (cp >= 0x2066 && cp <= 0x2069) || cp == 0xFEFF;    // Bidi isolates, BOM.
+  return (cp >= 0x80 && cp <= 0x9F) ||                    // C1 controls.
+         cp == 0x200E || cp == 0x200F ||                  // Directional marks.
+         (cp >= 0x2028 && cp <= 0x202E) ||                // Line breaks, bidi embeddings.
+         (cp >= 0x2066 && cp <= 0x2069) || cp == 0xFEFF;  // Bidi isolates, BOM.
 }
 
 }  // namespace
@@ -77,26 +78,24 @@ bool IsHostOrAddress(absl::string_view text) {
 
 absl::Status CheckHostOrAddress(absl::string_view what, absl::string_view value) {
   if (IsHostOrAddress(value)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      std::string(what), " '", EscapeForConsole(value, 64), "' is not a host name or an IP address"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(what), " '", EscapeForConsole(value, 64), "' is not a host name or an IP address"));
 }
 
 absl::Status ValidateRoundStarted(const v1::RoundStarted& r, const RoundExpectations& e) {
   if (r.round() <= e.last_round) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("round = ", r.round(), " is not after round ", e.last_round));
+    return absl::InvalidArgumentError(absl::StrCat("round = ", r.round(), " is not after round ", e.last_round));
   }
   const int64_t world = r.world_size();
-  for (absl::Status s : {
-           Field("group_world_size", r.group_world_size(), e.min_nodes, e.max_nodes),
-           Field("group_rank", r.group_rank(), 0, r.group_world_size() - 1),
-           Field("world_size", world, std::max<int64_t>(e.nproc, r.group_world_size()), kMaxWorld),
-           Field("rank_offset", r.rank_offset(), 0, world - e.nproc),
-           Field("role_world_size", r.role_world_size(), e.nproc, world),
-           Field("role_rank_offset", r.role_rank_offset(), 0, r.role_world_size() - e.nproc),
-           Field("master_port", r.master_port(), 1, 65535),
-           Field("restart_count", r.restart_count(), 0, e.max_restarts),
-           CheckHostOrAddress("master_addr", r.master_addr())}) {
+  for (absl::Status s :
+       {Field("group_world_size", r.group_world_size(), e.min_nodes, e.max_nodes),
+        Field("group_rank", r.group_rank(), 0, r.group_world_size() - 1),
+        Field("world_size", world, std::max<int64_t>(e.nproc, r.group_world_size()), kMaxWorld),
+        Field("rank_offset", r.rank_offset(), 0, world - e.nproc),
+        Field("role_world_size", r.role_world_size(), e.nproc, world),
+        Field("role_rank_offset", r.role_rank_offset(), 0, r.role_world_size() - e.nproc),
+        Field("master_port", r.master_port(), 1, 65535), Field("restart_count", r.restart_count(), 0, e.max_restarts),
+        CheckHostOrAddress("master_addr", r.master_addr())}) {
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

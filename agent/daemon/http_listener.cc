@@ -42,12 +42,10 @@ const char* Reason(int status) {
 }
 
 std::string Serialize(const HttpResponse& response, bool head_only) {
-  std::string out = absl::StrCat("HTTP/1.1 ", response.status, " ", Reason(response.status), "\r\n",
-                                 "Content-Type: ", response.content_type, "\r\n",
-                                 "Content-Length: ", response.body.size(), "\r\n",
-                                 "Cache-Control: no-store\r\n",
-                                 "X-Content-Type-Options: nosniff\r\n",
-                                 "Connection: close\r\n");
+  std::string out =
+      absl::StrCat("HTTP/1.1 ", response.status, " ", Reason(response.status), "\r\n",
+                   "Content-Type: ", response.content_type, "\r\n", "Content-Length: ", response.body.size(), "\r\n",
+                   "Cache-Control: no-store\r\n", "X-Content-Type-Options: nosniff\r\n", "Connection: close\r\n");
   if (response.status == 401) out += "WWW-Authenticate: Bearer realm=\"elrun-rdzv\"\r\n";
   out += "\r\n";
   if (!head_only) out += response.body;
@@ -97,8 +95,7 @@ bool QueryValue(const std::string& query, const std::string& name, std::string* 
 class HttpListener::Loop {
  public:
   Loop(TcpListeners listeners, std::string token, Handler handler)
-      : listeners_(std::move(listeners)), key_(token.empty() ? "" : TokenKey(token)),
-        handler_(std::move(handler)) {}
+      : listeners_(std::move(listeners)), key_(token.empty() ? "" : TokenKey(token)), handler_(std::move(handler)) {}
 
   ~Loop() {
     uint64_t one = 1;
@@ -130,8 +127,8 @@ class HttpListener::Loop {
         fds.push_back({fd, static_cast<short>(connection.out.empty() ? POLLIN : POLLOUT), 0});
         next = std::min(next, connection.deadline);
       }
-      int timeout_ms = static_cast<int>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count()) + 1;
+      int timeout_ms =
+          static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count()) + 1;
       int ready = ::poll(fds.data(), fds.size(), std::max(timeout_ms, 0));
       if (ready < 0 && errno != EINTR) return;
       if (fds[0].revents != 0) return;  // Stopping.
@@ -203,8 +200,7 @@ class HttpListener::Loop {
   std::string Respond(const std::string& head) {
     std::vector<std::string> lines = absl::StrSplit(head, "\r\n");
     std::vector<std::string> request = absl::StrSplit(lines[0], ' ');
-    if (request.size() != 3 || !absl::StartsWith(request[2], "HTTP/1.") || request[1].empty() ||
-        request[1][0] != '/') {
+    if (request.size() != 3 || !absl::StartsWith(request[2], "HTTP/1.") || request[1].empty() || request[1][0] != '/') {
       return Serialize(Text(400, "not an HTTP/1.x request"), false);
     }
     bool head_only = request[0] == "HEAD";
@@ -226,8 +222,10 @@ class HttpListener::Loop {
         }
       }
       if (!found || !ProofEquals(TokenKey(presented), key_)) {
-        return Serialize(Text(401, "this elrun-rdzv requires its token: Authorization: Bearer <token> "
-                                   "or ?token=<token>"), head_only);
+        return Serialize(Text(401,
+                              "this elrun-rdzv requires its token: Authorization: Bearer <token> "
+                              "or ?token=<token>"),
+                         head_only);
       }
     }
     return Serialize(handler_(path), head_only);

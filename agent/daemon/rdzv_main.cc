@@ -1,6 +1,7 @@
 // elrun-rdzv: the rendezvous coordinator as its own daemon, serving many jobs (isolated by run
 // id) for elrun agents started with --rdzv-endpoint pointing here. Prints
-// "elrun-rdzv listening on HOST:PORT" once ready (the status page, if any, is up by then); stops on SIGINT or SIGTERM. With
+// "elrun-rdzv listening on HOST:PORT" once ready (the status page, if any, is up by then); stops on SIGINT or SIGTERM.
+// With
 // --http-listen it also serves Prometheus metrics (/metrics), the jobs as JSON (/status.json)
 // and a live status page (/), behind the same token.
 #include <sys/signalfd.h>
@@ -13,10 +14,10 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "agent/grpc/coordinator_server.h"
 #include "agent/daemon/http_listener.h"
-#include "agent/net/process_setup.h"
 #include "agent/daemon/status_page.h"
+#include "agent/grpc/coordinator_server.h"
+#include "agent/net/process_setup.h"
 
 namespace {
 
@@ -37,10 +38,8 @@ int main(int argc, char** argv) {
   std::string port_file;
   std::string http_listen;
   std::string http_port_file;
-  CLI::App app("elrun-rdzv: the elrun rendezvous coordinator, serving many jobs by run id.",
-               "elrun-rdzv");
-  app.add_option("--listen", options.listen, "host:port to serve on; port 0 picks a free one")
-      ->capture_default_str();
+  CLI::App app("elrun-rdzv: the elrun rendezvous coordinator, serving many jobs by run id.", "elrun-rdzv");
+  app.add_option("--listen", options.listen, "host:port to serve on; port 0 picks a free one")->capture_default_str();
   app.add_option("--tls-cert", options.tls.cert, "PEM certificate (enables TLS)");
   app.add_option("--tls-key", options.tls.key, "PEM private key of --tls-cert");
   app.add_option("--tls-ca", options.tls.ca, "PEM CA: agents must present a certificate it signed");
@@ -59,8 +58,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
-    std::cout << app.help()
-              << "The job token comes from ELRUN_RDZV_TOKEN (never from the command line).\n";
+    std::cout << app.help() << "The job token comes from ELRUN_RDZV_TOKEN (never from the command line).\n";
     return 0;
   } catch (const CLI::ParseError& error) {
     std::cerr << "elrun-rdzv: " << error.what() << "; see elrun-rdzv --help\n";
@@ -114,8 +112,7 @@ int main(int argc, char** argv) {
   }
   std::string host = options.listen.substr(0, options.listen.rfind(':'));
   std::cout << "elrun-rdzv listening on " << host << ":" << (*server)->port()
-            << (options.token.empty() ? " (no token: any agent that can reach it may join)" : "")
-            << std::endl;
+            << (options.token.empty() ? " (no token: any agent that can reach it may join)" : "") << std::endl;
   if (!port_file.empty() && !WritePortFile(port_file, (*server)->port())) {
     std::cerr << "elrun-rdzv: cannot write --port-file " << port_file << "\n";
     return 1;

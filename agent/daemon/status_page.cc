@@ -81,8 +81,8 @@ std::string MetricsText(const CoordinatorSnapshot& snapshot, const GateCounts& g
     absl::StrAppend(&out, "elrun_rdzv_evictions_total{reason=\"", reason, "\"} ", n, "\n");
   }
   Metric(&out, "elrun_rdzv_refused_total", "counter", "Agent messages refused, by status.");
-  std::map<std::string, uint64_t> refused{{"unauthenticated", 0}, {"permission_denied", 0},
-                                          {"invalid_argument", 0}, {"failed_precondition", 0}};
+  std::map<std::string, uint64_t> refused{
+      {"unauthenticated", 0}, {"permission_denied", 0}, {"invalid_argument", 0}, {"failed_precondition", 0}};
   for (const auto& [reason, n] : c.refused) refused[reason] = n;
   for (const auto& [reason, n] : refused) {
     absl::StrAppend(&out, "elrun_rdzv_refused_total{reason=\"", reason, "\"} ", n, "\n");
@@ -102,8 +102,7 @@ std::string StatusJson(const CoordinatorSnapshot& snapshot) {
     const JobStatus& job = snapshot.jobs[j];
     absl::StrAppend(&out, j ? ", " : "", "{\"run_id\": ", JsonString(job.run_id),
                     ", \"phase\": ", JsonString(job.phase), ", \"round\": ", job.round,
-                    ", \"restarts\": ", job.restart_count,
-                    ", \"max_restarts\": ", job.settings.max_restarts(),
+                    ", \"restarts\": ", job.restart_count, ", \"max_restarts\": ", job.settings.max_restarts(),
                     ", \"min_nodes\": ", job.settings.min_nodes(), ", \"max_nodes\": ", job.settings.max_nodes(),
                     ", \"last_failure\": ", JsonString(job.last_failure), ", \"nodes\": [");
     for (size_t n = 0; n < job.nodes.size(); ++n) {

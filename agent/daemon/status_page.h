@@ -8,8 +8,8 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
-#include "agent/grpc/connection_gate.h"
 #include "agent/coordinator/coordinator.h"
+#include "agent/grpc/connection_gate.h"
 
 namespace elrun::rdzv {
 

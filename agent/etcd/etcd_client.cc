@@ -343,16 +343,19 @@ size_t EtcdClient::LeaderOr(size_t fallback) {
 
 absl::StatusOr<int64_t> EtcdClient::KeepAliveOnce(int64_t lease_id, std::optional<RetryPlan> plan) {
   etcdpb::LeaseKeepAliveResponse response;
-  absl::Status status = Retry("lease keepalive", [&](Member& member, grpc::ClientContext& context) {
-    auto stream = member.lease->LeaseKeepAlive(&context);
-    etcdpb::LeaseKeepAliveRequest request;
-    request.set_id(lease_id);
-    if (stream->Write(request)) stream->WritesDone();
-    bool got = stream->Read(&response);
-    grpc::Status finished = stream->Finish();
-    if (got) return grpc::Status::OK;
-    return finished.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "keepalive stream ended") : finished;
-  }, plan);
+  absl::Status status = Retry(
+      "lease keepalive",
+      [&](Member& member, grpc::ClientContext& context) {
+        auto stream = member.lease->LeaseKeepAlive(&context);
+        etcdpb::LeaseKeepAliveRequest request;
+        request.set_id(lease_id);
+        if (stream->Write(request)) stream->WritesDone();
+        bool got = stream->Read(&response);
+        grpc::Status finished = stream->Finish();
+        if (got) return grpc::Status::OK;
+        return finished.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "keepalive stream ended") : finished;
+      },
+      plan);
   if (!status.ok()) return status;
   if (response.ttl() <= 0) return absl::NotFoundError("etcd lease expired");
   return response.ttl();

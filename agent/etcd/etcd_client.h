@@ -109,7 +109,7 @@ class EtcdClient {
   // Taken before mu_ when both are held.
   absl::Mutex keepalive_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::unique_ptr<KeepAliveStream> keepalive_ ABSL_GUARDED_BY(keepalive_mu_);
-  size_t keepalive_member_ ABSL_GUARDED_BY(keepalive_mu_) = 0;  // Its member.
+  size_t keepalive_member_ ABSL_GUARDED_BY(keepalive_mu_) = 0;    // Its member.
   bool leader_looked_up_ ABSL_GUARDED_BY(keepalive_mu_) = false;  // For the first stream.
 };
 

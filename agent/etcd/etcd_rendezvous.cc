@@ -72,8 +72,7 @@ etcdpb::Compare NoneIn(const std::string& key, const std::string& range_end) {
 
 // Up to `limit` keys under `prefix` in the order they were created (etcd reads every key of
 // the range to sort them).
-etcdpb::RangeRequest InCreateOrder(const std::string& prefix, etcdpb::RangeRequest::SortOrder order,
-                                   int64_t limit) {
+etcdpb::RangeRequest InCreateOrder(const std::string& prefix, etcdpb::RangeRequest::SortOrder order, int64_t limit) {
   etcdpb::RangeRequest range;
   range.set_key(prefix);
   range.set_range_end(PrefixEnd(prefix));
@@ -252,12 +251,11 @@ EtcdRendezvous::EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<Et
       lease_(lease),
       session_(session),
       presence_revision_(presence_revision),
-      coordinator_(Coordinator::Options{
-          options_.first_join_timeout, options_.token,
-          // Every replica must give each session the same Challenge, and the agent makes its
-          // own (see Output).
-          SessionNonce,
-          /*heartbeats=*/false}) {}
+      coordinator_(Coordinator::Options{options_.first_join_timeout, options_.token,
+                                        // Every replica must give each session the same Challenge, and the agent makes
+                                        // its own (see Output).
+                                        SessionNonce,
+                                        /*heartbeats=*/false}) {}
 
 EtcdRendezvous::~EtcdRendezvous() {
   {
@@ -873,8 +871,7 @@ void EtcdRendezvous::WriteLoop() {
           trim_.Revoked(now);
           continue;
         }
-        case EtcdQuietTrim::Step::kNone:
-          break;
+        case EtcdQuietTrim::Step::kNone: break;
       }
       if (std::optional<std::chrono::steady_clock::time_point> trim_due = trim_.NextDue()) {
         wait_until = std::min(wait_until, *trim_due);

@@ -88,8 +88,8 @@ class EtcdRendezvous : public AgentChannel {
     std::string value;
   };
 
-  EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<EtcdClient> client, int event_fd,
-                 int64_t lease, uint64_t session, int64_t presence_revision);
+  EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<EtcdClient> client, int event_fd, int64_t lease,
+                 uint64_t session, int64_t presence_revision);
   std::string LogKey(const std::string& name) const { return base_ + "log/" + name; }
   std::string OutPrefix(uint64_t session) const;
 
@@ -138,30 +138,30 @@ class EtcdRendezvous : public AgentChannel {
   std::unique_ptr<EtcdClient> client_;
   const int event_fd_;
   const int64_t lease_;
-  const uint64_t session_;            // This node's.
-  const int64_t presence_revision_;   // Its nodes/ key's create revision: its place in line.
+  const uint64_t session_;           // This node's.
+  const int64_t presence_revision_;  // Its nodes/ key's create revision: its place in line.
 
   // Reader thread only.
-  std::optional<FirstLook> first_look_;      // Set by Open, used by the first Follow.
-  std::string ahead_;                        // The live node followed; "" once it is gone.
+  std::optional<FirstLook> first_look_;     // Set by Open, used by the first Follow.
+  std::string ahead_;                       // The live node followed; "" once it is gone.
   std::map<uint64_t, v1::OutEntry> early_;  // Outputs past a gap, until it fills.
   int64_t outputs_seen_ = 0;                // Create revision of the last output read.
   // The replica (leader); touched by the reader thread (and NextDeadline by the writer).
   Coordinator coordinator_;
   std::map<uint64_t, std::unique_ptr<Sink>> sinks_;
-  std::map<std::string, uint64_t> live_;      // Node id -> its session, while connected.
-  std::map<uint64_t, std::string> sessions_;  // The reverse of live_.
+  std::map<std::string, uint64_t> live_;                    // Node id -> its session, while connected.
+  std::map<uint64_t, std::string> sessions_;                // The reverse of live_.
   std::vector<std::pair<uint64_t, absl::Status>> closing_;  // Closed by the coordinator.
-  std::map<uint64_t, uint64_t> made_;         // Outputs made for each session so far.
-  std::map<uint64_t, uint64_t> written_;      // Outputs previous leaders wrote, per session.
-  bool replica_ready_ = false;                // written_ read: the replica may write.
-  int64_t applied_ = 0;      // The last log entry applied (its create revision).
-  int64_t log_time_ms_ = 0;  // The replica's clock.
+  std::map<uint64_t, uint64_t> made_;                       // Outputs made for each session so far.
+  std::map<uint64_t, uint64_t> written_;                    // Outputs previous leaders wrote, per session.
+  bool replica_ready_ = false;                              // written_ read: the replica may write.
+  int64_t applied_ = 0;                                     // The last log entry applied (its create revision).
+  int64_t log_time_ms_ = 0;                                 // The replica's clock.
 
   mutable absl::Mutex mu_;
-  absl::CondVar wake_;                          // The writer's.
-  absl::CondVar renew_wake_;                    // The renewer's: only to stop.
-  absl::CondVar flushed_;                       // Nothing left to write (a leader leaving).
+  absl::CondVar wake_;                         // The writer's.
+  absl::CondVar renew_wake_;                   // The renewer's: only to stop.
+  absl::CondVar flushed_;                      // Nothing left to write (a leader leaving).
   bool writing_ ABSL_GUARDED_BY(mu_) = false;  // The writer is in a write.
   std::deque<v1::CoordinatorMessage> inbox_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> ended_ ABSL_GUARDED_BY(mu_);

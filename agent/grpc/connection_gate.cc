@@ -40,8 +40,8 @@ struct Direction {
   std::vector<char> buffer = std::vector<char>(kBufferBytes);
   size_t begin = 0;
   size_t end = 0;
-  bool eof = false;       // `from` has no more to send.
-  bool shut = false;      // ... and everything was passed on: `to` got SHUT_WR.
+  bool eof = false;   // `from` has no more to send.
+  bool shut = false;  // ... and everything was passed on: `to` got SHUT_WR.
   bool pending() const { return end > begin; }
 };
 
@@ -49,8 +49,8 @@ struct Connection {
   int client = -1;
   int backend = -1;
   std::string peer;
-  Direction up;    // client -> backend
-  Direction down;  // backend -> client
+  Direction up;        // client -> backend
+  Direction down;      // backend -> client
   bool heard = false;  // The client sent its first bytes.
   Clock::time_point silent_deadline;
 };
@@ -74,7 +74,9 @@ std::string PeerAddress(const sockaddr_storage& address) {
 class ConnectionGate::Relay {
  public:
   Relay(std::vector<int> listeners, int port, std::string backend, int max_connections, GateLimits limits)
-      : listeners_(std::move(listeners)), port_(port), backend_(std::move(backend)),
+      : listeners_(std::move(listeners)),
+        port_(port),
+        backend_(std::move(backend)),
         max_connections_(max_connections),
         max_per_peer_(limits.max_per_peer > 0 ? limits.max_per_peer : std::max(64, max_connections / 8)),
         limits_(limits) {}
@@ -151,8 +153,7 @@ class ConnectionGate::Relay {
     for (int i = 0; i < 1024; ++i) {  // Bounded, so the relay keeps serving during a flood.
       sockaddr_storage address{};
       socklen_t length = sizeof(address);
-      int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&address), &length,
-                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+      int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&address), &length, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EMFILE || errno == ENFILE) {
           // No descriptor left: give up the reserve to take the connection off the queue and
@@ -209,8 +210,7 @@ class ConnectionGate::Relay {
   // Moves what can be moved in both directions; closes the connection when both are done or
   // either side failed.
   void Pump(std::shared_ptr<Connection> c) {
-    bool ok = Transfer(c->client, c->up, c->backend, &c->heard) &&
-              Transfer(c->backend, c->down, c->client, nullptr);
+    bool ok = Transfer(c->client, c->up, c->backend, &c->heard) && Transfer(c->backend, c->down, c->client, nullptr);
     if (!ok || (c->up.shut && c->down.shut)) {
       Close(c);
       return;

@@ -30,10 +30,10 @@ struct GateLimits {
 };
 
 struct GateCounts {
-  int open = 0;                  // Connections being relayed now.
-  uint64_t admitted = 0;         // Since the start.
-  uint64_t refused = 0;          // Closed at once: over a limit, or no descriptor left.
-  uint64_t silent_closed = 0;    // Closed for sending nothing within first_bytes_timeout.
+  int open = 0;                // Connections being relayed now.
+  uint64_t admitted = 0;       // Since the start.
+  uint64_t refused = 0;        // Closed at once: over a limit, or no descriptor left.
+  uint64_t silent_closed = 0;  // Closed for sending nothing within first_bytes_timeout.
 };
 
 class ConnectionGate {
@@ -42,8 +42,7 @@ class ConnectionGate {
   // resolves to) and relays admitted connections to the unix socket at `backend_path`.
   // Errors: the address is in use or not local (kAlreadyExists), a bad address.
   static absl::StatusOr<std::unique_ptr<ConnectionGate>> Start(const std::string& listen,
-                                                               const std::string& backend_path,
-                                                               GateLimits limits);
+                                                               const std::string& backend_path, GateLimits limits);
   // Stops the relay thread and closes every connection and listener.
   ~ConnectionGate();
   ConnectionGate(const ConnectionGate&) = delete;

@@ -48,9 +48,8 @@ absl::Status Parse(const grpc::ByteBuffer& buffer, v1::AgentMessage* message) {
     }
     if (message->ParseFromString(bytes)) return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unparsable message (", buffer.Length(), " bytes): not an AgentMessage of protocol version ",
-                   kProtocolVersion));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unparsable message (", buffer.Length(), " bytes): not an AgentMessage of protocol version ", kProtocolVersion));
 }
 
 // Wakes the timer thread whenever the coordinator's next deadline may have moved.
@@ -113,8 +112,7 @@ class Ticker {
 // One agent's stream, in raw bytes so that a message that does not parse is told apart from
 // the agent's end. Reads feed the coordinator; the coordinator's sends are queued and written
 // one at a time. Deletes itself when gRPC is done with it.
-class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
-                       public SessionSink {
+class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>, public SessionSink {
  public:
   SessionReactor(Coordinator* coordinator, Ticker* ticker, SessionId id)
       : coordinator_(coordinator), ticker_(ticker), id_(id) {
@@ -207,8 +205,7 @@ class Service final : public v1::Rendezvous::WithRawCallbackMethod_Session<v1::R
   Service(Coordinator* coordinator, Ticker* ticker) : coordinator_(coordinator), ticker_(ticker) {}
 
   // The token is proven inside the session (Challenge, Join, Welcome), never sent.
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
-      grpc::CallbackServerContext*) override {
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(grpc::CallbackServerContext*) override {
     return new SessionReactor(coordinator_, ticker_, next_id_++);
   }
 
@@ -234,7 +231,7 @@ class CoordinatorServer::Impl {
   std::unique_ptr<Service> service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<ConnectionGate> gate;
-  std::string socket_dir;   // Private (0700), holding gRPC's unix socket.
+  std::string socket_dir;  // Private (0700), holding gRPC's unix socket.
   std::string socket_path;
   std::once_flag shutdown_once;
 };
@@ -281,8 +278,7 @@ absl::StatusOr<std::string> MakeSocketDir() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
-    const ServerOptions& options) {
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const ServerOptions& options) {
   RaiseOpenFileLimit();
   auto impl = std::make_unique<Impl>(Coordinator::Options{options.first_join_timeout, options.token, nullptr});
   auto dir = MakeSocketDir();
@@ -313,8 +309,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.RegisterService(impl->service.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
-  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
-                             static_cast<int>(options.handshake_timeout.count()));
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, static_cast<int>(options.handshake_timeout.count()));
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                              static_cast<int>(options.idle_connection_timeout.count()));
   // Agents ping once a second at most (kMinKeepalivePing) to notice a silent coordinator;

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "agent/grpc/connection_gate.h"
 #include "agent/coordinator/coordinator.h"
+#include "agent/grpc/connection_gate.h"
 #include "agent/net/transport.h"
 
 namespace elrun::rdzv {
@@ -51,7 +51,6 @@ class CoordinatorServer {
   explicit CoordinatorServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
 
 }  // namespace elrun::rdzv
 

@@ -3,8 +3,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include <grpcpp/grpcpp.h>
@@ -37,8 +37,7 @@ std::chrono::milliseconds KeepaliveInterval(std::chrono::milliseconds silence_ti
   return std::max(kMinKeepalivePing, silence_timeout / 3);
 }
 
-absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Open(
-    const ClientOptions& options) {
+absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Open(const ClientOptions& options) {
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (options.tls.enabled()) {
     grpc::SslCredentialsOptions ssl;
@@ -110,9 +109,9 @@ void RendezvousClient::ReadLoop() {
   while (state != GRPC_CHANNEL_READY) {
     if (stream_->cancelled) return End(absl::CancelledError("closed"));
     if (std::chrono::system_clock::now() >= deadline) {
-      return End(absl::UnavailableError(absl::StrCat(
-          "could not connect within ", stream_->connect_timeout.count() / 1000.0,
-          " s (is the coordinator running there, and do the TLS settings match?)")));
+      return End(absl::UnavailableError(
+          absl::StrCat("could not connect within ", stream_->connect_timeout.count() / 1000.0,
+                       " s (is the coordinator running there, and do the TLS settings match?)")));
     }
     // Bounded waits so that the destructor's cancel is noticed promptly.
     auto step = std::min(deadline, std::chrono::system_clock::now() + std::chrono::milliseconds(100));

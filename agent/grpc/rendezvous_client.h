@@ -7,9 +7,9 @@
 #ifndef ELRUN_AGENT_GRPC_RENDEZVOUS_CLIENT_H_
 #define ELRUN_AGENT_GRPC_RENDEZVOUS_CLIENT_H_
 
+#include <atomic>
 #include <chrono>
 #include <deque>
-#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,7 +27,7 @@ namespace elrun::rdzv {
 
 struct ClientOptions {
   std::string endpoint;  // host:port of the coordinator.
-  TlsFiles tls;  // The token is proven by the agent over the stream (session_auth.h).
+  TlsFiles tls;          // The token is proven by the agent over the stream (session_auth.h).
   // How long to wait for the coordinator to become reachable (it may start after this node).
   std::chrono::milliseconds connect_timeout{600000};
   // A coordinator that answers no keepalive ping for this long is lost (heartbeat_timeout).

@@ -37,8 +37,8 @@ absl::StatusOr<TcpListeners> ListenTcp(const std::string& listen, int backlog) {
   hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;
   const std::string& host = host_port->first;
-  int rc = ::getaddrinfo(host.empty() || host == "*" ? nullptr : host.c_str(), host_port->second.c_str(),
-                         &hints, &found);
+  int rc =
+      ::getaddrinfo(host.empty() || host == "*" ? nullptr : host.c_str(), host_port->second.c_str(), &hints, &found);
   if (rc != 0) {
     return absl::InvalidArgumentError(absl::StrCat("cannot listen on ", listen, ": ", gai_strerror(rc)));
   }
@@ -60,8 +60,8 @@ absl::StatusOr<TcpListeners> ListenTcp(const std::string& listen, int backlog) {
     if (::bind(fd, reinterpret_cast<sockaddr*>(&address), a->ai_addrlen) != 0 || ::listen(fd, backlog) != 0) {
       int error = errno;
       ::close(fd);
-      failed = absl::AlreadyExistsError(absl::StrCat("cannot listen on ", listen, " (",
-                                                     std::strerror(error), ": address in use or not local)"));
+      failed = absl::AlreadyExistsError(
+          absl::StrCat("cannot listen on ", listen, " (", std::strerror(error), ": address in use or not local)"));
       break;
     }
     socklen_t length = sizeof(address);

@@ -14,8 +14,8 @@ namespace elrun::rdzv {
 struct TlsFiles {
   std::string cert;  // PEM paths. Server: its certificate and key; client: its own (optional).
   std::string key;
-  std::string ca;    // Server: clients must present a certificate signed by it (mutual TLS).
-                     // Client: the CA that signed the server's certificate.
+  std::string ca;  // Server: clients must present a certificate signed by it (mutual TLS).
+                   // Client: the CA that signed the server's certificate.
   bool enabled() const { return !cert.empty() || !ca.empty(); }
 };
 

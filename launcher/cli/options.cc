@@ -11,8 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "launcher/os/numa_binding.h"
 #include "launcher/cli/slurm_env.h"
+#include "launcher/os/numa_binding.h"
 
 namespace elrun {
 namespace {
@@ -41,8 +41,7 @@ constexpr OptionDef kOptions[] = {
     {"master-addr", "", false, "ADDR", "127.0.0.1", "Address of node 0 for --rdzv-backend static."},
     {"master-port", "", false, "PORT", "",
      "Port of node 0's store for static jobs; default: a free port on one node, 29500 on several."},
-    {"standalone", "", true, "", "0",
-     "Single-node job with a generated run id and a free port; ignores rdzv options."},
+    {"standalone", "", true, "", "0", "Single-node job with a generated run id and a free port; ignores rdzv options."},
     {"rdzv-backend", "", false, "NAME", "static",
      "static (node 0's store at --rdzv-endpoint or --master-addr:--master-port, as torchrun), "
      "grpc (c10d is an alias): elrun's elastic rendezvous, the default with --nnodes MIN:MAX, "
@@ -70,8 +69,7 @@ constexpr OptionDef kOptions[] = {
     {"run-path", "", true, "", "0", "Run the script with runpy.run_path in the worker interpreter."},
     {"signals-to-handle", "", false, "SIGNALS", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      "Signals forwarded to the workers before elrun exits."},
-    {"shutdown-timeout", "", false, "SECONDS", "30",
-     "Seconds between SIGTERM and SIGKILL when stopping workers."},
+    {"shutdown-timeout", "", false, "SECONDS", "30", "Seconds between SIGTERM and SIGKILL when stopping workers."},
     {"worker-timeout", "", false, "SECONDS", "",
      "A worker that heartbeats (ELRUN_HEARTBEAT_FILE) and then goes this long without a beat is hung: "
      "its stacks are asked for, it is killed and the group restarts within --max-restarts."},
@@ -82,10 +80,8 @@ constexpr OptionDef kOptions[] = {
     {"duplicate-stdout-filters", "", false, "A,B", "",
      "Also write tee'd stdout lines holding any of these strings to <attempt>/filtered_stdout.log "
      "(',,' is a comma)."},
-    {"duplicate-stderr-filters", "", false, "A,B", "",
-     "The same for stderr, to <attempt>/filtered_stderr.log."},
-    {"virtual-local-rank", "", true, "", "0",
-     "LOCAL_RANK=0 in every worker, CUDA_VISIBLE_DEVICES its own device."},
+    {"duplicate-stderr-filters", "", false, "A,B", "", "The same for stderr, to <attempt>/filtered_stderr.log."},
+    {"virtual-local-rank", "", true, "", "0", "LOCAL_RANK=0 in every worker, CUDA_VISIBLE_DEVICES its own device."},
     {"event-log-handler", "", false, "NAME", "null",
      "torchrun's event handler; only null (its default): elrun loads no Python plugins."},
     {"logs-specs", "", false, "NAME", "",
@@ -136,30 +132,27 @@ struct Resolved {
     return v == "1" || v == "true" || v == "yes" || v == "on";
   }
   // "--nnodes=3:2" or "PET_NNODES=3:2", the way the user wrote it.
-  std::string Input(const std::string& name) const {
-    return absl::StrCat(sources.at(name), "=", values.at(name));
-  }
+  std::string Input(const std::string& name) const { return absl::StrCat(sources.at(name), "=", values.at(name)); }
 };
 
 absl::Status Invalid(const Resolved& r, const std::string& name, const absl::Status& why) {
   return absl::InvalidArgumentError(absl::StrCat(r.Input(name), ": ", why.message()));
 }
 
-absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest,
-                       const DeviceCounts& devices, JobSpec* spec) {
-#define ELRUN_ASSIGN_OR_INVALID(lhs, name, expr) \
-  do {                                           \
-    auto _value = (expr);                        \
+absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest, const DeviceCounts& devices,
+                       JobSpec* spec) {
+#define ELRUN_ASSIGN_OR_INVALID(lhs, name, expr)                \
+  do {                                                          \
+    auto _value = (expr);                                       \
     if (!_value.ok()) return Invalid(r, name, _value.status()); \
-    lhs = *std::move(_value);                    \
+    lhs = *std::move(_value);                                   \
   } while (0)
 
   std::pair<int, int> nnodes;
   ELRUN_ASSIGN_OR_INVALID(nnodes, "nnodes", ParseNnodes(r["nnodes"]));
   spec->min_nodes = nnodes.first;
   spec->max_nodes = nnodes.second;
-  ELRUN_ASSIGN_OR_INVALID(spec->nproc_per_node, "nproc-per-node",
-                          ParseNprocPerNode(r["nproc-per-node"], devices));
+  ELRUN_ASSIGN_OR_INVALID(spec->nproc_per_node, "nproc-per-node", ParseNprocPerNode(r["nproc-per-node"], devices));
   ELRUN_ASSIGN_OR_INVALID(spec->node_rank, "node-rank", ParseInt(r["node-rank"], 0, 1 << 20));
   spec->master_addr = r["master-addr"];
   if (!r["master-port"].empty()) {
@@ -174,14 +167,12 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest,
   spec->rdzv_endpoint = r["rdzv-endpoint"];
   spec->rdzv_id = r["rdzv-id"];
   ELRUN_ASSIGN_OR_INVALID(spec->rdzv_conf, "rdzv-conf", ParseRdzvConf(r["rdzv-conf"]));
-  ELRUN_ASSIGN_OR_INVALID(spec->max_restarts, "max-restarts",
-                          ParseInt(r["max-restarts"], 0, 1 << 30));
+  ELRUN_ASSIGN_OR_INVALID(spec->max_restarts, "max-restarts", ParseInt(r["max-restarts"], 0, 1 << 30));
   std::chrono::milliseconds interval;
   ELRUN_ASSIGN_OR_INVALID(interval, "monitor-interval", ParseSeconds(r["monitor-interval"]));
   spec->monitor_interval_s = interval.count() / 1000.0;
   spec->start_method = r["start-method"];
-  if (spec->start_method != "spawn" && spec->start_method != "fork" &&
-      spec->start_method != "forkserver") {
+  if (spec->start_method != "spawn" && spec->start_method != "fork" && spec->start_method != "forkserver") {
     return Invalid(r, "start-method", absl::InvalidArgumentError("expected spawn, fork or forkserver"));
   }
   spec->role = r["role"];
@@ -190,17 +181,14 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest,
   ELRUN_ASSIGN_OR_INVALID(spec->redirects, "redirects", ParseStdSetting(r["redirects"]));
   ELRUN_ASSIGN_OR_INVALID(spec->tee, "tee", ParseStdSetting(r["tee"]));
   if (!r["local-ranks-filter"].empty()) {
-    ELRUN_ASSIGN_OR_INVALID(spec->local_ranks_filter, "local-ranks-filter",
-                            ParseRankList(r["local-ranks-filter"]));
+    ELRUN_ASSIGN_OR_INVALID(spec->local_ranks_filter, "local-ranks-filter", ParseRankList(r["local-ranks-filter"]));
   }
   spec->local_addr = r["local-addr"];
   spec->module = r.Flag("module");
   spec->no_python = r.Flag("no-python");
   spec->run_path = r.Flag("run-path");
-  ELRUN_ASSIGN_OR_INVALID(spec->signals_to_handle, "signals-to-handle",
-                          ParseSignalList(r["signals-to-handle"]));
-  ELRUN_ASSIGN_OR_INVALID(spec->shutdown_timeout, "shutdown-timeout",
-                          ParseSeconds(r["shutdown-timeout"]));
+  ELRUN_ASSIGN_OR_INVALID(spec->signals_to_handle, "signals-to-handle", ParseSignalList(r["signals-to-handle"]));
+  ELRUN_ASSIGN_OR_INVALID(spec->shutdown_timeout, "shutdown-timeout", ParseSeconds(r["shutdown-timeout"]));
   for (auto [name, field] : {std::pair{"worker-timeout", &spec->worker_timeout_s},
                              std::pair{"worker-start-timeout", &spec->worker_start_timeout_s}}) {
     if (r[name].empty()) continue;
@@ -224,20 +212,19 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest,
   // torchrun's Python plugins: their defaults are what elrun does; others cannot be loaded.
   std::string handler = r["event-log-handler"];
   if (handler != "null" && handler != "dynamic_rendezvous") {
-    return Invalid(r, "event-log-handler", absl::InvalidArgumentError(
-                                               "elrun loads no Python event handlers; only null "
-                                               "(torchrun's default) is accepted"));
+    return Invalid(r, "event-log-handler",
+                   absl::InvalidArgumentError("elrun loads no Python event handlers; only null "
+                                              "(torchrun's default) is accepted"));
   }
   if (!r["logs-specs"].empty()) {
-    return Invalid(r, "logs-specs", absl::InvalidArgumentError(
-                                        "elrun loads no Python LogsSpecs plugins; its logs follow "
-                                        "torchrun's default layout (--log-dir, --redirects, --tee)"));
+    return Invalid(r, "logs-specs",
+                   absl::InvalidArgumentError("elrun loads no Python LogsSpecs plugins; its logs follow "
+                                              "torchrun's default layout (--log-dir, --redirects, --tee)"));
   }
   if (!r["numa-binding"].empty()) {
     std::string mode = r["numa-binding"];
     if (!ParseNumaMode(mode)) {
-      return Invalid(r, "numa-binding",
-                     absl::InvalidArgumentError("expected node, socket, exclusive or core-complex"));
+      return Invalid(r, "numa-binding", absl::InvalidArgumentError("expected node, socket, exclusive or core-complex"));
     }
     spec->numa_binding = mode;
   }
@@ -265,20 +252,20 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest,
       auto endpoint = ParseEndpoint(spec->rdzv_endpoint);
       if (!endpoint.ok()) return Invalid(r, "rdzv-endpoint", endpoint.status());
       if (!endpoint->port || *endpoint->port == 0) {
-        return Invalid(r, "rdzv-endpoint", absl::InvalidArgumentError(
-                                               "the static rendezvous needs HOST:PORT, node 0's store "
-                                               "(or --rdzv-backend c10d for elrun's rendezvous)"));
+        return Invalid(r, "rdzv-endpoint",
+                       absl::InvalidArgumentError("the static rendezvous needs HOST:PORT, node 0's store "
+                                                  "(or --rdzv-backend c10d for elrun's rendezvous)"));
       }
       spec->master_addr = endpoint->host;
       spec->master_port = *endpoint->port;
     }
     if (spec->min_nodes != spec->max_nodes) {
-      return Invalid(r, "nnodes", absl::InvalidArgumentError(
-                                      "--rdzv-backend static needs a fixed N; use grpc for MIN:MAX"));
+      return Invalid(r, "nnodes",
+                     absl::InvalidArgumentError("--rdzv-backend static needs a fixed N; use grpc for MIN:MAX"));
     }
     if (spec->node_rank >= spec->max_nodes) {
-      return Invalid(r, "node-rank", absl::InvalidArgumentError(absl::StrCat(
-                                         "must be below --nnodes=", spec->max_nodes)));
+      return Invalid(r, "node-rank",
+                     absl::InvalidArgumentError(absl::StrCat("must be below --nnodes=", spec->max_nodes)));
     }
   } else if (spec->rdzv_backend == "etcd" || spec->rdzv_backend == "etcd-v2") {
     return Invalid(r, "rdzv-backend",
@@ -300,8 +287,7 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest,
 
 }  // namespace
 
-absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string>& args,
-                                                   const EnvLookup& env,
+absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string>& args, const EnvLookup& env,
                                                    const DeviceCounts& devices) {
   CLI::App app(kUsage, "elrun");
   app.formatter(std::make_shared<UsageInDescriptionFormatter>());
@@ -341,8 +327,7 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string
 
   std::vector<std::string> rest = app.remaining();
   if (!rest.empty() && rest.front().size() > 1 && rest.front()[0] == '-' && rest.front() != "--") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown option ", rest.front(), "; see elrun --help"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown option ", rest.front(), "; see elrun --help"));
   }
   if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
 
@@ -379,8 +364,8 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string
       taken.push_back(absl::StrCat("--", v.option, " ", v.value, " (", v.source, ")"));
     }
     if (!taken.empty()) {
-      parsed.slurm_note = absl::StrCat("from Slurm job ", env("SLURM_JOB_ID").value_or("?"), ": ",
-                                       absl::StrJoin(taken, ", "));
+      parsed.slurm_note =
+          absl::StrCat("from Slurm job ", env("SLURM_JOB_ID").value_or("?"), ": ", absl::StrJoin(taken, ", "));
     }
   }
   absl::Status status = BuildSpec(resolved, rest, devices, &parsed.spec);
@@ -391,8 +376,8 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string
       int count = static_cast<int>(std::vector<std::string>(absl::StrSplit(*visible, ',')).size());
       if (parsed.spec.nproc_per_node > count) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "--virtual-local-rank: local rank ", count, " has no device in CUDA_VISIBLE_DEVICES=",
-            *visible, " (", count, " entries for --nproc-per-node ", parsed.spec.nproc_per_node, ")"));
+            "--virtual-local-rank: local rank ", count, " has no device in CUDA_VISIBLE_DEVICES=", *visible, " (",
+            count, " entries for --nproc-per-node ", parsed.spec.nproc_per_node, ")"));
       }
     }
   }

@@ -30,8 +30,7 @@ struct ParsedCommandLine {
 // Parses args (without argv[0]). On bad input returns InvalidArgument whose message is one line
 // naming the input and the problem, without the "elrun: " prefix. Does not look at the file
 // system: the entrypoint is checked by ResolveEntrypoint.
-absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string>& args,
-                                                   const EnvLookup& env,
+absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string>& args, const EnvLookup& env,
                                                    const DeviceCounts& devices);
 
 }  // namespace elrun

@@ -50,10 +50,10 @@ absl::StatusOr<std::vector<std::string>> ExpandRanges(absl::string_view body, ab
     absl::string_view hi_text = bounds.size() == 2 ? bounds[1] : bounds[0];
     uint32_t lo = 0;
     uint32_t hi = 0;
-    if (!digits(lo_text) || !digits(hi_text) || !absl::SimpleAtoi(lo_text, &lo) ||
-        !absl::SimpleAtoi(hi_text, &hi) || hi < lo) {
-      return absl::InvalidArgumentError(absl::StrCat("'[", body, "]' in '", entry,
-                                                     "' is not a list of numbers and ranges such as [01-04,07]"));
+    if (!digits(lo_text) || !digits(hi_text) || !absl::SimpleAtoi(lo_text, &lo) || !absl::SimpleAtoi(hi_text, &hi) ||
+        hi < lo) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'[", body, "]' in '", entry, "' is not a list of numbers and ranges such as [01-04,07]"));
     }
     if (hi - lo >= kMaxHosts || out.size() + (hi - lo + 1) > kMaxHosts) {
       return absl::InvalidArgumentError(absl::StrCat("'", entry, "' names more than ", kMaxHosts, " hosts"));
@@ -98,12 +98,12 @@ absl::Status ExpandEntry(absl::string_view entry, std::vector<std::string>* host
 }
 
 absl::StatusOr<long long> Number(const EnvGet& env, const std::string& name, long long lo,  // NOLINT
-                                 long long hi) {                                             // NOLINT
+                                 long long hi) {                                            // NOLINT
   std::optional<std::string> text = env(name);
   long long value = 0;  // NOLINT(runtime/int)
   if (!text || !absl::SimpleAtoi(*text, &value) || value < lo || value > hi) {
-    return absl::InvalidArgumentError(absl::StrCat(name, "=", text.value_or("(unset)"),
-                                                   ": expected an integer in [", lo, ", ", hi, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "=", text.value_or("(unset)"), ": expected an integer in [", lo, ", ", hi, "]"));
   }
   return value;
 }
@@ -166,9 +166,9 @@ absl::StatusOr<std::vector<SlurmValue>> SlurmValues(const EnvGet& env) {
     auto tasks = Number(env, "SLURM_STEP_NUM_TASKS", 1, 1 << 24);
     if (!tasks.ok()) return tasks.status();
     if (*tasks > *nodes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "this Slurm step runs ", *tasks, " tasks on ", *nodes,
-          " nodes; elrun starts the workers itself: run one elrun per node (srun --ntasks-per-node=1)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("this Slurm step runs ", *tasks, " tasks on ", *nodes,
+                       " nodes; elrun starts the workers itself: run one elrun per node (srun --ntasks-per-node=1)"));
     }
   }
   const char* list_var = env("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST" : "SLURM_JOB_NODELIST";
@@ -177,15 +177,14 @@ absl::StatusOr<std::vector<SlurmValue>> SlurmValues(const EnvGet& env) {
   auto hosts = ExpandHostlist(*list);
   if (!hosts.ok()) return absl::InvalidArgumentError(absl::StrCat(list_var, ": ", hosts.status().message()));
   if (static_cast<long long>(hosts->size()) != *nodes) {  // NOLINT(runtime/int)
-    return absl::InvalidArgumentError(absl::StrCat(list_var, "=", *list, " names ", hosts->size(),
-                                                   " hosts but ", nodes_var, "=", *nodes));
+    return absl::InvalidArgumentError(
+        absl::StrCat(list_var, "=", *list, " names ", hosts->size(), " hosts but ", nodes_var, "=", *nodes));
   }
   values.push_back({"nnodes", std::to_string(*nodes), nodes_var});
   values.push_back({"node-rank", std::to_string(*node_id), "SLURM_NODEID"});
   if (gpu_count > 0) values.push_back({"nproc-per-node", std::to_string(gpu_count), "SLURM_GPUS_ON_NODE"});
   values.push_back({"rdzv-backend", "c10d", "SLURM_JOB_ID"});
-  values.push_back({"rdzv-endpoint",
-                    absl::StrCat(hosts->front(), ":", SlurmRendezvousPort(*job, step)),
+  values.push_back({"rdzv-endpoint", absl::StrCat(hosts->front(), ":", SlurmRendezvousPort(*job, step)),
                     absl::StrCat(list_var, ", SLURM_JOB_ID, SLURM_STEP_ID")});
   values.push_back({"rdzv-id", absl::StrCat("slurm-", *job, ".", step), "SLURM_JOB_ID, SLURM_STEP_ID"});
   return values;

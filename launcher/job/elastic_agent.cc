@@ -17,12 +17,12 @@ namespace {
 namespace v1 = rdzv::v1;
 
 const char* ReasonName(v1::RoundEnded::Reason reason) {
-switch (reason) {
-  case v1::RoundEnded::NODE_LOST: return "a node was lost";
-  case v1::RoundEnded::NODE_JOINED: return "a node joined";
-  case v1::RoundEnded::WORKER_FAILED: return "a worker failed";
-  default: return "unknown reason";
-}
+  switch (reason) {
+    case v1::RoundEnded::NODE_LOST: return "a node was lost";
+    case v1::RoundEnded::NODE_JOINED: return "a node joined";
+    case v1::RoundEnded::WORKER_FAILED: return "a worker failed";
+    default: return "unknown reason";
+  }
 }
 
 std::optional<rdzv::RunKey> RunKeyOf(const RdzvSettings& rdzv, const std::string& run_id) {
@@ -33,13 +33,19 @@ std::optional<rdzv::RunKey> RunKeyOf(const RdzvSettings& rdzv, const std::string
 
 }  // namespace
 
-ElasticAgent::ElasticAgent(const JobSpec& spec, const RdzvSettings& rdzv, ProcessTable& table,
-                         const Clock& clock, RendezvousSession& session, AttemptBuilder& builder,
-                         std::string master_addr, std::string node_id, PortPicker pick_port)
-  : spec_(spec), rdzv_(rdzv), table_(table), clock_(clock), session_(session), builder_(builder),
-    master_addr_(std::move(master_addr)), node_id_(std::move(node_id)),
-    key_(rdzv.token.empty() ? std::string() : rdzv::TokenKey(rdzv.token)),
-    pick_port_(std::move(pick_port)) {}
+ElasticAgent::ElasticAgent(const JobSpec& spec, const RdzvSettings& rdzv, ProcessTable& table, const Clock& clock,
+                           RendezvousSession& session, AttemptBuilder& builder, std::string master_addr,
+                           std::string node_id, PortPicker pick_port)
+    : spec_(spec),
+      rdzv_(rdzv),
+      table_(table),
+      clock_(clock),
+      session_(session),
+      builder_(builder),
+      master_addr_(std::move(master_addr)),
+      node_id_(std::move(node_id)),
+      key_(rdzv.token.empty() ? std::string() : rdzv::TokenKey(rdzv.token)),
+      pick_port_(std::move(pick_port)) {}
 
 ElasticAgent::~ElasticAgent() = default;
 
@@ -84,9 +90,8 @@ void ElasticAgent::OnMessage(const v1::CoordinatorMessage& message) {
   }
   if (message.has_job_ended()) OnJobEnded(message.job_ended());
   if (message.has_waiting()) {
-    spdlog::info(message.waiting().wait_listed()
-                     ? "the job has its maximum of nodes; waiting for a place"
-                     : "joined; waiting for the round to complete");
+    spdlog::info(message.waiting().wait_listed() ? "the job has its maximum of nodes; waiting for a place"
+                                                 : "joined; waiting for the round to complete");
   }
 }
 
@@ -125,14 +130,14 @@ void ElasticAgent::OnDeadline() {
   }
   if (phase_ == Phase::kJoining && now >= join_deadline_ && !exit_code_) {
     Report(absl::StrCat("no rendezvous round formed at ", rdzv_.Endpoint(), " within join_timeout (",
-                        rdzv_.join_timeout.count() / 1000.0, " s); is the coordinator up and "
-                        "have --nnodes nodes joined with --rdzv-id ", spec_.rdzv_id, "?"));
+                        rdzv_.join_timeout.count() / 1000.0,
+                        " s); is the coordinator up and "
+                        "have --nnodes nodes joined with --rdzv-id ",
+                        spec_.rdzv_id, "?"));
     Finish(kExitJobFailed);
   }
   CheckSupervisor();
 }
-
-
 
 void ElasticAgent::OnChallenge(const v1::Challenge& challenge) {
   if (challenged_ || challenge.nonce().size() != rdzv::kNonceBytes) {
@@ -173,8 +178,7 @@ void ElasticAgent::Abandon() {
 
 // The coordinator broke the protocol or failed to prove the token: trust nothing from it.
 void ElasticAgent::Distrust(const std::string& what) {
-  Report(absl::StrCat("the rendezvous coordinator at ", rdzv_.Endpoint(), " ", what,
-                      "; leaving the job"));
+  Report(absl::StrCat("the rendezvous coordinator at ", rdzv_.Endpoint(), " ", what, "; leaving the job"));
   Abandon();
 }
 
@@ -226,33 +230,29 @@ void ElasticAgent::OnRoundStarted(const v1::RoundStarted& round) {
   absl::Status valid = rdzv::ValidateRoundStarted(
       round, {spec_.nproc_per_node, spec_.min_nodes, spec_.max_nodes, spec_.max_restarts, round_});
   if (!valid.ok()) {
-    Report(absl::StrCat("the rendezvous coordinator at ", rdzv_.Endpoint(),
-                        " sent an invalid round (", valid.message(), "); leaving the job"));
+    Report(absl::StrCat("the rendezvous coordinator at ", rdzv_.Endpoint(), " sent an invalid round (", valid.message(),
+                        "); leaving the job"));
     Finish(kExitJobFailed);
     return;
   }
-  NodeAssignment node{round.group_rank(),       round.group_world_size(), round.rank_offset(),
-                      round.world_size(),       round.role_rank_offset(), round.role_world_size(),
-                      round.master_addr(),      round.master_port()};
+  NodeAssignment node{round.group_rank(),       round.group_world_size(), round.rank_offset(), round.world_size(),
+                      round.role_rank_offset(), round.role_world_size(),  round.master_addr(), round.master_port()};
   round_ = round.round();
   int attempt = attempts_++;
   int restart_count = round.restart_count();
-  spdlog::info("round {}: group rank {} of {}, world size {}, restart count {}, master {}:{}",
-               round_, node.group_rank, node.group_world_size, node.world_size, restart_count,
-               node.master_addr, node.master_port);
+  spdlog::info("round {}: group rank {} of {}, world size {}, restart count {}, master {}:{}", round_, node.group_rank,
+               node.group_world_size, node.world_size, restart_count, node.master_addr, node.master_port);
   supervisor_ = std::make_unique<Supervisor>(
       SupervisorOptions{0, spec_.shutdown_timeout}, &table_, &clock_,
-      [this, node, attempt, restart_count](int, int) {
-        return builder_.BuildFor(attempt, restart_count, node);
-      });
+      [this, node, attempt, restart_count](int, int) { return builder_.BuildFor(attempt, restart_count, node); });
   phase_ = Phase::kRunning;
   supervisor_->Start();
   CheckSupervisor();
 }
 
 void ElasticAgent::OnRoundEnded(const v1::RoundEnded& ended) {
-  spdlog::warn("round {} ended ({}: {}); stopping the workers and rejoining", ended.round(),
-               ReasonName(ended.reason()), rdzv::EscapeForConsole(ended.detail()));
+  spdlog::warn("round {} ended ({}: {}); stopping the workers and rejoining", ended.round(), ReasonName(ended.reason()),
+               rdzv::EscapeForConsole(ended.detail()));
   if (phase_ == Phase::kRunning) {
     phase_ = Phase::kStoppingForRound;
     supervisor_->Stop();
@@ -279,8 +279,8 @@ void ElasticAgent::OnStreamEnded(const absl::Status& status) {
     Report(absl::StrCat("lost the rendezvous coordinator at ", rdzv_.Endpoint(), ": ",
                         rdzv::EscapeForConsole(status.message())));
   } else {
-    Report(absl::StrCat("the rendezvous at ", rdzv_.Endpoint(), " refused this node: ",
-                        rdzv::EscapeForConsole(status.message())));
+    Report(absl::StrCat("the rendezvous at ", rdzv_.Endpoint(),
+                        " refused this node: ", rdzv::EscapeForConsole(status.message())));
   }
   Abandon();
 }
@@ -316,8 +316,7 @@ void ElasticAgent::CheckSupervisor() {
       supervisor_.reset();
       Finish(end_code_);
       break;
-    default:
-      break;
+    default: break;
   }
 }
 

@@ -17,14 +17,14 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "launcher/worker/attempt_builder.h"
+#include "launcher/job/supervisor.h"
+#include "launcher/os/clock.h"
+#include "launcher/os/port_reservation.h"
+#include "launcher/os/process_table.h"
 #include "launcher/spec/exit_status.h"
 #include "launcher/spec/job_spec.h"
-#include "launcher/os/port_reservation.h"
-#include "launcher/os/clock.h"
-#include "launcher/os/process_table.h"
 #include "launcher/spec/rdzv_settings.h"
-#include "launcher/job/supervisor.h"
+#include "launcher/worker/attempt_builder.h"
 #include "proto/rendezvous.pb.h"
 
 namespace elrun {
@@ -44,8 +44,8 @@ class ElasticAgent {
   // worker rank 0 would host the store on, asked at each Join; the agent holds it until the
   // next Join, so nothing else on the host takes it before that worker binds it.
   ElasticAgent(const JobSpec& spec, const RdzvSettings& rdzv, ProcessTable& table, const Clock& clock,
-               RendezvousSession& session, AttemptBuilder& builder, std::string master_addr,
-               std::string node_id, PortPicker pick_port);
+               RendezvousSession& session, AttemptBuilder& builder, std::string master_addr, std::string node_id,
+               PortPicker pick_port);
   ~ElasticAgent();
   ElasticAgent(const ElasticAgent&) = delete;
   ElasticAgent& operator=(const ElasticAgent&) = delete;

@@ -12,18 +12,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "agent/grpc/coordinator_server.h"
-#include "agent/etcd/etcd_rendezvous.h"
-#include "agent/grpc/rendezvous_client.h"
 #include "agent/coordinator/wire_checks.h"
-#include "launcher/worker/attempt_builder.h"
+#include "agent/etcd/etcd_rendezvous.h"
+#include "agent/grpc/coordinator_server.h"
+#include "agent/grpc/rendezvous_client.h"
 #include "launcher/job/elastic_agent.h"
-#include "launcher/os/host_info.h"
 #include "launcher/job/job_report.h"
 #include "launcher/job/job_runtime.h"
+#include "launcher/os/host_info.h"
+#include "launcher/os/port_reservation.h"
 #include "launcher/report/console.h"
 #include "launcher/spec/job_spec.h"
-#include "launcher/os/port_reservation.h"
+#include "launcher/worker/attempt_builder.h"
 
 namespace elrun {
 namespace {
@@ -59,9 +59,9 @@ absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> OpenEtcd(const JobSpec& spec
   options.token = rdzv.token;
   auto opened = rdzv::EtcdRendezvous::Open(options);
   if (!opened.ok()) {
-    return absl::Status(opened.status().code(), absl::StrCat("cannot join the rendezvous in etcd at ",
-                                                             absl::StrJoin(rdzv.etcd_endpoints, ","), ": ",
-                                                             opened.status().message()));
+    return absl::Status(opened.status().code(),
+                        absl::StrCat("cannot join the rendezvous in etcd at ", absl::StrJoin(rdzv.etcd_endpoints, ","),
+                                     ": ", opened.status().message()));
   }
   return std::unique_ptr<rdzv::AgentChannel>(*std::move(opened));
 }
@@ -69,16 +69,14 @@ absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> OpenEtcd(const JobSpec& spec
 // gRPC's own log lines (e.g. a failed bind while probing for the coordinator's port) would
 // clutter the user's console; show them only with LOGLEVEL=DEBUG.
 void RouteGrpcLogs() {
-  gpr_set_log_function([](gpr_log_func_args* args) {
-    spdlog::debug("grpc: {}", args->message);
-  });
+  gpr_set_log_function([](gpr_log_func_args* args) { spdlog::debug("grpc: {}", args->message); });
 }
 
 // Hosts the coordinator when the endpoint is this machine and its port is free (or
 // --rdzv-conf is_host says so). nullptr when another process hosts it; an error, one line, when
 // this node must host it and cannot.
 absl::StatusOr<std::unique_ptr<rdzv::CoordinatorServer>> MaybeHostCoordinator(const JobSpec& spec,
-                                                                             const RdzvSettings& rdzv) {
+                                                                              const RdzvSettings& rdzv) {
   const bool etcd = spec.rdzv_backend == "etcd-v3";
   if (etcd || !rdzv.is_host.value_or(IsLocalHost(rdzv.host))) return nullptr;
   rdzv::ServerOptions options;
@@ -91,8 +89,8 @@ absl::StatusOr<std::unique_ptr<rdzv::CoordinatorServer>> MaybeHostCoordinator(co
     return *std::move(started);
   }
   if (rdzv.is_host.value_or(false) || started.status().code() != absl::StatusCode::kAlreadyExists) {
-    return absl::Status(started.status().code(), absl::StrCat("cannot host the rendezvous on ", rdzv.Endpoint(),
-                                                              ": ", started.status().message()));
+    return absl::Status(started.status().code(), absl::StrCat("cannot host the rendezvous on ", rdzv.Endpoint(), ": ",
+                                                              started.status().message()));
   }
   return nullptr;  // Another elrun on this machine hosts it.
 }
@@ -159,8 +157,7 @@ absl::Status RunAgent(JobRuntime& rt, ElasticAgent& agent, rdzv::AgentChannel& c
   if (status.ok()) status = rt.loop().Add(channel.event_fd(), on_channel_event);
   if (status.ok()) {
     agent.Start();
-    status = rt.RunUntil([&] { return agent.done(); }, [&] { return agent.Deadline(); },
-                         [&] { agent.OnDeadline(); });
+    status = rt.RunUntil([&] { return agent.done(); }, [&] { return agent.Deadline(); }, [&] { agent.OnDeadline(); });
   }
   rt.loop().Remove(channel.event_fd());
   return status;
@@ -183,9 +180,10 @@ void ReportFailedJob(const JobSpec& spec, const std::map<std::string, std::strin
 // for close_timeout at most, then stops the coordinator.
 void CloseCoordinator(rdzv::CoordinatorServer& server, const JobSpec& spec, const RdzvSettings& rdzv) {
   if (!server.coordinator().WaitUntilJobGone(spec.rdzv_id, std::chrono::steady_clock::now() + rdzv.close_timeout)) {
-    spdlog::warn("nodes of run {} still connected {} s after the job ended; stopping the "
-                 "coordinator",
-                 spec.rdzv_id, rdzv.close_timeout.count() / 1000.0);
+    spdlog::warn(
+        "nodes of run {} still connected {} s after the job ended; stopping the "
+        "coordinator",
+        spec.rdzv_id, rdzv.close_timeout.count() / 1000.0);
   }
   server.Shutdown();
 }
@@ -199,9 +197,8 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
   // inherit that mask, or a SIGTERM delivered to one of them would kill elrun outright instead
   // of being forwarded. It also forks the guardian while the process has a single thread.
   ElasticAgent* agent_ptr = nullptr;
-  auto runtime = JobRuntime::Create(spec, env, spec.rdzv_id, [&agent_ptr](int pid, ExitStatus status) {
-    agent_ptr->OnWorkerExit(pid, status);
-  });
+  auto runtime = JobRuntime::Create(spec, env, spec.rdzv_id,
+                                    [&agent_ptr](int pid, ExitStatus status) { agent_ptr->OnWorkerExit(pid, status); });
   if (!runtime.ok()) {
     PrintError(std::string(runtime.status().message()));
     return kExitJobFailed;

@@ -29,20 +29,18 @@ void WriteParentErrorFile(const std::map<std::string, std::string>& env, const s
 
 void WriteLauncherErrorFile(const std::map<std::string, std::string>& env, const std::string& type,
                             const std::string& text) {
-  WriteParentErrorFile(env, ErrorRecordJson(absl::StrCat(type, ": ", text), "",
-                                            std::chrono::system_clock::now(), 0));
+  WriteParentErrorFile(env, ErrorRecordJson(absl::StrCat(type, ": ", text), "", std::chrono::system_clock::now(), 0));
 }
 
-void PrintFailureReport(const JobSpec& spec, const Supervisor& supervisor, const std::string& run_id,
-                        int group_rank, const std::map<std::string, std::string>& env) {
+void PrintFailureReport(const JobSpec& spec, const Supervisor& supervisor, const std::string& run_id, int group_rank,
+                        const std::map<std::string, std::string>& env) {
   std::vector<WorkerFailure> failures = supervisor.failures();
   for (WorkerFailure& failure : failures) {
     for (const WorkerLaunch& launch : supervisor.launches()) {
       if (launch.local_rank == failure.local_rank) AttachWorkerFiles(launch, &failure);
     }
   }
-  JobSummary summary{spec.training_script, HostName(), run_id, group_rank,
-                     supervisor.attempt() + 1, spec.max_restarts};
+  JobSummary summary{spec.training_script, HostName(), run_id, group_rank, supervisor.attempt() + 1, spec.max_restarts};
   std::string report = FormatFailureReport(summary, failures);
   WriteAll(STDERR_FILENO, report.data(), report.size());
   if (!failures.empty()) {

@@ -14,8 +14,8 @@ namespace elrun {
 
 // Prints the root-cause report of a supervisor whose attempt failed (to stderr) and, when
 // `env` (elrun's own) sets TORCHELASTIC_ERROR_FILE, writes the root cause there as torchrun does.
-void PrintFailureReport(const JobSpec& spec, const Supervisor& supervisor, const std::string& run_id,
-                        int group_rank, const std::map<std::string, std::string>& env);
+void PrintFailureReport(const JobSpec& spec, const Supervisor& supervisor, const std::string& run_id, int group_rank,
+                        const std::map<std::string, std::string>& env);
 
 // For a job that failed without a worker of this node to blame (a failure on another node, a
 // lost rendezvous): writes a "<Type>: <text>" record to env's TORCHELASTIC_ERROR_FILE, if set.

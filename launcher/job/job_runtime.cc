@@ -15,10 +15,10 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "launcher/report/error_file.h"
-#include "launcher/report/failure_report.h"
 #include "launcher/os/host_info.h"
 #include "launcher/os/output_pump.h"
+#include "launcher/report/error_file.h"
+#include "launcher/report/failure_report.h"
 
 namespace elrun {
 namespace {
@@ -56,7 +56,6 @@ absl::StatusOr<int> TakeOverSignals(const std::vector<int>& signals) {
 
 }  // namespace
 
-
 namespace {
 
 // --numa-binding on this machine: its topology under /, the CPUs elrun may use.
@@ -71,23 +70,23 @@ absl::StatusOr<std::vector<CpuBinding>> PlanWorkerBinding(const JobSpec& spec,
     }
   }
   auto visible = env.find("CUDA_VISIBLE_DEVICES");
-  auto plan = PlanNumaBinding(*ParseNumaMode(spec.numa_binding), spec.nproc_per_node,
-                              visible == env.end() ? std::nullopt : std::optional<std::string>(visible->second),
-                              "/", allowed);
+  auto plan =
+      PlanNumaBinding(*ParseNumaMode(spec.numa_binding), spec.nproc_per_node,
+                      visible == env.end() ? std::nullopt : std::optional<std::string>(visible->second), "/", allowed);
   if (!plan.ok()) return plan.status();
   if (!plan->note.empty()) spdlog::warn("{}", plan->note);
   for (size_t i = 0; i < plan->workers.size(); ++i) {
-    spdlog::info("--numa-binding {}: local rank {} on CPUs {}, memory preferred on NUMA node {}",
-                 spec.numa_binding, i, FormatCpuList(plan->workers[i].cpus), plan->workers[i].memory_node);
+    spdlog::info("--numa-binding {}: local rank {} on CPUs {}, memory preferred on NUMA node {}", spec.numa_binding, i,
+                 FormatCpuList(plan->workers[i].cpus), plan->workers[i].memory_node);
   }
   return plan->workers;
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(
-    const JobSpec& spec, const std::map<std::string, std::string>& env, std::string run_id,
-    ExitHandler on_exit) {
+absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(const JobSpec& spec,
+                                                               const std::map<std::string, std::string>& env,
+                                                               std::string run_id, ExitHandler on_exit) {
   std::unique_ptr<JobRuntime> runtime(new JobRuntime());
   runtime->run_id_ = std::move(run_id);
   if (!spec.numa_binding.empty()) {
@@ -117,8 +116,8 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(
   auto loop = EventLoop::Create();
   if (!loop.ok()) return loop.status();
   runtime->loop_ = *std::move(loop);
-  runtime->table_ = std::make_unique<PosixProcessTable>(
-      runtime->loop_.get(), runtime->guardian_.get(), spec.signals_to_handle, std::move(on_exit));
+  runtime->table_ = std::make_unique<PosixProcessTable>(runtime->loop_.get(), runtime->guardian_.get(),
+                                                        spec.signals_to_handle, std::move(on_exit));
   auto enabled = env.find("TORCHELASTIC_ENABLE_FILE_TIMER");
   if (enabled != env.end() && enabled->second == "1") {
     auto path = env.find("TORCHELASTIC_TIMER_FILE");
@@ -173,7 +172,8 @@ JobRuntime::~JobRuntime() {
   if (heartbeat_) {
     // Shown by default when the job had stragglers, else with LOGLEVEL=INFO.
     std::string summary = heartbeat_->PaceSummary();
-    if (!summary.empty()) spdlog::log(heartbeat_->saw_stragglers() ? spdlog::level::warn : spdlog::level::info, "{}", summary);
+    if (!summary.empty())
+      spdlog::log(heartbeat_->saw_stragglers() ? spdlog::level::warn : spdlog::level::info, "{}", summary);
   }
   heartbeat_.reset();
   file_timer_.reset();

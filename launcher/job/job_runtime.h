@@ -12,16 +12,16 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "launcher/worker/attempt_builder.h"
+#include "launcher/job/supervisor.h"
 #include "launcher/os/event_loop.h"
-#include "launcher/watchdog/file_timer.h"
 #include "launcher/os/guardian.h"
-#include "launcher/watchdog/heartbeat.h"
-#include "launcher/spec/job_spec.h"
-#include "launcher/worker/log_layout.h"
 #include "launcher/os/numa_binding.h"
 #include "launcher/os/posix_process_table.h"
-#include "launcher/job/supervisor.h"
+#include "launcher/spec/job_spec.h"
+#include "launcher/watchdog/file_timer.h"
+#include "launcher/watchdog/heartbeat.h"
+#include "launcher/worker/attempt_builder.h"
+#include "launcher/worker/log_layout.h"
 
 namespace elrun {
 
@@ -33,12 +33,12 @@ class JobRuntime {
   // Plans --numa-binding (an error when it cannot be honoured, one warning when it does not
   // apply here), starts the FileTimer watchdog when elrun's environment has
   // TORCHELASTIC_ENABLE_FILE_TIMER=1 (its FIFO: TORCHELASTIC_TIMER_FILE, else a new
-  // $TMPDIR/watchdog_timer_<id>, as torchrun does), makes the log directory (a temp dir unless --log-dir), starts the guardian, takes over the
-  // handled signals and builds the loop and the process table, whose worker exits go to
+  // $TMPDIR/watchdog_timer_<id>, as torchrun does), makes the log directory (a temp dir unless --log-dir), starts the
+  // guardian, takes over the handled signals and builds the loop and the process table, whose worker exits go to
   // `on_exit`. On error nothing is left running.
-  static absl::StatusOr<std::unique_ptr<JobRuntime>> Create(
-      const JobSpec& spec, const std::map<std::string, std::string>& env, std::string run_id,
-      ExitHandler on_exit);
+  static absl::StatusOr<std::unique_ptr<JobRuntime>> Create(const JobSpec& spec,
+                                                            const std::map<std::string, std::string>& env,
+                                                            std::string run_id, ExitHandler on_exit);
   // Kills any worker still running and removes empty directories of a temp log dir.
   ~JobRuntime();
 
@@ -65,8 +65,7 @@ class JobRuntime {
   absl::Status HandleSignals(std::function<void(int signo)> on_signal);
 
   // Runs the loop until `done()`; when `deadline()` passes, calls `on_deadline`.
-  absl::Status RunUntil(const std::function<bool()>& done,
-                        const std::function<std::optional<TimePoint>()>& deadline,
+  absl::Status RunUntil(const std::function<bool()>& done, const std::function<std::optional<TimePoint>()>& deadline,
                         const std::function<void()>& on_deadline);
 
  private:

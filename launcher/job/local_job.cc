@@ -3,14 +3,14 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
-#include "launcher/worker/attempt_builder.h"
-#include "launcher/worker/entrypoint.h"
-#include "launcher/os/host_info.h"
 #include "launcher/job/job_report.h"
 #include "launcher/job/job_runtime.h"
-#include "launcher/report/console.h"
-#include "launcher/os/port_reservation.h"
 #include "launcher/job/supervisor.h"
+#include "launcher/os/host_info.h"
+#include "launcher/os/port_reservation.h"
+#include "launcher/report/console.h"
+#include "launcher/worker/attempt_builder.h"
+#include "launcher/worker/entrypoint.h"
 
 namespace elrun {
 
@@ -18,9 +18,8 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
                 const std::vector<std::string>& argv_template) {
   std::string run_id = spec.rdzv_id_generated ? RandomRunId() : spec.rdzv_id;
   Supervisor* supervisor_ptr = nullptr;
-  auto runtime = JobRuntime::Create(spec, env, run_id, [&supervisor_ptr](int pid, ExitStatus status) {
-    supervisor_ptr->OnWorkerExit(pid, status);
-  });
+  auto runtime = JobRuntime::Create(
+      spec, env, run_id, [&supervisor_ptr](int pid, ExitStatus status) { supervisor_ptr->OnWorkerExit(pid, status); });
   if (!runtime.ok()) {
     PrintError(std::string(runtime.status().message()));
     return kExitJobFailed;
@@ -35,17 +34,15 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
       [&](int attempt, int restart_count) {
         auto launches = builder.Build(attempt, restart_count);
         if (launches.ok()) {
-          spdlog::info("attempt {}: {} workers, run_id {}, world size {}, master {}:{}, logs {}",
-                       attempt, launches->size(), run_id, builder.node().world_size,
-                       builder.node().master_addr, builder.node().master_port,
-                       rt.layout().AttemptDir(attempt));
+          spdlog::info("attempt {}: {} workers, run_id {}, world size {}, master {}:{}, logs {}", attempt,
+                       launches->size(), run_id, builder.node().world_size, builder.node().master_addr,
+                       builder.node().master_port, rt.layout().AttemptDir(attempt));
         }
         return launches;
       },
       [&](int attempt, const std::vector<WorkerFailure>& failures) {
-        spdlog::warn("attempt {} failed: {}; restarting the worker group (restart {} of {})",
-                     attempt, DescribeFirstFailure(failures), supervisor_ptr->restart_count() + 1,
-                     spec.max_restarts);
+        spdlog::warn("attempt {} failed: {}; restarting the worker group (restart {} of {})", attempt,
+                     DescribeFirstFailure(failures), supervisor_ptr->restart_count() + 1, spec.max_restarts);
       });
   supervisor_ptr = &supervisor;
   rt.OnWatchdogSignal([&supervisor](int pid, const std::string& why) { supervisor.NoteSignalled(pid, why); });
@@ -55,9 +52,10 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
     supervisor.Start();
     status = rt.RunUntil([&] { return supervisor.done(); }, [&] { return supervisor.deadline(); },
                          [&] {
-                           spdlog::warn("workers still running {} ms after being told to stop; "
-                                        "sending SIGKILL",
-                                        spec.shutdown_timeout.count());
+                           spdlog::warn(
+                               "workers still running {} ms after being told to stop; "
+                               "sending SIGKILL",
+                               spec.shutdown_timeout.count());
                            supervisor.OnDeadline();
                          });
   }

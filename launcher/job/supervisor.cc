@@ -5,8 +5,8 @@
 
 namespace elrun {
 
-Supervisor::Supervisor(SupervisorOptions options, ProcessTable* table, const Clock* clock,
-                       AttemptPreparer prepare, AttemptObserver on_restart)
+Supervisor::Supervisor(SupervisorOptions options, ProcessTable* table, const Clock* clock, AttemptPreparer prepare,
+                       AttemptObserver on_restart)
     : options_(options),
       table_(table),
       clock_(clock),
@@ -37,8 +37,7 @@ void Supervisor::StartAttempt() {
   for (const WorkerLaunch& launch : launches_) {
     auto pid = table_->Spawn(launch);
     if (!pid.ok()) {
-      RecordFailure(launch.local_rank, 0, ExitStatus::Exited(127),
-                    std::string(pid.status().message()));
+      RecordFailure(launch.local_rank, 0, ExitStatus::Exited(127), std::string(pid.status().message()));
       BeginStop(StopReason::kFailure, SIGTERM);
       return;
     }
@@ -50,8 +49,7 @@ void Supervisor::StartAttempt() {
   }
 }
 
-void Supervisor::RecordFailure(int local_rank, int pid, ExitStatus status,
-                               std::string start_error) {
+void Supervisor::RecordFailure(int local_rank, int pid, ExitStatus status, std::string start_error) {
   WorkerFailure failure;
   failure.local_rank = local_rank;
   failure.rank = local_rank;

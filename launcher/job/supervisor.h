@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "launcher/spec/exit_status.h"
-#include "launcher/report/failure_report.h"
 #include "launcher/os/clock.h"
 #include "launcher/os/process_table.h"
+#include "launcher/report/failure_report.h"
+#include "launcher/spec/exit_status.h"
 #include "launcher/spec/worker_launch.h"
 
 namespace elrun {
@@ -37,14 +37,13 @@ class Supervisor {
  public:
   // Builds the launches of one attempt (environment, argv, log paths) for a restart count;
   // an error ends the job as failed.
-  using AttemptPreparer =
-      std::function<absl::StatusOr<std::vector<WorkerLaunch>>(int attempt, int restart_count)>;
+  using AttemptPreparer = std::function<absl::StatusOr<std::vector<WorkerLaunch>>(int attempt, int restart_count)>;
   // Told of each attempt's end: (attempt, failures). Used for the restart log line.
   using AttemptObserver = std::function<void(int attempt, const std::vector<WorkerFailure>&)>;
 
   // `table` and `clock` must outlive the supervisor.
-  Supervisor(SupervisorOptions options, ProcessTable* table, const Clock* clock,
-             AttemptPreparer prepare, AttemptObserver on_restart = nullptr);
+  Supervisor(SupervisorOptions options, ProcessTable* table, const Clock* clock, AttemptPreparer prepare,
+             AttemptObserver on_restart = nullptr);
 
   // Starts attempt 0.
   void Start();
@@ -99,7 +98,7 @@ class Supervisor {
   int restart_count_ = 0;
   int succeeded_ = 0;
   std::vector<WorkerLaunch> launches_;
-  std::map<int, int> live_;  // pid -> local rank, workers whose end is not reported yet.
+  std::map<int, int> live_;            // pid -> local rank, workers whose end is not reported yet.
   std::map<int, std::string> causes_;  // pid -> why elrun signalled it (NoteSignalled).
   std::vector<WorkerFailure> failures_;
   std::optional<std::chrono::steady_clock::time_point> deadline_;

@@ -17,12 +17,8 @@ class Clock {
 
 class RealClock : public Clock {
  public:
-  std::chrono::steady_clock::time_point SteadyNow() const override {
-    return std::chrono::steady_clock::now();
-  }
-  std::chrono::system_clock::time_point WallNow() const override {
-    return std::chrono::system_clock::now();
-  }
+  std::chrono::steady_clock::time_point SteadyNow() const override { return std::chrono::steady_clock::now(); }
+  std::chrono::system_clock::time_point WallNow() const override { return std::chrono::system_clock::now(); }
 };
 
 }  // namespace elrun

@@ -36,8 +36,7 @@ void EventLoop::Remove(int fd) {
 absl::Status EventLoop::RunOnce(std::optional<std::chrono::steady_clock::time_point> deadline) {
   int timeout_ms = -1;
   if (deadline) {
-    auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline -
-                                                             std::chrono::steady_clock::now());
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - std::chrono::steady_clock::now());
     timeout_ms = left.count() < 0 ? 0 : static_cast<int>(std::min<long long>(left.count(), 1 << 30));
   }
   epoll_event events[16];
@@ -48,7 +47,7 @@ absl::Status EventLoop::RunOnce(std::optional<std::chrono::steady_clock::time_po
   }
   for (int i = 0; i < n; ++i) {
     auto it = callbacks_.find(events[i].data.fd);
-    if (it == callbacks_.end()) continue;  // Removed by an earlier callback of this batch.
+    if (it == callbacks_.end()) continue;             // Removed by an earlier callback of this batch.
     std::shared_ptr<Callback> callback = it->second;  // Survives a Remove inside the call.
     (*callback)();
   }

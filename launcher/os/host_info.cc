@@ -80,8 +80,7 @@ namespace {
 
 // A loopback address or one of this machine's interfaces.
 bool IsLocalAddress(const sockaddr* addr) {
-  if (addr->sa_family == AF_INET &&
-      (ntohl(reinterpret_cast<const sockaddr_in*>(addr)->sin_addr.s_addr) >> 24) == 127) {
+  if (addr->sa_family == AF_INET && (ntohl(reinterpret_cast<const sockaddr_in*>(addr)->sin_addr.s_addr) >> 24) == 127) {
     return true;
   }
   std::string canonical = AddressText(addr);

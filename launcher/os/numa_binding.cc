@@ -39,8 +39,7 @@ class Topology {
     if (!text.ok()) return text.status();
     int value = 0;
     if (!absl::SimpleAtoi(*text, &value)) {
-      return absl::InvalidArgumentError(absl::StrCat("--numa-binding: /", path, " holds '", *text,
-                                                     "', not a number"));
+      return absl::InvalidArgumentError(absl::StrCat("--numa-binding: /", path, " holds '", *text, "', not a number"));
     }
     return value;
   }
@@ -153,8 +152,8 @@ absl::StatusOr<std::vector<std::string>> VisibleGpus(const Topology& topo, const
     if (absl::SimpleAtoi(entry, &index)) {
       if (index < 0) break;  // CUDA stops at the first negative index ("-1" hides every GPU).
       if (index >= static_cast<int>(all.size())) {
-        return absl::InvalidArgumentError(absl::StrCat("--numa-binding: CUDA_VISIBLE_DEVICES names GPU ",
-                                                       index, " but this machine has ", all.size()));
+        return absl::InvalidArgumentError(absl::StrCat("--numa-binding: CUDA_VISIBLE_DEVICES names GPU ", index,
+                                                       " but this machine has ", all.size()));
       }
       shown.push_back(all[index]);
       continue;
@@ -166,9 +165,8 @@ absl::StatusOr<std::vector<std::string>> VisibleGpus(const Topology& topo, const
       }
     }
     if (matches.size() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat("--numa-binding: CUDA_VISIBLE_DEVICES entry '", entry,
-                                                     "' names ", matches.empty() ? "no" : "more than one",
-                                                     " GPU of this machine"));
+      return absl::InvalidArgumentError(absl::StrCat("--numa-binding: CUDA_VISIBLE_DEVICES entry '", entry, "' names ",
+                                                     matches.empty() ? "no" : "more than one", " GPU of this machine"));
     }
     shown.push_back(matches.front());
   }
@@ -182,14 +180,14 @@ absl::StatusOr<std::map<int, std::vector<int>>> GroupBy(const std::set<int>& cpu
   for (int cpu : cpus) {
     auto key = key_of(cpu);
     if (!key.ok()) return key.status();
-    if (key->empty()) return absl::InvalidArgumentError(absl::StrCat("--numa-binding: CPU ", cpu, " has an empty group"));
+    if (key->empty())
+      return absl::InvalidArgumentError(absl::StrCat("--numa-binding: CPU ", cpu, " has an empty group"));
     groups[*key->begin()].push_back(cpu);
   }
   return groups;
 }
 
-absl::StatusOr<CpuBinding> BindOne(NumaMode mode, const Topology& topo, const std::vector<std::string>& gpus,
-                                   int gpu) {
+absl::StatusOr<CpuBinding> BindOne(NumaMode mode, const Topology& topo, const std::vector<std::string>& gpus, int gpu) {
   auto node = topo.NodeOfGpu(gpus[gpu]);
   if (!node.ok()) return node.status();
   auto node_cpus = topo.NodeCpus(*node);
@@ -208,9 +206,7 @@ absl::StatusOr<CpuBinding> BindOne(NumaMode mode, const Topology& topo, const st
     }
   }
   switch (mode) {
-    case NumaMode::kNode:
-      cpus = *node_cpus;
-      break;
+    case NumaMode::kNode: cpus = *node_cpus; break;
     case NumaMode::kSocket: {
       if (node_cpus->empty()) break;
       auto socket = topo.Socket(*node_cpus->begin());
@@ -231,8 +227,8 @@ absl::StatusOr<CpuBinding> BindOne(NumaMode mode, const Topology& topo, const st
       if (!cores.ok()) return cores.status();
       int count = static_cast<int>(cores->size());
       if (count < peers) {
-        return absl::FailedPreconditionError(absl::StrCat("--numa-binding exclusive: NUMA node ", *node, " has ",
-                                                          count, " usable physical cores for ", peers, " GPUs"));
+        return absl::FailedPreconditionError(absl::StrCat("--numa-binding exclusive: NUMA node ", *node, " has ", count,
+                                                          " usable physical cores for ", peers, " GPUs"));
       }
       int each = count / peers;
       int extra = count % peers;  // The lowest GPUs get one core more.
@@ -327,8 +323,8 @@ absl::StatusOr<NumaPlan> PlanNumaBinding(NumaMode mode, int nproc,
   if (!gpus.ok()) return gpus.status();
   for (int local_rank = 0; local_rank < nproc; ++local_rank) {
     if (local_rank >= static_cast<int>(gpus->size())) {
-      return absl::FailedPreconditionError(absl::StrCat("--numa-binding: local rank ", local_rank,
-                                                        " has no GPU (", gpus->size(), " visible)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("--numa-binding: local rank ", local_rank, " has no GPU (", gpus->size(), " visible)"));
     }
     auto binding = BindOne(mode, topo, *gpus, local_rank);
     if (!binding.ok()) return binding.status();

@@ -23,8 +23,12 @@ bool WriteAll(int fd, const char* data, size_t size) {
 
 OutputPump::OutputPump(int read_fd, int file_fd, int console_fd, std::string prefix, int filtered_fd,
                        std::vector<std::string> filters)
-    : read_fd_(read_fd), file_fd_(file_fd), console_fd_(console_fd), prefix_(std::move(prefix)),
-      filtered_fd_(filtered_fd), filters_(std::move(filters)) {
+    : read_fd_(read_fd),
+      file_fd_(file_fd),
+      console_fd_(console_fd),
+      prefix_(std::move(prefix)),
+      filtered_fd_(filtered_fd),
+      filters_(std::move(filters)) {
   ::fcntl(read_fd_, F_SETFL, ::fcntl(read_fd_, F_GETFL) | O_NONBLOCK);
 }
 

@@ -39,8 +39,7 @@ absl::StatusOr<PortReservation> PortReservation::Take() {
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     int error = errno;
     ::close(fd);
-    return absl::InternalError(absl::StrCat("reserving a TCP port (bind to port 0): ",
-                                            std::strerror(error)));
+    return absl::InternalError(absl::StrCat("reserving a TCP port (bind to port 0): ", std::strerror(error)));
   }
   int port = v6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
                 : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);

@@ -1,5 +1,6 @@
 #include "launcher/os/posix_process_table.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/mempolicy.h>
 #include <sched.h>
@@ -7,7 +8,6 @@
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
-#include <dirent.h>
 #include <unistd.h>
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -84,8 +84,7 @@ absl::StatusOr<StreamFds> OpenStream(const StreamRoute& route) {
   if (!route.filters.empty()) {
     int fd = ::open(route.filtered_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("open ", route.filtered_path, ": ", std::strerror(errno)));
+      return absl::FailedPreconditionError(absl::StrCat("open ", route.filtered_path, ": ", std::strerror(errno)));
     }
     fds.filtered.reset(fd);
   }
@@ -180,11 +179,9 @@ void UnpoisonStack(void*, size_t) {}
 // Returns the pid, or -1 with errno set.
 pid_t CloneAndExec(ChildArgs* args) {
   constexpr size_t kStackSize = 64 * 1024;
-  void* stack = ::mmap(nullptr, kStackSize, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  void* stack = ::mmap(nullptr, kStackSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
   if (stack == MAP_FAILED) return -1;
-  pid_t pid = ::clone(ExecWorker, static_cast<char*>(stack) + kStackSize,
-                      CLONE_VM | CLONE_VFORK | SIGCHLD, args);
+  pid_t pid = ::clone(ExecWorker, static_cast<char*>(stack) + kStackSize, CLONE_VM | CLONE_VFORK | SIGCHLD, args);
   int saved = errno;
   // The child's frames end in execve or _exit, never by returning, so their ASan poison stays
   // in the shadow (shared through CLONE_VM) and would fault the next child mapped here.
@@ -201,8 +198,8 @@ ExitStatus StatusFrom(const siginfo_t& info) {
 
 }  // namespace
 
-PosixProcessTable::PosixProcessTable(EventLoop* loop, GroupRegistry* guardian,
-                                     std::vector<int> forwarded_signals, ExitCallback on_exit)
+PosixProcessTable::PosixProcessTable(EventLoop* loop, GroupRegistry* guardian, std::vector<int> forwarded_signals,
+                                     ExitCallback on_exit)
     : loop_(loop),
       guardian_(guardian),
       forwarded_signals_(std::move(forwarded_signals)),
@@ -227,9 +224,20 @@ absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
   std::vector<char*> argv = CStrings(launch.argv);
   std::vector<char*> envp = CStrings(launch.env);
 
-  ChildArgs args{::getpid(), argv.data(), envp.data(), out->child.get(), err->child.get(),
-                 guardian_->fd(), forwarded_signals_.data(), forwarded_signals_.size(),
-                 nullptr, 0, nullptr, 0, 0, 0};
+  ChildArgs args{::getpid(),
+                 argv.data(),
+                 envp.data(),
+                 out->child.get(),
+                 err->child.get(),
+                 guardian_->fd(),
+                 forwarded_signals_.data(),
+                 forwarded_signals_.size(),
+                 nullptr,
+                 0,
+                 nullptr,
+                 0,
+                 0,
+                 0};
   // The binding's masks, built here: the child may not allocate.
   std::unique_ptr<cpu_set_t, void (*)(cpu_set_t*)> cpus(nullptr, [](cpu_set_t* set) { CPU_FREE(set); });
   std::vector<unsigned long> node_mask;  // NOLINT(runtime/int)
@@ -262,9 +270,9 @@ absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
     guardian_->Unregister(pid);
     ::waitpid(pid, nullptr, 0);
     if (args.bind_errno != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--numa-binding: cannot bind local rank ", launch.local_rank, " to CPUs ", FormatCpuList(launch.cpus),
-          " and NUMA node ", launch.memory_node, ": ", std::strerror(args.bind_errno)));
+      return absl::FailedPreconditionError(absl::StrCat("--numa-binding: cannot bind local rank ", launch.local_rank,
+                                                        " to CPUs ", FormatCpuList(launch.cpus), " and NUMA node ",
+                                                        launch.memory_node, ": ", std::strerror(args.bind_errno)));
     }
     return absl::FailedPreconditionError(
         absl::StrCat("cannot execute ", launch.argv[0], ": ", std::strerror(args.exec_errno)));
@@ -279,18 +287,16 @@ absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
     ::waitid(P_PID, pid, &info, WEXITED | WNOWAIT);
     guardian_->Unregister(pid);
     ::waitpid(pid, nullptr, 0);
-    return absl::InternalError(
-        absl::StrCat("pidfd_open: ", std::strerror(error), " (elrun needs Linux >= 5.3)"));
+    return absl::InternalError(absl::StrCat("pidfd_open: ", std::strerror(error), " (elrun needs Linux >= 5.3)"));
   }
   ::fcntl(worker.pidfd, F_SETFD, FD_CLOEXEC);
   for (StreamFds* stream : {&*out, &*err}) {
     if (stream->pump_in.get() < 0) continue;
     int console = stream == &*out ? STDOUT_FILENO : STDERR_FILENO;
     const StreamRoute& route = stream == &*out ? launch.out : launch.err;
-    worker.pumps.push_back(std::make_unique<OutputPump>(stream->pump_in.release(),
-                                                        stream->pump_log.release(), console,
-                                                        launch.console_prefix,
-                                                        stream->filtered.release(), route.filters));
+    worker.pumps.push_back(std::make_unique<OutputPump>(stream->pump_in.release(), stream->pump_log.release(), console,
+                                                        launch.console_prefix, stream->filtered.release(),
+                                                        route.filters));
   }
   for (auto& pump : worker.pumps) {
     OutputPump* raw = pump.get();

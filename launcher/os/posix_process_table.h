@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "launcher/os/event_loop.h"
-#include "launcher/spec/exit_status.h"
 #include "launcher/os/guardian.h"
 #include "launcher/os/output_pump.h"
 #include "launcher/os/process_table.h"
+#include "launcher/spec/exit_status.h"
 
 namespace elrun {
 
@@ -33,8 +33,7 @@ class PosixProcessTable : public ProcessTable {
   // its leader is reaped, never after. Workers start with `forwarded_signals` at
   // their default disposition. `on_exit` runs on the loop's thread once per worker, after its
   // leader was reaped and its output drained.
-  PosixProcessTable(EventLoop* loop, GroupRegistry* guardian, std::vector<int> forwarded_signals,
-                    ExitCallback on_exit);
+  PosixProcessTable(EventLoop* loop, GroupRegistry* guardian, std::vector<int> forwarded_signals, ExitCallback on_exit);
   // SIGKILLs and reaps every worker still running.
   ~PosixProcessTable() override;
 

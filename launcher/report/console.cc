@@ -21,9 +21,8 @@ void SetUpLogging(const std::map<std::string, std::string>& env) {
   logger->set_pattern("[elrun] %l: %v");
   // torchrun's logger honours LOGLEVEL and shows warnings by default; so do we.
   auto level = env.find("LOGLEVEL");
-  logger->set_level(level == env.end()
-                        ? spdlog::level::warn
-                        : spdlog::level::from_str(absl::AsciiStrToLower(level->second)));
+  logger->set_level(level == env.end() ? spdlog::level::warn
+                                       : spdlog::level::from_str(absl::AsciiStrToLower(level->second)));
   spdlog::set_default_logger(logger);
 }
 

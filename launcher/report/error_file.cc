@@ -48,8 +48,7 @@ absl::StatusOr<WorkerError> ParseErrorFile(const std::string& json) {
   }
   const Struct& body = message->struct_value();
   if (const Value* text = Field(body, "message")) error.message = AsText(*text);
-  if (const Value* extra = Field(body, "extraInfo");
-      extra && extra->kind_case() == Value::kStructValue) {
+  if (const Value* extra = Field(body, "extraInfo"); extra && extra->kind_case() == Value::kStructValue) {
     if (const Value* stack = Field(extra->struct_value(), "py_callstack")) {
       error.traceback = AsText(*stack);
     }

@@ -14,8 +14,8 @@
 namespace elrun {
 
 struct WorkerError {
-  std::string message;    // "ValueError: boom"
-  std::string traceback;  // py_callstack, may be empty.
+  std::string message;                 // "ValueError: boom"
+  std::string traceback;               // py_callstack, may be empty.
   std::optional<long long> timestamp;  // Seconds since the epoch, when given.
 };
 

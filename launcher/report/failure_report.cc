@@ -56,8 +56,8 @@ std::string Ending(const WorkerFailure& f) {
 void AppendDetails(const WorkerFailure& f, const JobSummary& job, std::string* out) {
   absl::StrAppend(out, "  time      : ", FormatTime(f.time), "\n");
   absl::StrAppend(out, "  host      : ", job.host, "\n");
-  absl::StrAppend(out, "  rank      : ", f.rank, " (local_rank: ", f.local_rank,
-                  ", group_rank: ", job.group_rank, ")\n");
+  absl::StrAppend(out, "  rank      : ", f.rank, " (local_rank: ", f.local_rank, ", group_rank: ", job.group_rank,
+                  ")\n");
   absl::StrAppend(out, "  ", Ending(f), "\n");
   if (f.pid > 0) absl::StrAppend(out, "  pid       : ", f.pid, "\n");
   if (f.error) {
@@ -70,8 +70,9 @@ void AppendDetails(const WorkerFailure& f, const JobSummary& job, std::string* o
     }
     absl::StrAppend(out, "  error_file: ", f.error_file, "\n");
   } else if (f.start_error.empty()) {
-    absl::StrAppend(out, "  error_file: none written (a Python worker records one when its main is "
-                         "decorated with torch.distributed.elastic.multiprocessing.errors.record)\n");
+    absl::StrAppend(out,
+                    "  error_file: none written (a Python worker records one when its main is "
+                    "decorated with torch.distributed.elastic.multiprocessing.errors.record)\n");
   }
   if (!f.stdout_log.empty()) absl::StrAppend(out, "  stdout    : ", f.stdout_log, "\n");
   if (!f.stderr_log.empty()) absl::StrAppend(out, "  stderr    : ", f.stderr_log, "\n");
@@ -101,21 +102,20 @@ std::string ParentErrorJson(const std::vector<WorkerFailure>& failures, const st
       if (json.ok()) return *json;
     }
   }
-  std::string what = !root.start_error.empty()
-                         ? absl::StrCat("local_rank ", root.local_rank, " could not start: ", root.start_error)
-                         : absl::StrCat("local_rank ", root.local_rank, " (rank ", root.rank, ") ",
-                                        root.status.signal != 0
-                                            ? absl::StrCat("was killed by ", SignalName(root.status.signal))
-                                            : absl::StrCat("exited with code ", root.status.code),
-                                        root.cause.empty() ? "" : absl::StrCat(" (", root.cause, ")"));
+  std::string what =
+      !root.start_error.empty()
+          ? absl::StrCat("local_rank ", root.local_rank, " could not start: ", root.start_error)
+          : absl::StrCat("local_rank ", root.local_rank, " (rank ", root.rank, ") ",
+                         root.status.signal != 0 ? absl::StrCat("was killed by ", SignalName(root.status.signal))
+                                                 : absl::StrCat("exited with code ", root.status.code),
+                         root.cause.empty() ? "" : absl::StrCat(" (", root.cause, ")"));
   return ErrorRecordJson(absl::StrCat("ChildFailedError: ", what), report, now, code);
 }
 
 std::string FormatFailureReport(const JobSummary& job, const std::vector<WorkerFailure>& failures) {
   std::string out = std::string(60, '=') + "\n";
   absl::StrAppend(&out, job.entrypoint, " FAILED (run_id ", job.run_id, ", ", job.attempts,
-                  job.attempts == 1 ? " attempt" : " attempts", ", max_restarts ", job.max_restarts,
-                  ")\n");
+                  job.attempts == 1 ? " attempt" : " attempts", ", max_restarts ", job.max_restarts, ")\n");
   if (failures.empty()) {
     absl::StrAppend(&out, "no worker failure was recorded\n", std::string(60, '=') + "\n");
     return out;
@@ -140,8 +140,8 @@ void AttachWorkerFiles(const WorkerLaunch& launch, WorkerFailure* failure) {
   if (error.ok()) {
     failure->error = *error;
   } else if (error.status().code() != absl::StatusCode::kNotFound) {
-    failure->error = WorkerError{absl::StrCat("(unreadable error file: ", error.status().message(), ")"),
-                                 "", std::nullopt};
+    failure->error =
+        WorkerError{absl::StrCat("(unreadable error file: ", error.status().message(), ")"), "", std::nullopt};
   }
   if (launch.out.target != StreamTarget::kInherit && FileExists(launch.out.path)) {
     failure->stdout_log = launch.out.path;
@@ -155,8 +155,8 @@ std::string DescribeFirstFailure(const std::vector<WorkerFailure>& failures) {
   for (const WorkerFailure& f : failures) {
     if (f.stopped_by_elrun) continue;
     if (!f.start_error.empty()) return absl::StrCat("local_rank ", f.local_rank, ": ", f.start_error);
-    return absl::StrCat("local_rank ", f.local_rank, " (rank ", f.rank, ", pid ", f.pid,
-                        ") ended with ", f.status.Describe(), f.cause.empty() ? "" : absl::StrCat(" (", f.cause, ")"));
+    return absl::StrCat("local_rank ", f.local_rank, " (rank ", f.rank, ", pid ", f.pid, ") ended with ",
+                        f.status.Describe(), f.cause.empty() ? "" : absl::StrCat(" (", f.cause, ")"));
   }
   return "no failure recorded";
 }

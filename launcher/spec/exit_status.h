@@ -16,9 +16,7 @@ struct ExitStatus {
   bool success() const { return signal == 0 && code == 0; }
   // "exit code 1" or "signal SIGKILL (9)".
   std::string Describe() const;
-  bool operator==(const ExitStatus& other) const {
-    return code == other.code && signal == other.signal;
-  }
+  bool operator==(const ExitStatus& other) const { return code == other.code && signal == other.signal; }
 };
 
 }  // namespace elrun

@@ -43,18 +43,16 @@ absl::StatusOr<bool> ParseBool(const std::string& value) {
 }  // namespace
 
 std::string RdzvSettings::Endpoint() const {
-  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
-                                             : absl::StrCat(host, ":", port);
+  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
 }
 
-absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec,
-                                               const std::map<std::string, std::string>& env) {
+absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec, const std::map<std::string, std::string>& env) {
   RdzvSettings settings;
   std::string endpoint = spec.rdzv_endpoint;
   if (endpoint.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--rdzv-backend=", spec.rdzv_backend, " with --nnodes=", spec.min_nodes, ":", spec.max_nodes,
-        " needs --rdzv-endpoint HOST[:PORT] (the same on every node)"));
+    return absl::InvalidArgumentError(absl::StrCat("--rdzv-backend=", spec.rdzv_backend,
+                                                   " with --nnodes=", spec.min_nodes, ":", spec.max_nodes,
+                                                   " needs --rdzv-endpoint HOST[:PORT] (the same on every node)"));
   }
   const bool etcd = spec.rdzv_backend == "etcd-v3";
   for (absl::string_view member : absl::StrSplit(endpoint, ',')) {
@@ -104,19 +102,26 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec,
       keep_alive_interval = interval;
     } else if (key == "keep_alive_max_attempt") {
       auto n = ParseInt(value, 1, 1000);
-      if (!n.ok()) status = Bad(key, value, n.status().message());
-      else keep_alive_attempts = *n;
+      if (!n.ok())
+        status = Bad(key, value, n.status().message());
+      else
+        keep_alive_attempts = *n;
     } else if (key == "is_host") {
       auto b = ParseBool(value);
-      if (!b.ok()) status = Bad(key, value, b.status().message());
-      else settings.is_host = *b;
+      if (!b.ok())
+        status = Bad(key, value, b.status().message());
+      else
+        settings.is_host = *b;
     } else if (key == "token") {
       settings.token = value;
     } else if (key == "token_file" || key == "run_token_file" || key == "etcd_password_file") {
       auto secret = ReadSecretFile(value);
-      if (!secret.ok()) status = Bad(key, value, secret.status().message());
-      else (key == "token_file" ? settings.token
-            : key == "run_token_file" ? settings.run_token : settings.etcd_password) = *secret;
+      if (!secret.ok())
+        status = Bad(key, value, secret.status().message());
+      else
+        (key == "token_file"       ? settings.token
+         : key == "run_token_file" ? settings.run_token
+                                   : settings.etcd_password) = *secret;
     } else if (key == "run_token") {
       settings.run_token = value;
     } else if (key == "tls_cert" || key == "cert") {  // cert, key, cacert: torchrun's etcd names.
@@ -137,8 +142,8 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec,
     } else if (key == "etcd_user") {
       settings.etcd_user = value;
     } else if (key != "timeout" && key != "read_timeout" && key != "store_type") {
-      status = absl::InvalidArgumentError(
-          absl::StrCat("--rdzv-conf: unknown key '", key, "' (known: ", kKnownKeys, ")"));
+      status =
+          absl::InvalidArgumentError(absl::StrCat("--rdzv-conf: unknown key '", key, "' (known: ", kKnownKeys, ")"));
     }
     if (!status.ok()) return status;
   }
@@ -147,9 +152,9 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec,
     settings.heartbeat_timeout = settings.heartbeat_interval * keep_alive_attempts.value_or(5);
   }
   if (settings.heartbeat_timeout <= settings.heartbeat_interval) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--rdzv-conf: heartbeat_timeout (", settings.heartbeat_timeout.count(),
-        " ms) must exceed heartbeat_interval (", settings.heartbeat_interval.count(), " ms)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rdzv-conf: heartbeat_timeout (", settings.heartbeat_timeout.count(),
+                     " ms) must exceed heartbeat_interval (", settings.heartbeat_interval.count(), " ms)"));
   }
   if (settings.token.empty()) {
     auto token = env.find("ELRUN_RDZV_TOKEN");

@@ -46,8 +46,7 @@ struct RdzvSettings {
 // accepted and unused). Every error is InvalidArgument naming the key: an unknown key, a bad
 // value, an unreadable secret file, or settings that do not go together (heartbeat_timeout not
 // above the interval, etcd_user without a password, tls_cert without tls_key or the reverse).
-absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec,
-                                               const std::map<std::string, std::string>& env);
+absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec, const std::map<std::string, std::string>& env);
 
 }  // namespace elrun
 

@@ -3,24 +3,22 @@
 #include <csignal>
 #include <cstring>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
 
 namespace elrun {
 namespace {
 
 constexpr std::pair<const char*, int> kSignalNames[] = {
-    {"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},   {"SIGQUIT", SIGQUIT}, {"SIGILL", SIGILL},
-    {"SIGTRAP", SIGTRAP}, {"SIGABRT", SIGABRT}, {"SIGBUS", SIGBUS},   {"SIGFPE", SIGFPE},
-    {"SIGKILL", SIGKILL}, {"SIGUSR1", SIGUSR1}, {"SIGSEGV", SIGSEGV}, {"SIGUSR2", SIGUSR2},
-    {"SIGPIPE", SIGPIPE}, {"SIGALRM", SIGALRM}, {"SIGTERM", SIGTERM}, {"SIGCHLD", SIGCHLD},
-    {"SIGCONT", SIGCONT}, {"SIGSTOP", SIGSTOP}, {"SIGTSTP", SIGTSTP}, {"SIGTTIN", SIGTTIN},
-    {"SIGTTOU", SIGTTOU}, {"SIGURG", SIGURG},   {"SIGXCPU", SIGXCPU}, {"SIGXFSZ", SIGXFSZ},
-    {"SIGVTALRM", SIGVTALRM}, {"SIGPROF", SIGPROF}, {"SIGWINCH", SIGWINCH}, {"SIGIO", SIGIO},
-    {"SIGPWR", SIGPWR},   {"SIGSYS", SIGSYS},
+    {"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},     {"SIGQUIT", SIGQUIT}, {"SIGILL", SIGILL},   {"SIGTRAP", SIGTRAP},
+    {"SIGABRT", SIGABRT}, {"SIGBUS", SIGBUS},     {"SIGFPE", SIGFPE},   {"SIGKILL", SIGKILL}, {"SIGUSR1", SIGUSR1},
+    {"SIGSEGV", SIGSEGV}, {"SIGUSR2", SIGUSR2},   {"SIGPIPE", SIGPIPE}, {"SIGALRM", SIGALRM}, {"SIGTERM", SIGTERM},
+    {"SIGCHLD", SIGCHLD}, {"SIGCONT", SIGCONT},   {"SIGSTOP", SIGSTOP}, {"SIGTSTP", SIGTSTP}, {"SIGTTIN", SIGTTIN},
+    {"SIGTTOU", SIGTTOU}, {"SIGURG", SIGURG},     {"SIGXCPU", SIGXCPU}, {"SIGXFSZ", SIGXFSZ}, {"SIGVTALRM", SIGVTALRM},
+    {"SIGPROF", SIGPROF}, {"SIGWINCH", SIGWINCH}, {"SIGIO", SIGIO},     {"SIGPWR", SIGPWR},   {"SIGSYS", SIGSYS},
 };
 
 // Splits on commas and whitespace, dropping empty pieces.
@@ -31,8 +29,7 @@ std::vector<std::string> SplitList(absl::string_view text) {
 absl::StatusOr<StdStreams> ParseStd(absl::string_view text) {
   auto value = ParseInt(text, 0, 3);
   if (!value.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "' is not 0 (none), 1 (stdout), 2 (stderr) or 3 (both)"));
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not 0 (none), 1 (stdout), 2 (stderr) or 3 (both)"));
   }
   return static_cast<StdStreams>(*value);
 }
@@ -42,24 +39,20 @@ absl::StatusOr<StdStreams> ParseStd(absl::string_view text) {
 absl::StatusOr<int> ParseInt(absl::string_view text, int min, int max) {
   absl::string_view stripped = absl::StripAsciiWhitespace(text);
   int value = 0;
-  bool digits_only = !stripped.empty() &&
-                     stripped.find_first_not_of("0123456789-+") == absl::string_view::npos;
+  bool digits_only = !stripped.empty() && stripped.find_first_not_of("0123456789-+") == absl::string_view::npos;
   if (!digits_only || !absl::SimpleAtoi(stripped, &value)) {
     return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not an integer"));
   }
   if (value < min || value > max) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(value, " is out of range [", min, ", ", max, "]"));
+    return absl::InvalidArgumentError(absl::StrCat(value, " is out of range [", min, ", ", max, "]"));
   }
   return value;
 }
 
 absl::StatusOr<std::chrono::milliseconds> ParseSeconds(absl::string_view text) {
   double seconds = 0;
-  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(text), &seconds) || !(seconds >= 0) ||
-      seconds > 1e7) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "' is not a number of seconds >= 0"));
+  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(text), &seconds) || !(seconds >= 0) || seconds > 1e7) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a number of seconds >= 0"));
   }
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0 + 0.5));
 }

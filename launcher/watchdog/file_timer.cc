@@ -24,9 +24,9 @@ namespace {
 using google::protobuf::Struct;
 using google::protobuf::Value;
 
-constexpr size_t kMaxLine = 4096;     // FileTimerClient refuses requests over PIPE_BUF.
+constexpr size_t kMaxLine = 4096;  // FileTimerClient refuses requests over PIPE_BUF.
 constexpr size_t kMaxScope = 1024;
-constexpr double kMaxEpoch = 1e11;    // Year 5138: far enough, and exact as a double.
+constexpr double kMaxEpoch = 1e11;  // Year 5138: far enough, and exact as a double.
 
 absl::StatusOr<double> Number(const Struct& object, const char* name) {
   auto it = object.fields().find(name);
@@ -43,8 +43,8 @@ absl::StatusOr<int> Integer(const Struct& object, const char* name, int lo, int 
   auto value = Number(object, name);
   if (!value.ok()) return value.status();
   if (*value != std::floor(*value) || *value < lo || *value > hi) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", name, "\" is ", *value, ", not an integer in [", lo,
-                                                   ", ", hi, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", name, "\" is ", *value, ", not an integer in [", lo, ", ", hi, "]"));
   }
   return static_cast<int>(*value);
 }
@@ -157,8 +157,10 @@ void FileTimerServer::OnTimer() {
     std::optional<int> group = group_of_(reap.pid);
     std::string scopes = absl::StrJoin(reap.scopes, ", ");
     if (!group) {
-      spdlog::warn("FileTimer watchdog: timer {} of pid {} expired, but pid {} is not in a worker's process "
-                   "group of this job: not signalled", scopes, reap.pid, reap.pid);
+      spdlog::warn(
+          "FileTimer watchdog: timer {} of pid {} expired, but pid {} is not in a worker's process "
+          "group of this job: not signalled",
+          scopes, reap.pid, reap.pid);
       continue;
     }
     std::string why = absl::StrCat("FileTimer watchdog: timer ", scopes, " of pid ", reap.pid, " expired; sent ",

@@ -119,10 +119,10 @@ std::vector<Hung> HeartbeatTable::TakeHung(double now) {
     if (w.reported) continue;
     std::string why;
     if (w.last_beat && limits_.worker_timeout_s && now - *w.last_beat > *limits_.worker_timeout_s) {
-      why = absl::StrFormat("no progress for %.1f s (--worker-timeout %g): its last heartbeat, step %d (%.1f ms), "
-                            "came %.1f s after it started",
-                            now - *w.last_beat, *limits_.worker_timeout_s, w.last_step, w.last_step_ms,
-                            *w.last_beat - w.started);
+      why = absl::StrFormat(
+          "no progress for %.1f s (--worker-timeout %g): its last heartbeat, step %d (%.1f ms), "
+          "came %.1f s after it started",
+          now - *w.last_beat, *limits_.worker_timeout_s, w.last_step, w.last_step_ms, *w.last_beat - w.started);
     } else if (!w.last_beat && limits_.start_timeout_s && now - w.started > *limits_.start_timeout_s) {
       why = absl::StrFormat("no progress for %.1f s (--worker-start-timeout %g): no heartbeat since it started",
                             now - w.started, *limits_.start_timeout_s);
@@ -141,8 +141,9 @@ absl::StatusOr<std::unique_ptr<HeartbeatServer>> HeartbeatServer::Start(const st
   std::unique_ptr<HeartbeatServer> server(
       new HeartbeatServer(loop, limits, std::move(group_of), std::move(groups), std::move(on_hung)));
   HeartbeatServer* self = server.get();
-  auto fifo = LineFifo::Open(path, absl::StrCat("ELRUN_HEARTBEAT_FILE ", path), loop, kMaxLine,
-                             [self](const std::string& line) { self->OnLine(line); }, nullptr);
+  auto fifo = LineFifo::Open(
+      path, absl::StrCat("ELRUN_HEARTBEAT_FILE ", path), loop, kMaxLine,
+      [self](const std::string& line) { self->OnLine(line); }, nullptr);
   if (!fifo.ok()) return fifo.status();
   server->fifo_ = *std::move(fifo);
   server->host_ = HostName();
@@ -240,17 +241,17 @@ void HeartbeatServer::OnTick() {
   for (const Pace& pace : table_.Paces()) last_pace_ms_[pace.group] = pace.median_ms;
   for (const Straggler& s : table_.TakeStragglers(job_median_ms_)) {
     saw_stragglers_ = true;
-    spdlog::warn("{} is a straggler: median step {:.1f} ms over its last {} beats, {:.2f}x the job's median of "
-                 "{:.1f} ms{} (--straggler-factor {:g})",
-                 Name(s.pace.group), s.pace.median_ms, s.pace.beats, s.pace.median_ms / s.job_median_ms,
-                 s.job_median_ms, job_median_ms_ ? absl::StrCat(" over ", job_ranks_, " ranks") : std::string(),
-                 *limits_.straggler_factor);
+    spdlog::warn(
+        "{} is a straggler: median step {:.1f} ms over its last {} beats, {:.2f}x the job's median of "
+        "{:.1f} ms{} (--straggler-factor {:g})",
+        Name(s.pace.group), s.pace.median_ms, s.pace.beats, s.pace.median_ms / s.job_median_ms, s.job_median_ms,
+        job_median_ms_ ? absl::StrCat(" over ", job_ranks_, " ranks") : std::string(), *limits_.straggler_factor);
   }
   for (Hung& hung : table_.TakeHung(now)) {
     spdlog::error("{}: {}{}", Name(hung.group), hung.why,
-                  hung.stack_signal ? absl::StrCat("; asking for its stacks (signal ", hung.stack_signal,
-                                                   "), then killing it")
-                                    : std::string("; killing it"));
+                  hung.stack_signal
+                      ? absl::StrCat("; asking for its stacks (signal ", hung.stack_signal, "), then killing it")
+                      : std::string("; killing it"));
     if (hung.stack_signal) ::kill(hung.group, hung.stack_signal);
     dying_[hung.group] = {now + (hung.stack_signal ? kStackGrace : 0.0), std::move(hung.why)};
   }

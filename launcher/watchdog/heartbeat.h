@@ -132,8 +132,8 @@ class HeartbeatServer {
   static constexpr double kStackGrace = 2.0;  // Seconds between the stack signal and the kill.
 
   static absl::StatusOr<std::unique_ptr<HeartbeatServer>> Start(const std::string& path, EventLoop* loop,
-                                                                HeartbeatLimits limits, GroupOf group_of,
-                                                                Groups groups, OnHung on_hung);
+                                                                HeartbeatLimits limits, GroupOf group_of, Groups groups,
+                                                                OnHung on_hung);
   ~HeartbeatServer();
   HeartbeatServer(const HeartbeatServer&) = delete;
   HeartbeatServer& operator=(const HeartbeatServer&) = delete;
@@ -158,7 +158,11 @@ class HeartbeatServer {
 
  private:
   HeartbeatServer(EventLoop* loop, HeartbeatLimits limits, GroupOf group_of, Groups groups, OnHung on_hung)
-      : loop_(loop), limits_(limits), table_(limits), group_of_(std::move(group_of)), groups_(std::move(groups)),
+      : loop_(loop),
+        limits_(limits),
+        table_(limits),
+        group_of_(std::move(group_of)),
+        groups_(std::move(groups)),
         on_hung_(std::move(on_hung)) {}
   std::string Name(int group) const;  // "rank 2 (local_rank 2, host h, pid 77)".
   void OnLine(const std::string& line);

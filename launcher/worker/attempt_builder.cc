@@ -8,9 +8,8 @@ namespace elrun {
 
 constexpr int kTorchrunDefaultMasterPort = 29500;
 
-AttemptBuilder::AttemptBuilder(const JobSpec& spec, std::vector<std::string> argv_template,
-                               std::string run_id, const LogLayout& layout,
-                               const std::map<std::string, std::string>& parent_env,
+AttemptBuilder::AttemptBuilder(const JobSpec& spec, std::vector<std::string> argv_template, std::string run_id,
+                               const LogLayout& layout, const std::map<std::string, std::string>& parent_env,
                                PortPicker pick_port)
     : spec_(spec),
       argv_template_(std::move(argv_template)),
@@ -21,8 +20,7 @@ AttemptBuilder::AttemptBuilder(const JobSpec& spec, std::vector<std::string> arg
 
 absl::StatusOr<NodeAssignment> AttemptBuilder::Assign() {
   bool static_backend = spec_.rdzv_backend == "static";
-  std::string addr = static_backend ? spec_.master_addr
-                                    : (spec_.local_addr.empty() ? "127.0.0.1" : spec_.local_addr);
+  std::string addr = static_backend ? spec_.master_addr : (spec_.local_addr.empty() ? "127.0.0.1" : spec_.local_addr);
   int port = kTorchrunDefaultMasterPort;
   if (static_backend && spec_.master_port) {
     port = *spec_.master_port;
@@ -60,8 +58,7 @@ absl::StatusOr<std::vector<WorkerLaunch>> AttemptBuilder::BuildFor(int attempt, 
     launch.rank = node_.rank_offset + local_rank;
     launch.error_file = layout_.ErrorFilePath(attempt, local_rank);
     launch.argv = SubstituteLocalRank(argv_template_, local_rank);
-    launch.env = BuildWorkerEnv(spec_, node_, attempt_env, local_rank, launch.error_file,
-                                parent_env);
+    launch.env = BuildWorkerEnv(spec_, node_, attempt_env, local_rank, launch.error_file, parent_env);
     StreamRoutes routes = RouteStreams(spec_, layout_, attempt, local_rank);
     if (local_rank < static_cast<int>(bindings_.size())) {
       launch.cpus = bindings_[local_rank].cpus;

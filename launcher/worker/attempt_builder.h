@@ -11,12 +11,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "launcher/worker/env_contract.h"
-#include "launcher/spec/job_spec.h"
-#include "launcher/worker/log_layout.h"
 #include "launcher/os/numa_binding.h"
 #include "launcher/os/port_reservation.h"
+#include "launcher/spec/job_spec.h"
 #include "launcher/spec/worker_launch.h"
+#include "launcher/worker/env_contract.h"
+#include "launcher/worker/log_layout.h"
 
 namespace elrun {
 
@@ -26,16 +26,14 @@ class AttemptBuilder {
 
   // `spec`, `layout` and `parent_env` must outlive the builder.
   AttemptBuilder(const JobSpec& spec, std::vector<std::string> argv_template, std::string run_id,
-                 const LogLayout& layout, const std::map<std::string, std::string>& parent_env,
-                 PortPicker pick_port);
+                 const LogLayout& layout, const std::map<std::string, std::string>& parent_env, PortPicker pick_port);
 
   // Prepares attempt `attempt` (directories made, stale error files removed) with this node's
   // static or single-node assignment.
   absl::StatusOr<std::vector<WorkerLaunch>> Build(int attempt, int restart_count);
 
   // The same with an assignment decided elsewhere (a rendezvous round).
-  absl::StatusOr<std::vector<WorkerLaunch>> BuildFor(int attempt, int restart_count,
-                                                     const NodeAssignment& node);
+  absl::StatusOr<std::vector<WorkerLaunch>> BuildFor(int attempt, int restart_count, const NodeAssignment& node);
 
   // Binds local rank i to `by_local_rank[i]` in every later attempt (--numa-binding).
   void BindWorkers(std::vector<CpuBinding> by_local_rank) { bindings_ = std::move(by_local_rank); }

@@ -28,8 +28,7 @@ bool IsElf(const std::string& path) {
   return n == 4 && magic[0] == 0x7f && magic[1] == 'E' && magic[2] == 'L' && magic[3] == 'F';
 }
 
-std::string EnvOr(const std::map<std::string, std::string>& env, const std::string& name,
-                  const std::string& fallback) {
+std::string EnvOr(const std::map<std::string, std::string>& env, const std::string& name, const std::string& fallback) {
   auto it = env.find(name);
   return it == env.end() || it->second.empty() ? fallback : it->second;
 }
@@ -38,9 +37,8 @@ absl::StatusOr<std::string> FindPython(const std::map<std::string, std::string>&
   std::string python = EnvOr(env, "PYTHON_EXEC", "python3");
   auto found = FindExecutable(python, EnvOr(env, "PATH", ""));
   if (!found.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "python interpreter '", python, "': ", found.status().message(),
-        "; set PYTHON_EXEC or use --no-python"));
+    return absl::InvalidArgumentError(absl::StrCat("python interpreter '", python, "': ", found.status().message(),
+                                                   "; set PYTHON_EXEC or use --no-python"));
   }
   return *found;
 }
@@ -67,16 +65,15 @@ absl::StatusOr<std::string> FindExecutable(const std::string& name, const std::s
   return absl::NotFoundError("not found on PATH");
 }
 
-absl::StatusOr<std::vector<std::string>> ResolveEntrypoint(
-    const JobSpec& spec, const std::map<std::string, std::string>& env) {
+absl::StatusOr<std::vector<std::string>> ResolveEntrypoint(const JobSpec& spec,
+                                                           const std::map<std::string, std::string>& env) {
   const std::string& script = spec.training_script;
   std::vector<std::string> argv;
 
   if (spec.no_python) {
     auto binary = FindExecutable(script, EnvOr(env, "PATH", ""));
     if (!binary.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--no-python ", script, ": ", binary.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat("--no-python ", script, ": ", binary.status().message()));
     }
     argv.push_back(*binary);
   } else if (spec.module) {
@@ -85,8 +82,7 @@ absl::StatusOr<std::vector<std::string>> ResolveEntrypoint(
     argv = {*python, "-u", "-m", script};
   } else {
     if (!IsRegularFile(script)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("training script '", script, "' not found (no such file)"));
+      return absl::InvalidArgumentError(absl::StrCat("training script '", script, "' not found (no such file)"));
     }
     if (!spec.run_path && IsElf(script)) {
       // Python cannot run a compiled binary; run it as --no-python would.

@@ -18,8 +18,8 @@ namespace elrun {
 // slash. Errors (InvalidArgument, one line): a missing script, a --no-python file that is not
 // executable, a program or interpreter not found on PATH. The interpreter is $PYTHON_EXEC, else
 // python3 from PATH.
-absl::StatusOr<std::vector<std::string>> ResolveEntrypoint(
-    const JobSpec& spec, const std::map<std::string, std::string>& env);
+absl::StatusOr<std::vector<std::string>> ResolveEntrypoint(const JobSpec& spec,
+                                                           const std::map<std::string, std::string>& env);
 
 // argv for one worker: every "${local_rank}" in the arguments (not argv[0]) replaced.
 std::vector<std::string> SubstituteLocalRank(const std::vector<std::string>& argv, int local_rank);

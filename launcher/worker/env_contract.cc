@@ -11,8 +11,7 @@
 
 namespace elrun {
 
-NodeAssignment StaticAssignment(const JobSpec& spec, const std::string& master_addr,
-                                int master_port) {
+NodeAssignment StaticAssignment(const JobSpec& spec, const std::string& master_addr, int master_port) {
   NodeAssignment node;
   node.group_rank = spec.node_rank;
   node.group_world_size = spec.max_nodes;
@@ -29,9 +28,8 @@ bool DefaultsOmpThreads(const JobSpec& spec, const std::map<std::string, std::st
   return spec.nproc_per_node > 1 && parent_env.count("OMP_NUM_THREADS") == 0;
 }
 
-std::vector<std::string> BuildWorkerEnv(const JobSpec& spec, const NodeAssignment& node,
-                                        const AttemptEnv& attempt, int local_rank,
-                                        const std::string& error_file,
+std::vector<std::string> BuildWorkerEnv(const JobSpec& spec, const NodeAssignment& node, const AttemptEnv& attempt,
+                                        int local_rank, const std::string& error_file,
                                         const std::map<std::string, std::string>& parent_env) {
   std::map<std::string, std::string> env = parent_env;
   auto set = [&env](const char* name, const std::string& value) { env[name] = value; };

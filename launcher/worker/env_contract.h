@@ -25,8 +25,7 @@ struct NodeAssignment {
 };
 
 // The static backend: every node has nproc workers and knows its --node-rank.
-NodeAssignment StaticAssignment(const JobSpec& spec, const std::string& master_addr,
-                                int master_port);
+NodeAssignment StaticAssignment(const JobSpec& spec, const std::string& master_addr, int master_port);
 
 // What changes from one attempt to the next on this node.
 struct AttemptEnv {
@@ -40,9 +39,8 @@ bool DefaultsOmpThreads(const JobSpec& spec, const std::map<std::string, std::st
 
 // The full environment of one worker as "NAME=value" entries, sorted by name: the launcher's
 // environment with the contract's variables set on top.
-std::vector<std::string> BuildWorkerEnv(const JobSpec& spec, const NodeAssignment& node,
-                                        const AttemptEnv& attempt, int local_rank,
-                                        const std::string& error_file,
+std::vector<std::string> BuildWorkerEnv(const JobSpec& spec, const NodeAssignment& node, const AttemptEnv& attempt,
+                                        int local_rank, const std::string& error_file,
                                         const std::map<std::string, std::string>& parent_env);
 
 // Parses "NAME=value" entries (as in environ) into a map; entries without '=' are skipped.

@@ -51,9 +51,7 @@ LogLayout::LogLayout(std::string log_dir, std::string run_id)
 
 std::string LogLayout::RunDir() const { return absl::StrCat(log_dir_, "/", run_id_); }
 
-std::string LogLayout::AttemptDir(int attempt) const {
-  return absl::StrCat(RunDir(), "/attempt_", attempt);
-}
+std::string LogLayout::AttemptDir(int attempt) const { return absl::StrCat(RunDir(), "/attempt_", attempt); }
 
 std::string LogLayout::RankDir(int attempt, int local_rank) const {
   return absl::StrCat(AttemptDir(attempt), "/", local_rank);
@@ -81,8 +79,7 @@ absl::Status LogLayout::PrepareRankDir(int attempt, int local_rank) const {
   }
   for (const std::string& file : stale) {
     if (::unlink(file.c_str()) != 0 && errno != ENOENT) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot remove stale ", file, ": ", std::strerror(errno)));
+      return absl::FailedPreconditionError(absl::StrCat("cannot remove stale ", file, ": ", std::strerror(errno)));
     }
   }
   return absl::OkStatus();
@@ -104,8 +101,7 @@ std::string LogLayout::FilteredPath(int attempt, bool stdout_stream) const {
   return AttemptDir(attempt) + (stdout_stream ? "/filtered_stdout.log" : "/filtered_stderr.log");
 }
 
-StreamRoutes RouteStreams(const JobSpec& spec, const LogLayout& layout, int attempt,
-                          int local_rank) {
+StreamRoutes RouteStreams(const JobSpec& spec, const LogLayout& layout, int attempt, int local_rank) {
   StreamRoutes routes{Route(spec, local_rank, true, layout.StdoutPath(attempt, local_rank)),
                       Route(spec, local_rank, false, layout.StderrPath(attempt, local_rank))};
   if (routes.out.target == StreamTarget::kTee && !spec.duplicate_stdout_filters.empty()) {
@@ -154,9 +150,9 @@ std::string SafeSubstitute(const std::string& text, const std::map<std::string, 
 
 std::string ConsolePrefix(const JobSpec& spec, int rank, int local_rank) {
   if (!spec.log_line_prefix_template) return absl::StrCat("[", spec.role, local_rank, "]:");
-  return SafeSubstitute(*spec.log_line_prefix_template, {{"role_name", spec.role},
-                                                          {"rank", std::to_string(rank)},
-                                                          {"local_rank", std::to_string(local_rank)}});
+  return SafeSubstitute(
+      *spec.log_line_prefix_template,
+      {{"role_name", spec.role}, {"rank", std::to_string(rank)}, {"local_rank", std::to_string(local_rank)}});
 }
 
 }  // namespace elrun

@@ -46,9 +46,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "agent/coordinator/session_auth.h"
 #include "agent/etcd/etcd_rendezvous.h"
 #include "agent/net/process_setup.h"
-#include "agent/coordinator/session_auth.h"
 #include "proto/rendezvous.pb.h"
 
 namespace {
@@ -291,8 +291,7 @@ class Load {
         ++ended_;
         // It stays readable: stop watching it.
         ::epoll_ctl(epoll_, EPOLL_CTL_DEL, node.rdzv->event_fd(), nullptr);
-        Emit("ended " + std::to_string(node.index) + " " + Fixed(Seconds()) + " " +
-             OneLine(ended->ToString()));
+        Emit("ended " + std::to_string(node.index) + " " + Fixed(Seconds()) + " " + OneLine(ended->ToString()));
         MaybeFormed(last_round_);  // One fewer node to wait for.
       }
     }

@@ -29,8 +29,8 @@
 #include <CLI/CLI.hpp>
 
 #include "agent/coordinator/coordinator.h"
-#include "agent/net/process_setup.h"
 #include "agent/coordinator/session_auth.h"
+#include "agent/net/process_setup.h"
 #include "proto/rendezvous.grpc.pb.h"
 
 namespace {
@@ -232,8 +232,7 @@ v1::AgentMessage Node::MakeJoin(bool first) {
   if (first) {
     join->set_client_nonce(client_nonce_);
     if (!load_->key().empty()) {
-      join->set_proof(elrun::rdzv::AgentProof(load_->key(), server_nonce_, client_nonce_, s.run_id,
-                                              join->node_id()));
+      join->set_proof(elrun::rdzv::AgentProof(load_->key(), server_nonce_, client_nonce_, s.run_id, join->node_id()));
       join->set_run_key(load_->run_key()->public_key);
       join->set_run_signature(
           elrun::rdzv::SignJoin(*load_->run_key(), server_nonce_, client_nonce_, s.run_id, join->node_id()));

@@ -24,8 +24,7 @@ class CheckingSink : public SessionSink {
     if (!message.has_round_started()) return;
     const v1::RoundStarted& r = message.round_started();
     if (r.group_rank() < 0 || r.group_rank() >= r.group_world_size()) __builtin_trap();
-    if (r.world_size() < r.group_world_size() || r.rank_offset() < 0 ||
-        r.rank_offset() >= r.world_size()) {
+    if (r.world_size() < r.group_world_size() || r.rank_offset() < 0 || r.rank_offset() >= r.world_size()) {
       __builtin_trap();
     }
     if (r.restart_count() < 0 || r.master_port() < 1 || r.master_port() > 65535) __builtin_trap();
@@ -57,9 +56,8 @@ v1::AgentMessage ValidJoin(int session) {
 }
 
 void FuzzCoordinator(const uint8_t* data, size_t size) {
-  Coordinator coordinator(Coordinator::Options{std::chrono::seconds(10), "", [](SessionId id) {
-    return std::string(32, static_cast<char>(id));
-  }});
+  Coordinator coordinator(Coordinator::Options{std::chrono::seconds(10), "",
+                                               [](SessionId id) { return std::string(32, static_cast<char>(id)); }});
   constexpr int kSessions = 8;
   std::map<int, std::unique_ptr<CheckingSink>> sinks;
   TimePoint now{std::chrono::seconds(1000)};

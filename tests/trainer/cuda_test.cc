@@ -19,17 +19,17 @@
 
 #include "tests/temp_dir.h"
 #include "tests/trainer/rank_threads.h"
+#include "trainer/app/models.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/dist/collectives.h"
+#include "trainer/dist/process_group.h"
 #include "trainer/memory/cuda_memory.h"
-#include "trainer/runtime/cuda_graph_step.h"
+#include "trainer/optim/foreach_sgd.h"
 #include "trainer/parallel/data_parallel.h"
 #include "trainer/parallel/ddp.h"
-#include "trainer/optim/foreach_sgd.h"
 #include "trainer/parallel/fsdp.h"
-#include "trainer/app/models.h"
-#include "trainer/dist/process_group.h"
 #include "trainer/parallel/sync_batch_norm.h"
+#include "trainer/runtime/cuda_graph_step.h"
 
 namespace elrun::trainer {
 namespace {
@@ -109,9 +109,9 @@ TEST_CASE("SyncBatchNorm on CUDA equals batch norm over the union of the ranks' 
   torch::Tensor all = torch::randn({world * 4, 3, 5, 5}, gen) * 2 + 1;
   torch::Tensor upstream = torch::randn({world * 4, 3, 5, 5}, gen);
   torch::Tensor x_ref = all.clone().requires_grad_(true);
-  torch::Tensor y_ref = torch::nn::functional::batch_norm(
-      x_ref, torch::zeros({3}), torch::ones({3}),
-      torch::nn::functional::BatchNormFuncOptions().training(true).eps(1e-5));
+  torch::Tensor y_ref =
+      torch::nn::functional::batch_norm(x_ref, torch::zeros({3}), torch::ones({3}),
+                                        torch::nn::functional::BatchNormFuncOptions().training(true).eps(1e-5));
   (y_ref * upstream).sum().backward();
   RunCudaRanks([&](int rank, PG pg) {
     SyncBatchNorm bn(torch::nn::BatchNormOptions(3), pg);
@@ -285,7 +285,7 @@ TEST_CASE("ForeachSgd on CUDA (multi-tensor kernels) steps as torch::optim::SGD 
   }
   const auto options = torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4);
   torch::optim::SGD reference(a, options);
-  ForeachSgd foreach(b, options);
+  ForeachSgd foreach (b, options);
   for (int step = 0; step < 5; ++step) {
     for (size_t i = 0; i < a.size(); ++i) {
       torch::Tensor g = torch::randn(a[i].sizes()).to(Cuda(0));
@@ -293,7 +293,8 @@ TEST_CASE("ForeachSgd on CUDA (multi-tensor kernels) steps as torch::optim::SGD 
       b[i].mutable_grad() = g.clone();
     }
     reference.step();
-    foreach.step();
+    foreach
+      .step();
   }
   // Both compute p - lr * (m * buf + g + wd * p) per element in fp32; the multi-tensor kernel may
   // contract to fused multiply-adds where the elementwise one does not.

@@ -59,7 +59,8 @@ inline void RunRanksWithStore(int world, const std::function<void(int rank, PG p
 
 inline void RunRanks(int world, const std::function<void(int rank, PG pg)>& body,
                      std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  RunRanksWithStore(world, [&](int rank, PG pg, c10d::Store&) { body(rank, pg); }, timeout);
+  RunRanksWithStore(
+      world, [&](int rank, PG pg, c10d::Store&) { body(rank, pg); }, timeout);
 }
 
 }  // namespace elrun::trainer

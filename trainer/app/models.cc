@@ -11,9 +11,7 @@ namespace {
 
 // The child registered as `name`: what ConvertSyncBatchNorm may have swapped in since
 // construction (members keep pointing at the original).
-torch::nn::Module& Child(torch::nn::Module& parent, const std::string& name) {
-  return *parent.named_children()[name];
-}
+torch::nn::Module& Child(torch::nn::Module& parent, const std::string& name) { return *parent.named_children()[name]; }
 
 }  // namespace
 
@@ -41,12 +39,11 @@ torch::Tensor FashionNetImpl::forward(const torch::Tensor& images) {
     return CallChild(name, x, [this, name](const torch::Tensor& in) { return ApplyNorm(Child(*this, name), in); });
   };
   torch::Tensor x = CallChild("conv1", images, [this](const torch::Tensor& in) { return conv1_->forward(in); });
-  x = torch::relu(torch::max_pool2d(norm("bn1", x), 2));  // [B, 32, 14, 14]
+  x = torch::relu(torch::max_pool2d(norm("bn1", x), 2));                                       // [B, 32, 14, 14]
   x = CallChild("conv2", x, [this](const torch::Tensor& in) { return conv2_->forward(in); });  // [B, 64, 14, 14]
-  x = torch::relu(torch::max_pool2d(norm("bn2", x), 2));  // [B, 64, 7, 7]
-  x = torch::relu(CallChild("fc1", x.flatten(1), [this](const torch::Tensor& in) {
-    return Linear(in, fc1_->weight, fc1_->bias, linear_);
-  }));
+  x = torch::relu(torch::max_pool2d(norm("bn2", x), 2));                                       // [B, 64, 7, 7]
+  x = torch::relu(CallChild("fc1", x.flatten(1),
+                            [this](const torch::Tensor& in) { return Linear(in, fc1_->weight, fc1_->bias, linear_); }));
   return CallChild("fc2", x, [this](const torch::Tensor& in) {
     return Linear(in, fc2_->weight, fc2_->bias, linear_);  // [B, 10]
   });
@@ -83,8 +80,10 @@ ResMlpImpl::ResMlpImpl(const ResMlpOptions& options, ChildSink* sink) : linear_(
   for (int64_t b = 0; b < options.blocks; ++b) {
     const std::string name = "block" + std::to_string(b);
     auto block = std::make_shared<torch::nn::Module>();
-    torch::nn::Linear fc1 = block->register_module("fc1", torch::nn::Linear(options.width, options.expansion * options.width));
-    torch::nn::Linear fc2 = block->register_module("fc2", torch::nn::Linear(options.expansion * options.width, options.width));
+    torch::nn::Linear fc1 =
+        block->register_module("fc1", torch::nn::Linear(options.width, options.expansion * options.width));
+    torch::nn::Linear fc2 =
+        block->register_module("fc2", torch::nn::Linear(options.expansion * options.width, options.width));
     register_module(name, block);
     blocks_.emplace_back(fc1, fc2);
     built(name);
@@ -103,13 +102,16 @@ torch::Tensor ResMlpImpl::forward(const torch::Tensor& images) {
       return in + Linear(torch::relu(Linear(in, fc1->weight, fc1->bias, linear_)), fc2->weight, fc2->bias, linear_);
     });
   }
-  return CallChild("head", x, [this](const torch::Tensor& in) { return Linear(in, head_->weight, head_->bias, linear_); });
+  return CallChild("head", x,
+                   [this](const torch::Tensor& in) { return Linear(in, head_->weight, head_->bias, linear_); });
 }
 
 absl::StatusOr<std::shared_ptr<Classifier>> MakeResMlp(const ResMlpOptions& resmlp, ChildSink* sink) {
-  for (const auto& [what, value] : std::vector<std::pair<const char*, int64_t>>{
-           {"inputs", resmlp.inputs}, {"width", resmlp.width}, {"blocks", resmlp.blocks},
-           {"expansion", resmlp.expansion}, {"classes", resmlp.classes}}) {
+  for (const auto& [what, value] : std::vector<std::pair<const char*, int64_t>>{{"inputs", resmlp.inputs},
+                                                                                {"width", resmlp.width},
+                                                                                {"blocks", resmlp.blocks},
+                                                                                {"expansion", resmlp.expansion},
+                                                                                {"classes", resmlp.classes}}) {
     if (value < 1) return absl::InvalidArgumentError(absl::StrFormat("resmlp: %s is %d, need at least 1", what, value));
   }
   return std::shared_ptr<Classifier>(ResMlp(resmlp, sink).ptr());
@@ -135,8 +137,7 @@ absl::StatusOr<std::shared_ptr<Classifier>> MakeModel(const std::string& name, c
     options.linear = linear;
     return std::shared_ptr<Classifier>(Mlp(options, sink).ptr());
   }
-  return absl::InvalidArgumentError(
-      absl::StrFormat("unknown model '%s': expected fashionnet or mlp", name));
+  return absl::InvalidArgumentError(absl::StrFormat("unknown model '%s': expected fashionnet or mlp", name));
 }
 
 }  // namespace elrun::trainer

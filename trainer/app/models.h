@@ -42,7 +42,7 @@ class FashionNetImpl : public Classifier {
 TORCH_MODULE(FashionNet);
 
 struct MlpOptions {
-  int64_t inputs = 28 * 28;  // Images are flattened from dimension 1 on.
+  int64_t inputs = 28 * 28;                  // Images are flattened from dimension 1 on.
   std::vector<int64_t> hidden = {256, 128};  // One Linear + ReLU per entry.
   int64_t classes = 10;
   LinearKernel linear = LinearKernel::kOneDnn;
@@ -93,9 +93,9 @@ TORCH_MODULE(ResMlp);
 // std::shared_ptr<torch::nn::Module> for DistributedDataParallel.
 // `linear` applies to both models (for the MLP it overrides mlp.linear). With a `sink`, each
 // child goes to it as soon as it is built (ChildSink).
-[[nodiscard]] absl::StatusOr<std::shared_ptr<Classifier>> MakeModel(
-    const std::string& name, const MlpOptions& mlp = {}, LinearKernel linear = LinearKernel::kOneDnn,
-    ChildSink* sink = nullptr);
+[[nodiscard]] absl::StatusOr<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const MlpOptions& mlp = {},
+                                                                    LinearKernel linear = LinearKernel::kOneDnn,
+                                                                    ChildSink* sink = nullptr);
 // "resmlp" with `resmlp` (sizes checked as MakeModel's), the same way.
 [[nodiscard]] absl::StatusOr<std::shared_ptr<Classifier>> MakeResMlp(const ResMlpOptions& resmlp,
                                                                      ChildSink* sink = nullptr);

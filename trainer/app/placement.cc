@@ -6,18 +6,16 @@ namespace elrun::trainer {
 
 absl::StatusOr<Placement> ResolvePlacement(DeviceChoice device, BackendChoice backend, int local_rank,
                                            int visible_cuda_devices, const std::string& cuda_visible_devices) {
-  const std::string visible = absl::StrCat(visible_cuda_devices, " visible",
-                                           cuda_visible_devices.empty()
-                                               ? std::string()
-                                               : absl::StrCat(" with CUDA_VISIBLE_DEVICES=", cuda_visible_devices));
+  const std::string visible = absl::StrCat(
+      visible_cuda_devices, " visible",
+      cuda_visible_devices.empty() ? std::string() : absl::StrCat(" with CUDA_VISIBLE_DEVICES=", cuda_visible_devices));
   if (absl::Status s = CheckDeviceBackend(device, backend); !s.ok()) return s;
   Placement placement;
   placement.cuda = device == DeviceChoice::kCuda || (device == DeviceChoice::kAuto && visible_cuda_devices > 0);
   if (!placement.cuda) {
     if (backend == BackendChoice::kNccl) {  // --device auto without a visible device.
-      return absl::InvalidArgumentError(
-          absl::StrCat("--backend=nccl needs CUDA tensors, and no CUDA device is visible (", visible,
-                       "); use --backend gloo"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--backend=nccl needs CUDA tensors, and no CUDA device is visible (", visible, "); use --backend gloo"));
     }
     return placement;
   }

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "trainer/dist/backend_kind.h"
 #include "trainer/app/train_options.h"
+#include "trainer/dist/backend_kind.h"
 
 namespace elrun::trainer {
 

@@ -26,26 +26,26 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "trainer/memory/caching_cpu_allocator.h"
-#include "trainer/checkpoint/checkpoint.h"
-#include "trainer/dist/collectives.h"
-#include "trainer/runtime/cuda_graph_step.h"
-#include "trainer/memory/cuda_memory.h"
-#include "trainer/parallel/data_parallel.h"
-#include "trainer/data/fashion_mnist.h"
-#include "trainer/optim/foreach_sgd.h"
-#include "trainer/runtime/heartbeat_client.h"
-#include "trainer/nn/linear_kernel.h"
-#include "trainer/memory/memory.h"
 #include "trainer/app/models.h"
 #include "trainer/app/placement.h"
-#include "trainer/dist/process_group.h"
-#include "trainer/data/sampler.h"
-#include "trainer/dist/shm_allreduce.h"
-#include "trainer/runtime/step_profiler.h"
-#include "trainer/parallel/sync_batch_norm.h"
-#include "trainer/runtime/thread_times.h"
 #include "trainer/app/train_options.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/data/fashion_mnist.h"
+#include "trainer/data/sampler.h"
+#include "trainer/dist/collectives.h"
+#include "trainer/dist/process_group.h"
+#include "trainer/dist/shm_allreduce.h"
+#include "trainer/memory/caching_cpu_allocator.h"
+#include "trainer/memory/cuda_memory.h"
+#include "trainer/memory/memory.h"
+#include "trainer/nn/linear_kernel.h"
+#include "trainer/optim/foreach_sgd.h"
+#include "trainer/parallel/data_parallel.h"
+#include "trainer/parallel/sync_batch_norm.h"
+#include "trainer/runtime/cuda_graph_step.h"
+#include "trainer/runtime/heartbeat_client.h"
+#include "trainer/runtime/step_profiler.h"
+#include "trainer/runtime/thread_times.h"
 
 extern char** environ;
 
@@ -58,8 +58,8 @@ std::atomic<bool> g_stop_requested{false};  // Set by the SIGTERM handler only.
 // while running (a peer, a file, the data).
 int Fail(const absl::Status& status) {
   std::cerr << "elrun-train: " << status.message() << std::endl;
-  const bool usage = status.code() == absl::StatusCode::kInvalidArgument ||
-                     status.code() == absl::StatusCode::kFailedPrecondition;
+  const bool usage =
+      status.code() == absl::StatusCode::kInvalidArgument || status.code() == absl::StatusCode::kFailedPrecondition;
   return usage ? 2 : 1;
 }
 
@@ -125,7 +125,8 @@ void SetLr(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }
 
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const TrainOptions& o, const std::vector<torch::Tensor>& params) {
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const TrainOptions& o,
+                                                       const std::vector<torch::Tensor>& params) {
   if (o.optimizer == OptimizerChoice::kAdam) {
     return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr).weight_decay(o.weight_decay));
   }
@@ -134,13 +135,14 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const TrainOptions& o, co
 }
 
 std::string MemoryJson(const MemoryReport& m) {
-  std::string json = absl::StrFormat(
-      R"("params_bytes":%d,"grads_bytes":%d,"optimizer_bytes":%d,"state_bytes":%d,"peak_bytes":%d,"peak_rss_bytes":%d,"baseline_rss_bytes":%d)",
-      m.params, m.grads, m.optimizer_state, m.state(), m.peak, m.peak_rss, m.baseline_rss);
+  std::string json =
+      absl::StrFormat(R"("params_bytes":%d,"grads_bytes":%d,"optimizer_bytes":%d,"state_bytes":%d,"peak_bytes":%d,)"
+                      R"("peak_rss_bytes":%d,"baseline_rss_bytes":%d)",
+                      m.params, m.grads, m.optimizer_state, m.state(), m.peak, m.peak_rss, m.baseline_rss);
   if (m.on_cuda) {
-    json += absl::StrFormat(
-        R"(,"cuda_allocated_bytes":%d,"cuda_reserved_bytes":%d,"cuda_peak_allocated_bytes":%d,"cuda_peak_reserved_bytes":%d)",
-        m.cuda.allocated, m.cuda.reserved, m.cuda.peak_allocated, m.cuda.peak_reserved);
+    json += absl::StrFormat(R"(,"cuda_allocated_bytes":%d,"cuda_reserved_bytes":%d,"cuda_peak_allocated_bytes":%d,)"
+                            R"("cuda_peak_reserved_bytes":%d)",
+                            m.cuda.allocated, m.cuda.reserved, m.cuda.peak_allocated, m.cuda.peak_reserved);
   }
   return json;
 }
@@ -192,7 +194,7 @@ struct Job {
   TrainOptions o;
   DistEnv env;
   Placement placement;
-  torch::Device device = torch::kCPU;  // From placement.
+  torch::Device device = torch::kCPU;           // From placement.
   LinearKernel linear = LinearKernel::kOneDnn;  // --linear resolved for the device.
   bool channels_last = false;                   // --memory-format resolved for the device.
   Dist dist;
@@ -223,15 +225,15 @@ absl::Status SetUpSharedMemory(Job& job) {
       (o.strategy != Strategy::kDdp && !o.sync_bn)) {
     return absl::OkStatus();
   }
-  int64_t capacity = 1 << 20;  // SyncBatchNorm's statistics: 2 x channels + 1 doubles.
+  int64_t capacity = 1 << 20;          // SyncBatchNorm's statistics: 2 x channels + 1 doubles.
   if (o.strategy == Strategy::kDdp) {  // A bucket holds at most its limit plus its last tensor.
     int64_t largest = 0;
     for (const auto& p : job.model->parameters()) largest = std::max<int64_t>(largest, p.numel() * p.element_size());
     capacity = std::max<int64_t>(
         capacity, static_cast<int64_t>(std::max(o.bucket_cap_mb, o.first_bucket_mb) * 1024 * 1024) + largest);
   }
-  auto created = ShmAllreduce::Create(*job.dist.store, "shm_allreduce", job.rank(), job.world(), capacity,
-                                      CollectiveTimeout(o));
+  auto created =
+      ShmAllreduce::Create(*job.dist.store, "shm_allreduce", job.rank(), job.world(), capacity, CollectiveTimeout(o));
   if (created.ok()) {
     job.shm = std::move(*created);
     job.allreduce = "shm";
@@ -252,9 +254,9 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   job->env = *dist_env;
   job->heartbeat = HeartbeatClient::FromEnvironment(env);
   auto visible = env.find("CUDA_VISIBLE_DEVICES");
-  auto placement = ResolvePlacement(o.device, o.backend, job->env.local_rank,
-                                    static_cast<int>(torch::cuda::device_count()),
-                                    visible == env.end() ? "" : visible->second);
+  auto placement =
+      ResolvePlacement(o.device, o.backend, job->env.local_rank, static_cast<int>(torch::cuda::device_count()),
+                       visible == env.end() ? "" : visible->second);
   if (!placement.ok()) return placement.status();
   job->placement = *placement;
   if (job->placement.cuda) {
@@ -268,13 +270,15 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   }
   if (o.profile_end > 0) {
     const std::string path = absl::StrCat(o.profile_trace, ".", job->rank());
-    if (!std::ofstream(path, std::ios::trunc)) return absl::InvalidArgumentError("--profile-trace: cannot write " + path);
+    if (!std::ofstream(path, std::ios::trunc))
+      return absl::InvalidArgumentError("--profile-trace: cannot write " + path);
     job->profiler = std::make_unique<StepProfiler>(o.profile_first, o.profile_end, path, job->placement.cuda);
   }
   if (!o.checkpoint_dir.empty()) {
     std::error_code error;
     std::filesystem::create_directories(o.checkpoint_dir, error);
-    if (error) return absl::UnavailableError(absl::StrCat("--checkpoint-dir=", o.checkpoint_dir, ": ", error.message()));
+    if (error)
+      return absl::UnavailableError(absl::StrCat("--checkpoint-dir=", o.checkpoint_dir, ": ", error.message()));
   }
 
   // The data before the rendezvous: a rank without it fails alone and at once.
@@ -396,7 +400,9 @@ double TrainStep(Job& job, const std::vector<int64_t>& batch, double lr) {
   const TrainOptions& o = job.o;
   if (job.graph) {
     return job.graph->Step(
-        [&] { return std::make_pair(Rows(job.train.images, batch, job.device), Rows(job.train.labels, batch, job.device)); },
+        [&] {
+          return std::make_pair(Rows(job.train.images, batch, job.device), Rows(job.train.labels, batch, job.device));
+        },
         lr);
   }
   torch::Tensor images = Rows(job.train.images, batch, job.device);
@@ -499,10 +505,13 @@ void Report(Job& job, LoopStats& loop, double accuracy) {
                                job.progress.step, o.epochs, loop.elapsed_s, rate, accuracy)
             << std::endl;
   job.metrics->Write(absl::StrFormat(
-      R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,"world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","allreduce":"%s","device":"%s","backend":"%s","memory_format":"%s","step_time_s":%.6f,"step_ms_p10":%.3f,"step_ms_p50":%.3f,"step_ms_p90":%.3f,%s%s})",
+      R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,)"
+      R"("world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","allreduce":"%s","device":"%s",)"
+      R"("backend":"%s","memory_format":"%s","step_time_s":%.6f,"step_ms_p10":%.3f,"step_ms_p50":%.3f,)"
+      R"("step_ms_p90":%.3f,%s%s})",
       accuracy, rate, job.progress.step, o.epochs, loop.elapsed_s, job.world(), StrategyName(o.strategy),
-      OptimizerName(o.optimizer), LinearKernelName(job.linear), job.allreduce, job.device.str(), BackendName(job.dist.backend),
-      job.channels_last ? "channels-last" : "contiguous",
+      OptimizerName(o.optimizer), LinearKernelName(job.linear), job.allreduce, job.device.str(),
+      BackendName(job.dist.backend), job.channels_last ? "channels-last" : "contiguous",
       loop.elapsed_s / std::max<int64_t>(1, steps), Quantile(loop.step_ms, 0.1), Quantile(loop.step_ms, 0.5),
       Quantile(loop.step_ms, 0.9), loop.loop_times, MemoryJson(Memory(job))));
 }
@@ -533,8 +542,8 @@ LoopStats RunLoop(Job& job) {
       }
       const auto step_start = std::chrono::steady_clock::now();
       const double step_cpu_start = job.step_times ? ThreadCpuSeconds() : 0;
-      const double position = (progress.epoch * dataset + job.sampler->Position(start, static_cast<int64_t>(b))) /
-                              (o.epochs * dataset);
+      const double position =
+          (progress.epoch * dataset + job.sampler->Position(start, static_cast<int64_t>(b))) / (o.epochs * dataset);
       const double lr = ScheduledLr(o, position);
       if (job.profiler) job.profiler->BeforeStep(progress.step);
       loop.last_loss = TrainStep(job, batches[b], lr);
@@ -557,9 +566,9 @@ LoopStats RunLoop(Job& job) {
                                      progress.epoch, progress.step, loop.last_loss, lr, rate,
                                      left / std::max(rate, 1e-9))
                   << std::endl;
-        job.metrics->Write(absl::StrFormat(
-            R"({"event":"step","epoch":%d,"step":%d,"loss":%.6f,"lr":%.6g,"samples_per_s":%.1f})", progress.epoch,
-            progress.step, loop.last_loss, lr, rate));
+        job.metrics->Write(
+            absl::StrFormat(R"({"event":"step","epoch":%d,"step":%d,"loss":%.6f,"lr":%.6g,"samples_per_s":%.1f})",
+                            progress.epoch, progress.step, loop.last_loss, lr, rate));
       }
       loop.signalled = checkpoint.empty() ? g_stop_requested.load() : AnyRankStopping(job, g_stop_requested);
       if ((o.max_steps > 0 && progress.step >= o.max_steps) || loop.signalled) {

@@ -17,8 +17,7 @@ using Choices = std::vector<std::pair<std::string, E>>;
 
 // The value `text` of --flag among `choices`; the error lists the choices, the last with "or".
 template <typename E>
-absl::StatusOr<E> Pick(const std::string& flag, const std::string& text, const Choices<E>& choices,
-                       size_t listed = 0) {
+absl::StatusOr<E> Pick(const std::string& flag, const std::string& text, const Choices<E>& choices, size_t listed = 0) {
   for (const auto& [name, value] : choices) {
     if (name == text) return value;
   }
@@ -40,17 +39,17 @@ struct RawChoices {
 // step (or, for the sharded strategies, collectives this capture does not cover yet).
 absl::Status CheckCudaGraph(const TrainOptions& o) {
   if (!o.cuda_graph) return absl::OkStatus();
-  const char* conflict = o.device == DeviceChoice::kCpu            ? "--device cpu"
-                         : o.strategy != Strategy::kDdp            ? "a sharded --strategy"
-                         : o.optimizer != OptimizerChoice::kSgd    ? "--optimizer adam"
-                         : o.accum_steps > 1                       ? "--accum-steps > 1"
-                         : o.sync_bn                               ? "--sync-bn"
-                         : o.clip_grad_norm > 0                    ? "--clip-grad-norm"
-                         : o.activation_checkpointing              ? "--activation-checkpointing"
-                                                                   : nullptr;
+  const char* conflict = o.device == DeviceChoice::kCpu         ? "--device cpu"
+                         : o.strategy != Strategy::kDdp         ? "a sharded --strategy"
+                         : o.optimizer != OptimizerChoice::kSgd ? "--optimizer adam"
+                         : o.accum_steps > 1                    ? "--accum-steps > 1"
+                         : o.sync_bn                            ? "--sync-bn"
+                         : o.clip_grad_norm > 0                 ? "--clip-grad-norm"
+                         : o.activation_checkpointing           ? "--activation-checkpointing"
+                                                                : nullptr;
   if (conflict == nullptr) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("--cuda-graph does not support ", conflict, ": it captures DDP with SGD on CUDA, one step per batch"));
+  return absl::InvalidArgumentError(absl::StrCat("--cuda-graph does not support ", conflict,
+                                                 ": it captures DDP with SGD on CUDA, one step per batch"));
 }
 
 absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
@@ -58,9 +57,11 @@ absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
       "model", raw.model,
       {{"fashionnet", ModelChoice::kFashionNet}, {"mlp", ModelChoice::kMlp}, {"resmlp", ModelChoice::kResMlp}});
   auto linear = Pick<LinearChoice>(
-      "linear", raw.linear, {{"auto", LinearChoice::kAuto}, {"onednn", LinearChoice::kOneDnn}, {"aten", LinearChoice::kAten}});
-  auto dataset = Pick<DatasetChoice>(
-      "dataset", raw.dataset, {{"fashion-mnist", DatasetChoice::kFashionMnist}, {"synthetic", DatasetChoice::kSynthetic}});
+      "linear", raw.linear,
+      {{"auto", LinearChoice::kAuto}, {"onednn", LinearChoice::kOneDnn}, {"aten", LinearChoice::kAten}});
+  auto dataset =
+      Pick<DatasetChoice>("dataset", raw.dataset,
+                          {{"fashion-mnist", DatasetChoice::kFashionMnist}, {"synthetic", DatasetChoice::kSynthetic}});
   auto schedule = Pick<LrSchedule>("lr-schedule", raw.lr_schedule,
                                    {{"constant", LrSchedule::kConstant}, {"cosine", LrSchedule::kCosine}});
   auto optimizer = Pick<OptimizerChoice>("optimizer", raw.optimizer,
@@ -79,10 +80,12 @@ absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
   auto allreduce = Pick<AllreduceChoice>(
       "allreduce", raw.allreduce,
       {{"auto", AllreduceChoice::kAuto}, {"shm", AllreduceChoice::kShm}, {"gloo", AllreduceChoice::kProcessGroup}});
-  auto device = Pick<DeviceChoice>("device", raw.device,
-                                   {{"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}});
+  auto device =
+      Pick<DeviceChoice>("device", raw.device,
+                         {{"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}});
   auto backend = Pick<BackendChoice>(
-      "backend", raw.backend, {{"auto", BackendChoice::kAuto}, {"gloo", BackendChoice::kGloo}, {"nccl", BackendChoice::kNccl}});
+      "backend", raw.backend,
+      {{"auto", BackendChoice::kAuto}, {"gloo", BackendChoice::kGloo}, {"nccl", BackendChoice::kNccl}});
   auto memory_format = Pick<MemoryFormatChoice>("memory-format", raw.memory_format,
                                                 {{"auto", MemoryFormatChoice::kAuto},
                                                  {"contiguous", MemoryFormatChoice::kContiguous},
@@ -97,11 +100,12 @@ absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
     if (!reduce_dtype.ok()) return reduce_dtype.status();
     o.reduce_dtype = *reduce_dtype;
   }
-  auto cpu_allocator = Pick<CpuAllocatorChoice>(
-      "cpu-allocator", raw.cpu_allocator, {{"caching", CpuAllocatorChoice::kCaching}, {"default", CpuAllocatorChoice::kDefault}});
-  for (const absl::Status& s : {model.status(), linear.status(), dataset.status(), schedule.status(),
-                                optimizer.status(), strategy.status(), allreduce.status(), device.status(),
-                                backend.status(), memory_format.status(), cpu_allocator.status()}) {
+  auto cpu_allocator =
+      Pick<CpuAllocatorChoice>("cpu-allocator", raw.cpu_allocator,
+                               {{"caching", CpuAllocatorChoice::kCaching}, {"default", CpuAllocatorChoice::kDefault}});
+  for (const absl::Status& s :
+       {model.status(), linear.status(), dataset.status(), schedule.status(), optimizer.status(), strategy.status(),
+        allreduce.status(), device.status(), backend.status(), memory_format.status(), cpu_allocator.status()}) {
     if (!s.ok()) return s;
   }
   o.model = *model;
@@ -154,8 +158,8 @@ absl::Status ParseProfileSteps(const std::string& text, TrainOptions& o) {
   int64_t first = 0, end = 0;
   if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &first) || !absl::SimpleAtoi(parts[1], &end) || first < 0 ||
       end <= first) {
-    return absl::InvalidArgumentError(absl::StrCat("--profile-steps ", text,
-                                                   ": expected FIRST:END, step numbers with 0 <= FIRST < END"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--profile-steps ", text, ": expected FIRST:END, step numbers with 0 <= FIRST < END"));
   }
   if (o.profile_trace.empty()) return absl::InvalidArgumentError("--profile-steps needs --profile-trace PATH");
   o.profile_first = first;
@@ -209,8 +213,8 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
   app.add_option("--batch-size", o.batch_size, "samples per rank per step")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  CLI::Option* lr = app.add_option("--lr", o.lr, "learning rate (default 0.05 for sgd, 0.001 for adam)")
-                        ->check(CLI::PositiveNumber);
+  CLI::Option* lr =
+      app.add_option("--lr", o.lr, "learning rate (default 0.05 for sgd, 0.001 for adam)")->check(CLI::PositiveNumber);
   app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   app.add_option("--optimizer", raw.optimizer, "sgd or adam")->capture_default_str();
   app.add_option("--strategy", raw.strategy,

@@ -20,10 +20,10 @@ enum class DatasetChoice { kFashionMnist, kSynthetic };
 enum class OptimizerChoice { kSgd, kAdam };
 enum class LrSchedule { kConstant, kCosine };
 // ddp: DistributedDataParallel; the others are FullyShardedDataParallel's strategies.
-enum class LinearChoice { kAuto, kOneDnn, kAten };  // auto: ATen (train_main.cc says why).
+enum class LinearChoice { kAuto, kOneDnn, kAten };          // auto: ATen (train_main.cc says why).
 enum class AllreduceChoice { kAuto, kShm, kProcessGroup };  // --allreduce auto|shm|gloo.
-enum class DeviceChoice { kAuto, kCpu, kCuda };      // auto: CUDA when a device is visible.
-enum class BackendChoice { kAuto, kGloo, kNccl };    // auto: NCCL for CUDA, Gloo for CPU.
+enum class DeviceChoice { kAuto, kCpu, kCuda };             // auto: CUDA when a device is visible.
+enum class BackendChoice { kAuto, kGloo, kNccl };           // auto: NCCL for CUDA, Gloo for CPU.
 // auto: channels-last on CPU, contiguous on CUDA (train_main.cc says why).
 enum class MemoryFormatChoice { kAuto, kContiguous, kChannelsLast };
 enum class PrecisionChoice { kFp32, kBf16 };  // --param-dtype / --reduce-dtype fp32|bf16.
@@ -55,7 +55,7 @@ struct TrainOptions {
   // Mixed precision (--strategy fsdp): compute and gather dtype, and the gradients' reduce dtype.
   PrecisionChoice param_dtype = PrecisionChoice::kFp32;
   std::optional<PrecisionChoice> reduce_dtype;  // Unset: param_dtype.
-  bool offload_optimizer = false;  // --strategy fsdp: shards and optimizer state in CPU memory.
+  bool offload_optimizer = false;               // --strategy fsdp: shards and optimizer state in CPU memory.
   bool report_memory = false;
   int accum_steps = 1;
   bool sync_bn = false;

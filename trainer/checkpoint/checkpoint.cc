@@ -117,8 +117,8 @@ absl::Status WriteCheckpointFile(const std::string& path, const std::map<std::st
   }
 }
 
-absl::Status SaveCheckpoint(const std::string& path, torch::nn::Module& module,
-                            torch::optim::Optimizer& optimizer, const TrainProgress& progress) {
+absl::Status SaveCheckpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                            const TrainProgress& progress) {
   absl::StatusOr<std::string> kind = OptimizerKind(optimizer);
   if (!kind.ok()) return kind.status();
   std::map<std::string, torch::Tensor> tensors;
@@ -161,8 +161,7 @@ absl::StatusOr<TrainProgress> LoadCheckpoint(const std::string& path, torch::nn:
     }
     const std::string saved_kind = root.contains("optimizer_kind") ? root.at("optimizer_kind").toStringRef() : "sgd";
     if (saved_kind != *kind) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, " holds ", saved_kind, " state; this run uses ", *kind));
+      return absl::InvalidArgumentError(absl::StrCat(path, " holds ", saved_kind, " state; this run uses ", *kind));
     }
     auto saved_state = root.at("optimizer").toGenericDict();
     for (auto& p : module.named_parameters()) {
@@ -178,8 +177,8 @@ absl::StatusOr<TrainProgress> LoadCheckpoint(const std::string& path, torch::nn:
     }
     return ReadProgress(root);
   } catch (const c10::Error& error) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not an elrun checkpoint: ",
-                                                   error.what_without_backtrace()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is not an elrun checkpoint: ", error.what_without_backtrace()));
   }
 }
 

@@ -1,7 +1,8 @@
 // Checkpoints in torch.save's format (SaveForPython), which Python's torch.load opens: a dict with
 // "model" (name -> tensor, parameters and buffers), "optimizer" (SGD momentum buffers by
-// parameter name; Adam's exp_avg, exp_avg_sq and step as "<name>.<field>"), "optimizer_kind", and "step", "epoch", "samples_seen" (the global sample position) and
-// "world_size". Written atomically (temp file, fsync, rename). Thread-compatible.
+// parameter name; Adam's exp_avg, exp_avg_sq and step as "<name>.<field>"), "optimizer_kind", and "step", "epoch",
+// "samples_seen" (the global sample position) and "world_size". Written atomically (temp file, fsync, rename).
+// Thread-compatible.
 #ifndef ELRUN_TRAINER_CHECKPOINT_CHECKPOINT_H_
 #define ELRUN_TRAINER_CHECKPOINT_CHECKPOINT_H_
 
@@ -43,8 +44,8 @@ std::string CheckpointPath(const std::string& dir);
 
 // Saves module parameters and buffers, the optimizer's state (SGD or Adam) and `progress`.
 // InvalidArgument for another optimizer; WriteAtomically's errors, or Internal from LibTorch.
-absl::Status SaveCheckpoint(const std::string& path, torch::nn::Module& module,
-                            torch::optim::Optimizer& optimizer, const TrainProgress& progress);
+absl::Status SaveCheckpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                            const TrainProgress& progress);
 
 // Writes the file SaveCheckpoint writes from its parts: parameters and buffers by name, the
 // optimizer state by parameter name. FSDP's consolidated export uses it.

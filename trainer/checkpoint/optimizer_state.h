@@ -28,8 +28,7 @@ absl::StatusOr<std::string> OptimizerKind(const torch::optim::Optimizer& optimiz
 ParamState ExportParamState(const torch::optim::Optimizer& optimizer, const torch::Tensor& param);
 
 // Replaces the state of `param`; InvalidArgument when a tensor is missing or has another size.
-absl::Status ImportParamState(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
-                              const ParamState& state);
+absl::Status ImportParamState(torch::optim::Optimizer& optimizer, const torch::Tensor& param, const ParamState& state);
 
 }  // namespace elrun::trainer
 

@@ -29,10 +29,10 @@ absl::StatusOr<std::vector<uint8_t>> ReadGzip(const std::string& path) {
   if (file == nullptr) {
     const int error = errno;
     if (error == ENOENT) {
-      return absl::NotFoundError(absl::StrFormat(
-          "%s: no such file; install Fashion-MNIST with `apt-get install dataset-fashion-mnist` "
-          "(it goes to %s) or pass the directory that holds it",
-          path, kFashionMnistDir));
+      return absl::NotFoundError(
+          absl::StrFormat("%s: no such file; install Fashion-MNIST with `apt-get install dataset-fashion-mnist` "
+                          "(it goes to %s) or pass the directory that holds it",
+                          path, kFashionMnistDir));
     }
     const std::string reason = error == 0 ? "out of memory" : std::strerror(error);
     if (error == EACCES) return absl::PermissionDeniedError(absl::StrFormat("%s: %s", path, reason));
@@ -59,8 +59,8 @@ absl::StatusOr<std::vector<uint8_t>> ReadGzip(const std::string& path) {
   }
   // gzread reports a stream cut short only here: it returns what it got, then 0.
   if (gzclose_r(file) == Z_BUF_ERROR) {
-    return absl::DataLossError(absl::StrFormat(
-        "%s: truncated gzip data (unexpected end of file after %d bytes)", path, data.size()));
+    return absl::DataLossError(
+        absl::StrFormat("%s: truncated gzip data (unexpected end of file after %d bytes)", path, data.size()));
   }
   return data;
 }
@@ -71,34 +71,33 @@ uint32_t BigEndian32(const uint8_t* p) {
 
 // Checks an IDX header of `header_size` bytes with `magic`, then that the body holds exactly
 // `count` items of `item_size` bytes (count read from bytes 4..7).
-absl::StatusOr<int64_t> CheckIdx(const std::string& path, const std::vector<uint8_t>& data,
-                                 uint32_t magic, size_t header_size, const char* what) {
+absl::StatusOr<int64_t> CheckIdx(const std::string& path, const std::vector<uint8_t>& data, uint32_t magic,
+                                 size_t header_size, const char* what) {
   if (data.size() < header_size) {
-    return absl::DataLossError(absl::StrFormat(
-        "%s: truncated: %d bytes, shorter than the %d-byte IDX header", path, data.size(), header_size));
+    return absl::DataLossError(absl::StrFormat("%s: truncated: %d bytes, shorter than the %d-byte IDX header", path,
+                                               data.size(), header_size));
   }
   const uint32_t got = BigEndian32(data.data());
   if (got != magic) {
-    return absl::DataLossError(absl::StrFormat(
-        "%s: bad magic number 0x%08x, expected 0x%08x (IDX %s); not a Fashion-MNIST %s file", path,
-        got, magic, what, what));
+    return absl::DataLossError(
+        absl::StrFormat("%s: bad magic number 0x%08x, expected 0x%08x (IDX %s); not a Fashion-MNIST %s file", path, got,
+                        magic, what, what));
   }
   return int64_t{BigEndian32(data.data() + 4)};
 }
 
-absl::Status CheckBodySize(const std::string& path, const std::vector<uint8_t>& data, size_t header_size,
-                           int64_t count, int64_t item_size, const char* what) {
+absl::Status CheckBodySize(const std::string& path, const std::vector<uint8_t>& data, size_t header_size, int64_t count,
+                           int64_t item_size, const char* what) {
   const int64_t body = static_cast<int64_t>(data.size() - header_size);
   const int64_t expected = count * item_size;
   if (body < expected) {
-    return absl::DataLossError(absl::StrFormat(
-        "%s: truncated: the header says %d %s (%d bytes) but only %d bytes follow it", path, count,
-        what, expected, body));
+    return absl::DataLossError(
+        absl::StrFormat("%s: truncated: the header says %d %s (%d bytes) but only %d bytes follow it", path, count,
+                        what, expected, body));
   }
   if (body > expected) {
-    return absl::DataLossError(absl::StrFormat(
-        "%s: %d unexpected trailing bytes after the %d %s the header announces", path,
-        body - expected, count, what));
+    return absl::DataLossError(absl::StrFormat("%s: %d unexpected trailing bytes after the %d %s the header announces",
+                                               path, body - expected, count, what));
   }
   return absl::OkStatus();
 }
@@ -110,8 +109,7 @@ absl::StatusOr<at::Tensor> ParseImages(const std::string& path, const std::vecto
   const uint32_t rows = BigEndian32(data.data() + 8);
   const uint32_t cols = BigEndian32(data.data() + 12);
   if (rows != kFashionMnistSide || cols != kFashionMnistSide) {
-    return absl::DataLossError(
-        absl::StrFormat("%s: images are %dx%d, expected 28x28", path, rows, cols));
+    return absl::DataLossError(absl::StrFormat("%s: images are %dx%d, expected 28x28", path, rows, cols));
   }
   if (absl::Status s = CheckBodySize(path, data, kHeader, *count, kPixels, "images"); !s.ok()) return s;
 
@@ -136,8 +134,8 @@ absl::StatusOr<at::Tensor> ParseLabels(const std::string& path, const std::vecto
   for (int64_t i = 0; i < *count; ++i) {
     const uint8_t label = data[kHeader + i];
     if (label >= kFashionMnistClasses) {
-      return absl::DataLossError(absl::StrFormat(
-          "%s: label %d at index %d is outside [0, %d)", path, label, i, kFashionMnistClasses));
+      return absl::DataLossError(
+          absl::StrFormat("%s: label %d at index %d is outside [0, %d)", path, label, i, kFashionMnistClasses));
     }
     out[i] = label;
   }
@@ -193,8 +191,8 @@ absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, Split split) {
   absl::StatusOr<at::Tensor> images = ParseImages(images_path, *image_bytes);
   if (!images.ok()) return images.status();
   if (images->size(0) != labels->size(0)) {
-    return absl::DataLossError(absl::StrFormat("%s has %d images but %s has %d labels", images_path,
-                                               images->size(0), labels_path, labels->size(0)));
+    return absl::DataLossError(absl::StrFormat("%s has %d images but %s has %d labels", images_path, images->size(0),
+                                               labels_path, labels->size(0)));
   }
   return Dataset{*std::move(images), *std::move(labels)};
 }
@@ -211,8 +209,7 @@ Dataset SyntheticDataset(int64_t n, uint64_t seed, double noise) {
   }
 
   n = std::max<int64_t>(n, 0);
-  Dataset data{at::empty({n, 1, kFashionMnistSide, kFashionMnistSide}, at::kFloat),
-               at::empty({n}, at::kLong)};
+  Dataset data{at::empty({n, 1, kFashionMnistSide, kFashionMnistSide}, at::kFloat), at::empty({n}, at::kLong)};
   float* images = data.images.data_ptr<float>();
   int64_t* labels = data.labels.data_ptr<int64_t>();
   Gaussian gaussian(seed);

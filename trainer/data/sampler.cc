@@ -24,20 +24,17 @@ uint64_t Below(std::mt19937_64& gen, uint64_t bound) {
 
 absl::StatusOr<DistributedSampler> DistributedSampler::Create(const SamplerOptions& options) {
   if (options.dataset_size < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("sampler: dataset size %d is negative", options.dataset_size));
+    return absl::InvalidArgumentError(absl::StrFormat("sampler: dataset size %d is negative", options.dataset_size));
   }
   if (options.world_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("sampler: world size %d must be at least 1", options.world_size));
+    return absl::InvalidArgumentError(absl::StrFormat("sampler: world size %d must be at least 1", options.world_size));
   }
   if (options.rank < 0 || options.rank >= options.world_size) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "sampler: rank %d is outside [0, %d)", options.rank, options.world_size));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sampler: rank %d is outside [0, %d)", options.rank, options.world_size));
   }
   if (options.batch_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("sampler: batch size %d must be at least 1", options.batch_size));
+    return absl::InvalidArgumentError(absl::StrFormat("sampler: batch size %d must be at least 1", options.batch_size));
   }
   return DistributedSampler(options);
 }
@@ -54,9 +51,7 @@ std::vector<int64_t> DistributedSampler::Order(int64_t epoch) const {
   return order;
 }
 
-int64_t DistributedSampler::Clamp(int64_t start) const {
-  return std::clamp<int64_t>(start, 0, options_.dataset_size);
-}
+int64_t DistributedSampler::Clamp(int64_t start) const { return std::clamp<int64_t>(start, 0, options_.dataset_size); }
 
 int64_t DistributedSampler::NumSamples(int64_t start) const {
   const int64_t remaining = options_.dataset_size - Clamp(start);

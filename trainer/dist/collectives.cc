@@ -45,13 +45,13 @@ class WorkGroup final : public c10d::Work {
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> StartAllGather(c10d::Backend& pg, const torch::Tensor& shard,
-                                              const torch::Tensor& full, CommBytes* bytes) {
+c10::intrusive_ptr<c10d::Work> StartAllGather(c10d::Backend& pg, const torch::Tensor& shard, const torch::Tensor& full,
+                                              CommBytes* bytes) {
   const int n = pg.getSize();
   TORCH_CHECK(shard.is_contiguous() && full.is_contiguous() && shard.dim() == 1 && full.dim() == 1,
               "all-gather: shard and full buffer must be contiguous 1-d tensors");
-  TORCH_CHECK(full.numel() == n * shard.numel(), "all-gather: full buffer has ", full.numel(),
-              " elements, expected ", n, " x ", shard.numel());
+  TORCH_CHECK(full.numel() == n * shard.numel(), "all-gather: full buffer has ", full.numel(), " elements, expected ",
+              n, " x ", shard.numel());
   const int64_t s = shard.numel();
   if (bytes) bytes->all_gather += s * static_cast<int64_t>(full.element_size()) * (n - 1);
   if (pg.getBackendName() != "gloo" && shard.scalar_type() == full.scalar_type() && shard.device() == full.device()) {
@@ -96,8 +96,8 @@ ReduceScatterOp ReduceScatterOp::Start(c10d::Backend& pg, const torch::Tensor& i
                                        ReduceScatterAlgorithm algorithm, const torch::Tensor& receive) {
   const int n = pg.getSize();
   TORCH_CHECK(input.is_contiguous() && input.dim() == 1, "reduce-scatter: input must be a contiguous 1-d tensor");
-  TORCH_CHECK(input.numel() % n == 0, "reduce-scatter: ", input.numel(),
-              " elements do not split evenly over ", n, " ranks");
+  TORCH_CHECK(input.numel() % n == 0, "reduce-scatter: ", input.numel(), " elements do not split evenly over ", n,
+              " ranks");
   const int64_t needed = ReceiveNumel(algorithm, input.numel(), n);
   TORCH_CHECK(receive.is_contiguous() && receive.numel() >= needed && receive.scalar_type() == input.scalar_type() &&
                   receive.device() == input.device(),
@@ -190,8 +190,7 @@ void AllGather(c10d::Backend& pg, const torch::Tensor& shard, const torch::Tenso
   StartAllGather(pg, shard, full, bytes)->wait();
 }
 
-void ReduceScatter(c10d::Backend& pg, const torch::Tensor& input, const torch::Tensor& output,
-                   CommBytes* bytes) {
+void ReduceScatter(c10d::Backend& pg, const torch::Tensor& input, const torch::Tensor& output, CommBytes* bytes) {
   ReduceScatterOp::Start(pg, input, bytes).Finish(output, 1.0, false);
 }
 

@@ -46,8 +46,8 @@ struct CommBytes {
 // full is rank r's shard. `shard` may be a view of `full`, and may have another dtype (it is cast
 // into this rank's chunk first, and the gather runs in full's dtype: mixed precision). Returns
 // the work to wait on; the tensors must stay alive until then. Nothing is allocated but the works.
-c10::intrusive_ptr<c10d::Work> StartAllGather(c10d::Backend& pg, const torch::Tensor& shard,
-                                              const torch::Tensor& full, CommBytes* bytes);
+c10::intrusive_ptr<c10d::Work> StartAllGather(c10d::Backend& pg, const torch::Tensor& shard, const torch::Tensor& full,
+                                              CommBytes* bytes);
 
 // A reduce-scatter in flight: `input` ([n*s]) of every rank summed chunk-wise, this rank
 // receiving chunk `rank`.
@@ -72,7 +72,7 @@ class ReduceScatterOp {
  private:
   bool started_ = false;
   c10::intrusive_ptr<c10d::Work> work_;  // Null for a world of one.
-  torch::Tensor input_;     // Kept alive while Gloo reads it.
+  torch::Tensor input_;                  // Kept alive while Gloo reads it.
   // kAllToAll: [n, s], row r is rank r's chunk for this rank; kNative: [1, s], the sum.
   torch::Tensor received_;
 };
@@ -82,12 +82,10 @@ class ReduceScatterOp {
 // buckets of at most that size. So no copy of the whole model is ever made: the largest
 // temporary is one bucket.
 inline constexpr int64_t kBroadcastBucketBytes = 16 << 20;
-void BroadcastFromRank0(c10d::Backend& pg, const std::vector<torch::Tensor>& tensors,
-                        CommBytes* bytes = nullptr);
+void BroadcastFromRank0(c10d::Backend& pg, const std::vector<torch::Tensor>& tensors, CommBytes* bytes = nullptr);
 
 // Synchronous forms, for tests and simple callers.
-void AllGather(c10d::Backend& pg, const torch::Tensor& shard, const torch::Tensor& full,
-               CommBytes* bytes = nullptr);
+void AllGather(c10d::Backend& pg, const torch::Tensor& shard, const torch::Tensor& full, CommBytes* bytes = nullptr);
 void ReduceScatter(c10d::Backend& pg, const torch::Tensor& input, const torch::Tensor& output,
                    CommBytes* bytes = nullptr);
 

@@ -11,13 +11,13 @@
 namespace elrun::trainer {
 namespace {
 
-absl::StatusOr<int> IntVar(const std::map<std::string, std::string>& env, const std::string& name,
-                           int min, std::optional<int> fallback = std::nullopt) {
+absl::StatusOr<int> IntVar(const std::map<std::string, std::string>& env, const std::string& name, int min,
+                           std::optional<int> fallback = std::nullopt) {
   auto it = env.find(name);
   if (it == env.end()) {
     if (fallback) return *fallback;
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, " is not set; start workers with elrun (or torchrun), which sets the env contract"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " is not set; start workers with elrun (or torchrun), which sets the env contract"));
   }
   int value = 0;
   if (!absl::SimpleAtoi(it->second, &value) || value < min) {
@@ -76,7 +76,8 @@ absl::StatusOr<Dist> InitProcessGroup(const DistEnv& env, BackendKind backend, i
                   : MakeGlooBackend(dist.store, env.rank, env.world_size, env.master_addr, timeout);
     return dist;
   } catch (const c10::Error& error) {
-    return absl::UnavailableError(absl::StrCat("process group (", BackendName(backend), "): ", error.what_without_backtrace()));
+    return absl::UnavailableError(
+        absl::StrCat("process group (", BackendName(backend), "): ", error.what_without_backtrace()));
   } catch (const std::exception& error) {
     return absl::UnavailableError(absl::StrCat("process group (", BackendName(backend), "): ", error.what()));
   }

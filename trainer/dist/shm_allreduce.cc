@@ -1,8 +1,8 @@
 #include "trainer/dist/shm_allreduce.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -21,10 +21,10 @@
 
 #include <ATen/ATen.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/numbers.h"
 
 namespace elrun::trainer {
 namespace {
@@ -33,7 +33,7 @@ constexpr uint64_t kMagic = 0x656c72756e736d31;  // "elrunsm1"
 constexpr size_t kRanksOffset = 128;
 constexpr size_t kRankStride = 64;
 constexpr size_t kPage = 4096;
-constexpr int64_t kAlign = 64;  // Bytes: slots and slices start on cache lines.
+constexpr int64_t kAlign = 64;   // Bytes: slots and slices start on cache lines.
 constexpr int kShortSpin = 200;  // Pauses: a few microseconds.
 // The longest a barrier spins, yielding, before it sleeps (see the class comment).
 constexpr std::chrono::milliseconds kSpin{10};
@@ -321,7 +321,9 @@ void ShmAllreduce::Barrier(uint64_t target) {
       throw std::runtime_error(absl::StrFormat("shared-memory all-reduce: rank(s) %s did not arrive within %.3g s",
                                                names.str(), timeout_.count() / 1000.0));
     }
-    struct timespec slice {0, 50 * 1000 * 1000};  // Re-check liveness and the deadline every 50 ms.
+    struct timespec slice {
+      0, 50 * 1000 * 1000
+    };  // Re-check liveness and the deadline every 50 ms.
     ::syscall(SYS_futex, bell, FUTEX_WAIT, rung, &slice, nullptr, 0);
   }
 }

@@ -43,9 +43,10 @@ class ShmAllreduce {
   // Collective over `store` (keys under `key_prefix`). `capacity_bytes`: the largest tensor an op
   // takes. The segment holds 2 x world_size slots of that size; pages a rank never touches cost
   // no memory. Unavailable (on every rank) when the ranks cannot share the segment.
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<ShmAllreduce>> Create(
-      c10d::Store& store, const std::string& key_prefix, int rank, int world_size, int64_t capacity_bytes,
-      std::chrono::milliseconds timeout);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<ShmAllreduce>> Create(c10d::Store& store,
+                                                                            const std::string& key_prefix, int rank,
+                                                                            int world_size, int64_t capacity_bytes,
+                                                                            std::chrono::milliseconds timeout);
   ~ShmAllreduce();
   ShmAllreduce(const ShmAllreduce&) = delete;
   ShmAllreduce& operator=(const ShmAllreduce&) = delete;
@@ -84,10 +85,10 @@ class ShmAllreduce {
   absl::Mutex mutex_;
   absl::CondVar wake_;
   std::deque<c10::intrusive_ptr<Op>> queue_ ABSL_GUARDED_BY(mutex_);
-  std::atomic<bool> stopping_{false};         // Set under mutex_; Barrier reads it without.
-  const bool may_spin_;                       // world_ <= the CPUs this process may use.
-  std::string broken_;                        // Set by the thread: why ops now fail.
-  uint64_t generation_ = 0;                   // Ops run so far (the thread's).
+  std::atomic<bool> stopping_{false};  // Set under mutex_; Barrier reads it without.
+  const bool may_spin_;                // world_ <= the CPUs this process may use.
+  std::string broken_;                 // Set by the thread: why ops now fail.
+  uint64_t generation_ = 0;            // Ops run so far (the thread's).
   std::thread thread_;
 };
 

@@ -53,8 +53,8 @@ void BufferPool::LendTo(const torch::Tensor& t) {
   const int64_t bytes = NeededBytes(t);
   const int64_t element = static_cast<int64_t>(c10::elementSize(options_.dtype().toScalarType()));
   TORCH_CHECK(t.scalar_type() == options_.dtype().toScalarType() && t.device() == options_.device(),
-              "buffer pool: tensor of ", t.toString(), " on ", t.device(), ", the pool lends ",
-              options_.dtype(), " on ", options_.device());
+              "buffer pool: tensor of ", t.toString(), " on ", t.device(), ", the pool lends ", options_.dtype(),
+              " on ", options_.device());
   const Loan loan = Lend((bytes + element - 1) / element);
   buffers_[loan.index].borrower = storage;
   // Not owning: the pool keeps the memory, TakeFrom() takes it back.
@@ -65,8 +65,8 @@ void BufferPool::LendTo(const torch::Tensor& t) {
 void BufferPool::TakeFrom(const torch::Tensor& t) {
   if (!t.defined()) return;
   c10::StorageImpl* storage = StorageOf(t);
-  auto it = std::find_if(buffers_.begin(), buffers_.end(),
-                         [&](const Buffer& b) { return b.lent && b.borrower == storage; });
+  auto it =
+      std::find_if(buffers_.begin(), buffers_.end(), [&](const Buffer& b) { return b.lent && b.borrower == storage; });
   if (it == buffers_.end()) return;  // Not lent to it (already taken back).
   storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
   storage->set_nbytes(0);

@@ -43,7 +43,7 @@ class BufferPool {
   void TakeFrom(const torch::Tensor& t);
   static bool HasMemory(const torch::Tensor& t);
 
-  int64_t bytes() const { return bytes_; }           // Everything the pool holds.
+  int64_t bytes() const { return bytes_; }            // Everything the pool holds.
   int64_t lent_bytes() const { return lent_bytes_; }  // What is lent now.
   int64_t peak_lent_bytes() const { return peak_lent_bytes_; }
   int buffers() const { return static_cast<int>(buffers_.size()); }

@@ -39,8 +39,8 @@ c10::DataPtr CachingCpuAllocator::allocate(size_t bytes) {
   const bool mapped = block == nullptr;
   if (mapped) {
     block = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    TORCH_CHECK(block != MAP_FAILED, "CachingCpuAllocator: out of memory mapping ", size, " bytes: ",
-                std::strerror(errno));
+    TORCH_CHECK(block != MAP_FAILED, "CachingCpuAllocator: out of memory mapping ", size,
+                " bytes: ", std::strerror(errno));
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (mapped) ++stats_.maps;

@@ -37,12 +37,12 @@ class CachingCpuAllocator final : public c10::Allocator {
   static constexpr size_t kGranule = 4096;  // A page: sizes are classes to the page.
 
   struct Stats {
-    int64_t live_bytes = 0;       // In blocks handed out and not freed.
-    int64_t cached_bytes = 0;     // In free blocks kept for reuse.
+    int64_t live_bytes = 0;         // In blocks handed out and not freed.
+    int64_t cached_bytes = 0;       // In free blocks kept for reuse.
     int64_t peak_mapped_bytes = 0;  // Highest live + cached.
     int64_t peak_live_bytes = 0;    // Highest live since construction or ResetPeak().
-    int64_t maps = 0;             // Fresh mappings made.
-    int64_t reuses = 0;           // Requests served from a free list.
+    int64_t maps = 0;               // Fresh mappings made.
+    int64_t reuses = 0;             // Requests served from a free list.
   };
 
   // The process's instance (created on first use with the given limit; later limits are ignored).

@@ -13,9 +13,8 @@ namespace {
 // oneDNN from 16 rows on, or from 2 rows with more than one intra-op thread; otherwise its own
 // 1x1 path, which is slower than the BLAS product.
 bool OneDnnTakesIt(const at::Tensor& input, const at::Tensor& weight) {
-  return at::hasMKLDNN() && at::globalContext().userEnabledMkldnn() && input.dim() == 2 &&
-         input.device().is_cpu() && weight.device().is_cpu() && input.scalar_type() == at::kFloat &&
-         weight.scalar_type() == at::kFloat &&
+  return at::hasMKLDNN() && at::globalContext().userEnabledMkldnn() && input.dim() == 2 && input.device().is_cpu() &&
+         weight.device().is_cpu() && input.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
          (input.size(0) >= 16 || (input.size(0) > 1 && at::get_num_threads() > 1));
 }
 
@@ -27,9 +26,7 @@ absl::StatusOr<LinearKernel> ParseLinearKernel(std::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("linear kernel '", std::string(name), "': expected onednn or aten"));
 }
 
-std::string LinearKernelName(LinearKernel kernel) {
-  return kernel == LinearKernel::kOneDnn ? "onednn" : "aten";
-}
+std::string LinearKernelName(LinearKernel kernel) { return kernel == LinearKernel::kOneDnn ? "onednn" : "aten"; }
 
 at::Tensor Linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias, LinearKernel kernel) {
   if (kernel == LinearKernel::kAten || !OneDnnTakesIt(input, weight)) return at::linear(input, weight, bias);

@@ -37,11 +37,13 @@ class Ddp final : public DataParallel {
     return LoadCheckpoint(CheckpointPath(dir), *model_, optimizer);
   }
 
-  absl::Status Save(const std::string& dir, torch::optim::Optimizer& optimizer, const TrainProgress& progress) override {
+  absl::Status Save(const std::string& dir, torch::optim::Optimizer& optimizer,
+                    const TrainProgress& progress) override {
     return rank_ == 0 ? SaveCheckpoint(CheckpointPath(dir), *model_, optimizer, progress) : absl::OkStatus();
   }
 
-  absl::Status Export(const std::string& dir, torch::optim::Optimizer& optimizer, const TrainProgress& progress) override {
+  absl::Status Export(const std::string& dir, torch::optim::Optimizer& optimizer,
+                      const TrainProgress& progress) override {
     return Save(dir, optimizer, progress);
   }
 
@@ -92,11 +94,13 @@ class Fsdp final : public DataParallel {
     return LoadSharded(dir, fsdp_, optimizer);
   }
 
-  absl::Status Save(const std::string& dir, torch::optim::Optimizer& optimizer, const TrainProgress& progress) override {
+  absl::Status Save(const std::string& dir, torch::optim::Optimizer& optimizer,
+                    const TrainProgress& progress) override {
     return SaveSharded(dir, fsdp_, optimizer, progress);
   }
 
-  absl::Status Export(const std::string& dir, torch::optim::Optimizer& optimizer, const TrainProgress& progress) override {
+  absl::Status Export(const std::string& dir, torch::optim::Optimizer& optimizer,
+                      const TrainProgress& progress) override {
     absl::Status saved = Save(dir, optimizer, progress);
     if (!saved.ok()) return saved;
     return ExportConsolidated(dir + "/model.pt", fsdp_, optimizer, progress);
@@ -145,8 +149,8 @@ std::unique_ptr<ChildSink> DataParallel::ShardingSink(Strategy strategy, c10::in
 }
 
 std::unique_ptr<DataParallel> DataParallel::Create(Strategy strategy, std::shared_ptr<Classifier> model,
-                                                   c10::intrusive_ptr<c10d::Backend> pg,
-                                                   const DdpOptions& ddp_options, std::unique_ptr<ChildSink> sink,
+                                                   c10::intrusive_ptr<c10d::Backend> pg, const DdpOptions& ddp_options,
+                                                   std::unique_ptr<ChildSink> sink,
                                                    const FsdpOptions& sharding_options) {
   const std::optional<ShardingStrategy> sharding = Sharding(strategy);
   if (!sharding) {

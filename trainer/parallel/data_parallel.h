@@ -16,10 +16,10 @@
 
 #include "absl/status/statusor.h"
 #include "trainer/checkpoint/checkpoint.h"
-#include "trainer/parallel/ddp.h"
-#include "trainer/parallel/fsdp.h"
 #include "trainer/memory/memory.h"
 #include "trainer/nn/module_hooks.h"
+#include "trainer/parallel/ddp.h"
+#include "trainer/parallel/fsdp.h"
 #include "trainer/parallel/strategy.h"
 
 namespace elrun::trainer {

@@ -17,15 +17,13 @@ struct DistributedDataParallel::Bucket {
   c10::intrusive_ptr<c10d::Work> work;
 };
 
-
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                                                 c10::intrusive_ptr<c10d::Backend> pg,
-                                                 DdpOptions options)
+                                                 c10::intrusive_ptr<c10d::Backend> pg, DdpOptions options)
     : module_(std::move(module)), pg_(std::move(pg)), options_(options) {
   TORCH_CHECK(!options_.shm || options_.shm->Spans(*pg_),
-              "DistributedDataParallel: the shared-memory all-reduce spans rank ", options_.shm ? options_.shm->rank() : 0,
-              " of ", options_.shm ? options_.shm->world_size() : 0, ", the process group rank ", pg_->getRank(), " of ",
-              pg_->getSize());
+              "DistributedDataParallel: the shared-memory all-reduce spans rank ",
+              options_.shm ? options_.shm->rank() : 0, " of ", options_.shm ? options_.shm->world_size() : 0,
+              ", the process group rank ", pg_->getRank(), " of ", pg_->getSize());
   for (const auto& item : module_->named_parameters()) {
     if (!item.value().requires_grad()) continue;
     params_.push_back(item.value());
@@ -77,8 +75,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   for (size_t k = 0; k < params_.size(); ++k) {
     auto accumulator = torch::autograd::impl::grad_accumulator(params_[k]);
     accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, k](const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
+        [this, k](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
           OnGradReady(k);
           return outputs;
         }));
@@ -145,9 +142,8 @@ void DistributedDataParallel::Finalize() {
       std::ostringstream names;
       for (size_t i = 0; i < unused.size() && i < 8; ++i) names << (i ? ", " : "") << unused[i];
       ResetIteration();
-      TORCH_CHECK(false, "DistributedDataParallel: ", unused.size(),
-                  " parameter(s) got no gradient in this backward (", names.str(),
-                  "); set find_unused_parameters if some parameters are legitimately unused");
+      TORCH_CHECK(false, "DistributedDataParallel: ", unused.size(), " parameter(s) got no gradient in this backward (",
+                  names.str(), "); set find_unused_parameters if some parameters are legitimately unused");
     }
     for (size_t k = 0; k < params_.size(); ++k) {
       if (!ready_[k]) OnGradReady(k);  // Reduced as zeros.

@@ -51,8 +51,8 @@ class DistributedDataParallel {
   // Wraps `module` (kept alive by the wrapper). Broadcasts its parameters and buffers from rank
   // 0. Throws c10::Error when the collective fails, or when options.shm spans other ranks than
   // `pg`.
-  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                          c10::intrusive_ptr<c10d::Backend> pg, DdpOptions options = {});
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, c10::intrusive_ptr<c10d::Backend> pg,
+                          DdpOptions options = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;

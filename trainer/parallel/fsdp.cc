@@ -13,17 +13,17 @@
 namespace elrun::trainer {
 
 struct FullyShardedDataParallel::Unit {
-  std::vector<torch::Tensor> params;  // The module's parameters: views of `full`.
-  std::vector<int64_t> offsets;       // Of each parameter in `full`.
-  torch::Tensor full;                 // [padded]; kFullShard: lent by the pool while gathered.
-  torch::Tensor shard;                // [shard_numel]: a view of `full` unless kFullShard.
-  torch::Tensor flat_grad;            // [padded]; the parameters' .grad are views of it; lent by
-                                      // the pool while needed when separate_grad.
-  bool separate_shard = false;        // kFullShard: shard is not a view of full.
-  bool separate_grad = false;         // kShardGradOp/kFullShard: the gradient shard has its own memory.
-  bool gathered = false;              // kFullShard: full holds the current parameters.
-  int64_t gathered_version = -1;      // kShardOptimizer/GradOp: full's version after the last gather.
-  bool stale = false;                 // kShardOptimizer/GradOp: a synchronized backward since then.
+  std::vector<torch::Tensor> params;           // The module's parameters: views of `full`.
+  std::vector<int64_t> offsets;                // Of each parameter in `full`.
+  torch::Tensor full;                          // [padded]; kFullShard: lent by the pool while gathered.
+  torch::Tensor shard;                         // [shard_numel]: a view of `full` unless kFullShard.
+  torch::Tensor flat_grad;                     // [padded]; the parameters' .grad are views of it; lent by
+                                               // the pool while needed when separate_grad.
+  bool separate_shard = false;                 // kFullShard: shard is not a view of full.
+  bool separate_grad = false;                  // kShardGradOp/kFullShard: the gradient shard has its own memory.
+  bool gathered = false;                       // kFullShard: full holds the current parameters.
+  int64_t gathered_version = -1;               // kShardOptimizer/GradOp: full's version after the last gather.
+  bool stale = false;                          // kShardOptimizer/GradOp: a synchronized backward since then.
   c10::intrusive_ptr<c10d::Work> gather_work;  // A prefetch in flight.
   std::vector<bool> ready;
   size_t pending = 0;
@@ -240,8 +240,7 @@ void FullyShardedDataParallel::Builder::TakeChild(const std::string& name, torch
 }
 
 FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> module,
-                                                   c10::intrusive_ptr<c10d::Backend> pg,
-                                                   FsdpOptions options)
+                                                   c10::intrusive_ptr<c10d::Backend> pg, FsdpOptions options)
     : FullyShardedDataParallel(std::move(module), Builder(std::move(pg), options, torch::kCPU),
                                /*broadcast_all=*/true) {}
 
@@ -250,7 +249,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> m
 
 FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> module, Builder built,
                                                    bool broadcast_all)
-    : module_(std::move(module)), pg_(built.pg_), options_(built.options_), rank_(pg_->getRank()),
+    : module_(std::move(module)),
+      pg_(built.pg_),
+      options_(built.options_),
+      rank_(pg_->getRank()),
       world_(pg_->getSize()) {
   const ShardingStrategy strategy = options_.strategy;
   shards_per_unit_ = strategy == ShardingStrategy::kNoShard ? 1 : world_;
@@ -403,8 +405,7 @@ void FullyShardedDataParallel::ResetPeak() {
 void FullyShardedDataParallel::Prefetch(Unit& unit) {
   if (unit.gather_work) return;
   switch (options_.strategy) {
-    case ShardingStrategy::kNoShard:
-      return;
+    case ShardingStrategy::kNoShard: return;
     case ShardingStrategy::kShardOptimizer:
     case ShardingStrategy::kShardGradOp:
       // Optimizers may update through .data() (SGD does), which the version counter does not
@@ -483,8 +484,8 @@ torch::Tensor FullyShardedDataParallel::AfterChild(const std::string& name, torc
 torch::Tensor FullyShardedDataParallel::forward(const torch::Tensor& input) {
   forward_order_.clear();
   // Mixed precision: the model computes in param_dtype; the caller gets its own dtype back.
-  const bool cast = options_.param_dtype.has_value() && input.is_floating_point() &&
-                    input.scalar_type() != *options_.param_dtype;
+  const bool cast =
+      options_.param_dtype.has_value() && input.is_floating_point() && input.scalar_type() != *options_.param_dtype;
   if (root_ >= 0) PreForward(root_);
   torch::Tensor output = module_->forward(cast ? input.to(*options_.param_dtype) : input);
   if (root_ >= 0) output = PostForward(root_, output);
@@ -523,9 +524,7 @@ void FullyShardedDataParallel::EnsureGradShard(Unit& unit) {
       unit.grad_version = -1;
       break;
     case ShardingStrategy::kShardGradOp:
-    case ShardingStrategy::kFullShard:
-      unit.shard.mutable_grad() = torch::zeros({s}, unit.shard.options());
-      break;
+    case ShardingStrategy::kFullShard: unit.shard.mutable_grad() = torch::zeros({s}, unit.shard.options()); break;
   }
 }
 
@@ -569,7 +568,7 @@ void FullyShardedDataParallel::OnGradReady(size_t u, size_t i) {
 void FullyShardedDataParallel::Reduce(size_t u) {
   Unit& unit = *units_[u];
   if (!unit.grad_pending) EnsureGradShard(unit);
-  FinishReductions(0);  // At most one reduction in flight: bounds the unsharded gradients held.
+  FinishReductions(0);               // At most one reduction in flight: bounds the unsharded gradients held.
   if (!Allocated(unit.flat_grad)) {  // Not part of this backward: reduces zeros.
     pools_->For(unit.flat_grad).LendTo(unit.flat_grad);
     unit.flat_grad.zero_();
@@ -668,9 +667,9 @@ std::map<std::string, torch::Tensor> FullyShardedDataParallel::FullParameters() 
       torch::Tensor flat = torch::empty({unit.full.numel()}, unit.full.options().dtype(unit.shard.dtype()));
       StartAllGather(*pg_, unit.shard, flat, &bytes_)->wait();
       for (size_t i = 0; i < unit.params.size(); ++i) {
-        result[infos_[u].param_names[i]] =
-            flat.narrow(0, unit.offsets[i], unit.params[i].numel()).view(unit.params[i].sizes()).to(
-                unit.shard.device(), /*non_blocking=*/false, /*copy=*/true);
+        result[infos_[u].param_names[i]] = flat.narrow(0, unit.offsets[i], unit.params[i].numel())
+                                               .view(unit.params[i].sizes())
+                                               .to(unit.shard.device(), /*non_blocking=*/false, /*copy=*/true);
       }
       continue;
     }

@@ -42,8 +42,8 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "absl/status/statusor.h"
-#include "trainer/memory/buffer_pool.h"
 #include "trainer/dist/collectives.h"
+#include "trainer/memory/buffer_pool.h"
 #include "trainer/nn/module_hooks.h"
 
 namespace elrun::trainer {
@@ -75,7 +75,7 @@ struct FsdpOptions {
 };
 
 struct FsdpUnitInfo {
-  std::string name;  // The child's name; "" for the root unit.
+  std::string name;                      // The child's name; "" for the root unit.
   std::vector<std::string> param_names;  // Full names (as module->named_parameters()).
   std::vector<std::vector<int64_t>> shapes;
   int64_t numel = 0;        // Trainable elements.
@@ -85,12 +85,12 @@ struct FsdpUnitInfo {
 
 // Bytes of parameter and gradient storage this rank holds (optimizer state: memory.h).
 struct FsdpMemory {
-  int64_t params = 0;   // Gathered full units and separately held shards.
-  int64_t grads = 0;    // Unsharded gradient buffers and separately held gradient shards.
-  int64_t working = 0;  // Receive buffers of reduce-scatters in flight.
-  int64_t pooled = 0;   // What the buffer pool holds, lent or not (buffer_pool.h).
+  int64_t params = 0;          // Gathered full units and separately held shards.
+  int64_t grads = 0;           // Unsharded gradient buffers and separately held gradient shards.
+  int64_t working = 0;         // Receive buffers of reduce-scatters in flight.
+  int64_t pooled = 0;          // What the buffer pool holds, lent or not (buffer_pool.h).
   int64_t pool_peak_lent = 0;  // The most the pool had lent at one time.
-  int64_t held = 0;     // All this memory that is resident: shards, kept buffers and the pool.
+  int64_t held = 0;            // All this memory that is resident: shards, kept buffers and the pool.
   // Highest of params + grads + working and of held since construction or ResetPeak.
   int64_t peak = 0;
 };
@@ -170,8 +170,7 @@ class FullyShardedDataParallel : private ChildForwardHooks {
   using NamedParamList = std::vector<std::pair<std::string, torch::Tensor>>;
   FullyShardedDataParallel(std::shared_ptr<Classifier> module, Builder built, bool broadcast_all);
   static std::unique_ptr<Unit> MakeUnit(BufferPools& pools, const FsdpOptions& options, int rank, int n,
-                                        const std::string& name, const NamedParamList& params,
-                                        FsdpUnitInfo* info);
+                                        const std::string& name, const NamedParamList& params, FsdpUnitInfo* info);
   c10::ScalarType ReduceDtype(const Unit& unit) const;
   // Gives back a reduction's receive space and its cast copy of the gradient, where lent.
   void ReturnReduceLoans(Unit& unit);

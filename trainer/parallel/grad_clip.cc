@@ -15,8 +15,9 @@ double ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm, c
     squares = squares.defined() ? squares + s : s;
   }
   if (!squares.defined()) {
-    squares = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(
-                                   params.empty() ? torch::Device(torch::kCPU) : params.front().device()));
+    squares = torch::zeros({}, torch::TensorOptions()
+                                   .dtype(torch::kFloat64)
+                                   .device(params.empty() ? torch::Device(torch::kCPU) : params.front().device()));
   }
   if (shards_over != nullptr) {
     // On the backend's device (offloaded shards are CPU tensors, NCCL takes CUDA ones).

@@ -90,8 +90,8 @@ absl::StatusOr<TrainProgress> LoadOwnShards(const std::string& dir, FullySharded
   }
   const std::string where = absl::StrCat(step_dir, ": ");
   if (files[0].at("optimizer_kind").toStringRef() != *kind) {
-    return absl::InvalidArgumentError(absl::StrCat(where, "holds ", files[0].at("optimizer_kind").toStringRef(),
-                                                   " state; this run uses ", *kind));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "holds ", files[0].at("optimizer_kind").toStringRef(), " state; this run uses ", *kind));
   }
   try {
     torch::NoGradGuard no_grad;
@@ -99,7 +99,8 @@ absl::StatusOr<TrainProgress> LoadOwnShards(const std::string& dir, FullySharded
     std::vector<c10::List<c10::IValue>> saved_units;
     for (const auto& file : files) saved_units.push_back(file.at("units").toList());
     if (saved_units[0].size() != infos.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, saved_units[0].size(), " units, the model has ", infos.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, saved_units[0].size(), " units, the model has ", infos.size()));
     }
     const int64_t begin_unit = fsdp.shard_count() == 1 ? 0 : fsdp.rank();
     for (size_t u = 0; u < infos.size(); ++u) {
@@ -107,8 +108,8 @@ absl::StatusOr<TrainProgress> LoadOwnShards(const std::string& dir, FullySharded
       std::vector<std::string> names;
       for (const c10::IValue& n : saved.at("param_names").toList().vec()) names.push_back(n.toStringRef());
       if (names != infos[u].param_names || saved.at("numel").toInt() != infos[u].numel) {
-        return absl::InvalidArgumentError(absl::StrCat(where, "unit ", u, " ('", infos[u].name,
-                                                       "') has other parameters than the model's"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "unit ", u, " ('", infos[u].name, "') has other parameters than the model's"));
       }
       const int64_t saved_shard = saved.at("shard_numel").toInt();
       const int64_t begin = begin_unit * infos[u].shard_numel;
@@ -214,11 +215,13 @@ absl::Status SaveSharded(const std::string& dir, FullyShardedDataParallel& fsdp,
       std::error_code error;
       for (const auto& entry : fs::directory_iterator(root, error)) {
         const std::string name = entry.path().filename();
-        if (entry.is_directory() && name.rfind("step-", 0) == 0 && name != step_name) fs::remove_all(entry.path(), error);
+        if (entry.is_directory() && name.rfind("step-", 0) == 0 && name != step_name)
+          fs::remove_all(entry.path(), error);
       }
     }
   }
-  if (!AllOk(pg, status.ok())) return status.ok() ? absl::AbortedError("rank 0 failed to publish the checkpoint") : status;
+  if (!AllOk(pg, status.ok()))
+    return status.ok() ? absl::AbortedError("rank 0 failed to publish the checkpoint") : status;
   return absl::OkStatus();
 }
 

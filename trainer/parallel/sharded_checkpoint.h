@@ -24,13 +24,13 @@
 
 #include "absl/status/statusor.h"
 #include "trainer/checkpoint/checkpoint.h"
-#include "trainer/parallel/fsdp.h"
 #include "trainer/checkpoint/optimizer_state.h"
+#include "trainer/parallel/fsdp.h"
 
 namespace elrun::trainer {
 
-absl::Status SaveSharded(const std::string& dir, FullyShardedDataParallel& fsdp,
-                         torch::optim::Optimizer& optimizer, const TrainProgress& progress);
+absl::Status SaveSharded(const std::string& dir, FullyShardedDataParallel& fsdp, torch::optim::Optimizer& optimizer,
+                         const TrainProgress& progress);
 
 // NotFound when `dir` holds no sharded checkpoint; InvalidArgument when it does not match the
 // model (units, names, sizes) or the optimizer type.

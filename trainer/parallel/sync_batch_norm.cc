@@ -22,14 +22,15 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
   // `mean` and `var`: the global batch statistics, in the input's type. Without `affine`,
   // `weight` and `bias` are ones and zeros and get no gradient (LibTorch 1.13's custom functions
   // cannot take undefined tensors).
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor input, torch::Tensor weight,
-                               torch::Tensor bias, torch::Tensor mean, torch::Tensor var, double eps,
-                               double count, bool affine, c10d::Backend* pg, ShmAllreduce* shm) {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor input, torch::Tensor weight, torch::Tensor bias,
+                               torch::Tensor mean, torch::Tensor var, double eps, double count, bool affine,
+                               c10d::Backend* pg, ShmAllreduce* shm) {
     // Inference-mode batch norm with the global statistics as its "running" ones: one pass.
     // ATen's kernel divides by the batch size, so an empty batch does not go through it.
-    torch::Tensor out = input.numel() == 0 ? at::empty_like(input)
-                                           : std::get<0>(at::native_batch_norm(input, weight, bias, mean, var,
-                                                                               /*training=*/false, /*momentum=*/0, eps));
+    torch::Tensor out = input.numel() == 0
+                            ? at::empty_like(input)
+                            : std::get<0>(at::native_batch_norm(input, weight, bias, mean, var,
+                                                                /*training=*/false, /*momentum=*/0, eps));
     ctx->save_for_backward({input, weight, mean, torch::rsqrt(var + eps)});
     ctx->saved_data["count"] = count;
     ctx->saved_data["affine"] = affine;
@@ -85,8 +86,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
 
 }  // namespace
 
-SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options,
-                                     c10::intrusive_ptr<c10d::Backend> pg, std::shared_ptr<ShmAllreduce> shm)
+SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options, c10::intrusive_ptr<c10d::Backend> pg,
+                                     std::shared_ptr<ShmAllreduce> shm)
     : options_(options), pg_(std::move(pg)), shm_(std::move(shm)) {
   TORCH_CHECK(!shm_ || shm_->Spans(*pg_),
               "SyncBatchNorm: the shared-memory all-reduce spans other ranks than the process group");
@@ -103,12 +104,11 @@ SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options,
 }
 
 torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
-  TORCH_CHECK(input.dim() >= 2 && input.size(1) == options_.num_features(),
-              "SyncBatchNorm: expected input [N, ", options_.num_features(), ", ...], got ",
-              input.sizes());
+  TORCH_CHECK(input.dim() >= 2 && input.size(1) == options_.num_features(), "SyncBatchNorm: expected input [N, ",
+              options_.num_features(), ", ...], got ", input.sizes());
   const int64_t c = options_.num_features();
   if (!is_training() && options_.track_running_stats()) {  // Running stats, no communication.
-    if (input.numel() == 0) return input.clone();  // ATen's kernel divides by the batch size.
+    if (input.numel() == 0) return input.clone();          // ATen's kernel divides by the batch size.
     return std::get<0>(at::native_batch_norm(input, options_.affine() ? weight : torch::Tensor(),
                                              options_.affine() ? bias : torch::Tensor(), running_mean, running_var,
                                              /*training=*/false, /*momentum=*/0, options_.eps()));
@@ -134,18 +134,15 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
   if (options_.track_running_stats()) {
     torch::NoGradGuard no_grad;
     num_batches_tracked += 1;
-    double momentum = options_.momentum().has_value()
-                          ? *options_.momentum()
-                          : 1.0 / num_batches_tracked.item<double>();
+    double momentum = options_.momentum().has_value() ? *options_.momentum() : 1.0 / num_batches_tracked.item<double>();
     torch::Tensor unbiased = count > 1 ? var * (count / (count - 1)) : var;
     running_mean.mul_(1 - momentum).add_(mean.to(running_mean.scalar_type()) * momentum);
     running_var.mul_(1 - momentum).add_(unbiased.to(running_var.scalar_type()) * momentum);
   }
   const bool affine = options_.affine();
-  return SyncBatchNormFunction::apply(input, affine ? weight : torch::ones({c}, input.options()),
-                                      affine ? bias : torch::zeros({c}, input.options()),
-                                      mean.to(input.scalar_type()), var.to(input.scalar_type()), options_.eps(), count,
-                                      affine, pg_.get(), shm_.get());
+  return SyncBatchNormFunction::apply(
+      input, affine ? weight : torch::ones({c}, input.options()), affine ? bias : torch::zeros({c}, input.options()),
+      mean.to(input.scalar_type()), var.to(input.scalar_type()), options_.eps(), count, affine, pg_.get(), shm_.get());
 }
 
 namespace {

@@ -28,7 +28,7 @@ class SyncBatchNormImpl : public torch::nn::Module {
 
   const torch::nn::BatchNormOptions& options() const { return options_; }
 
-  torch::Tensor weight, bias;                               // Parameters when affine.
+  torch::Tensor weight, bias;                                    // Parameters when affine.
   torch::Tensor running_mean, running_var, num_batches_tracked;  // Buffers when tracking.
 
  private:

@@ -23,8 +23,8 @@
 #include <memory>
 #include <utility>
 
-#include "trainer/parallel/data_parallel.h"
 #include "trainer/optim/foreach_sgd.h"
+#include "trainer/parallel/data_parallel.h"
 
 namespace elrun::trainer {
 

@@ -27,8 +27,7 @@ std::set<ActivityType> Activities(bool cuda) {
 
 // One step's "ProfilerStep#N" range, as torch.profiler.profile.step() records it.
 struct StepProfiler::StepScope {
-  explicit StepScope(int64_t step)
-      : name(absl::StrCat("ProfilerStep#", step)), record(at::RecordScope::USER_SCOPE) {
+  explicit StepScope(int64_t step) : name(absl::StrCat("ProfilerStep#", step)), record(at::RecordScope::USER_SCOPE) {
     if (record.isActive()) record.before(name);
   }
   std::string name;  // Outlives `record`, which refers to it.

@@ -25,9 +25,7 @@ struct Snapshot {
   size_t jobs = 0;
   std::map<std::string, std::tuple<uint64_t, bool, bool, int, int, int, int, int>> views;
   size_t messages = 0;
-  bool operator==(const Snapshot& o) const {
-    return jobs == o.jobs && views == o.views && messages == o.messages;
-  }
+  bool operator==(const Snapshot& o) const { return jobs == o.jobs && views == o.views && messages == o.messages; }
 };
 
 class Fuzzer {
@@ -136,7 +134,7 @@ class Fuzzer {
     s.jobs = coordinator_.job_count();
     for (const char* run_id : {"a", "b"}) {
       if (auto v = coordinator_.View(run_id)) {
-        s.views[run_id] = {v->round, v->running, v->done, v->restart_count,
+        s.views[run_id] = {v->round,  v->running, v->done,        v->restart_count,
                            v->active, v->pending, v->wait_listed, v->stopping};
       }
     }

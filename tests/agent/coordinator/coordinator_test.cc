@@ -231,8 +231,8 @@ TEST_CASE("a lost node ends the round for the survivors, who form the next one a
   v1::RoundStarted a = h.Started(0), c = h.Started(2);
   CHECK(a.round() == 2);
   CHECK(a.group_world_size() == 2);
-  CHECK(a.group_rank() == 0);  // Rank 0 survives as rank 0.
-  CHECK(c.group_rank() == 1);  // Rank 2 no longer fits and takes the free place.
+  CHECK(a.group_rank() == 0);     // Rank 0 survives as rank 0.
+  CHECK(c.group_rank() == 1);     // Rank 2 no longer fits and takes the free place.
   CHECK(a.restart_count() == 0);  // Membership changes spend no restart.
 }
 
@@ -645,13 +645,13 @@ TEST_CASE("every setting must match the job's, refused naming the key and both v
     void (*mutate)(v1::JobSettings&);
     const char* text;
   };
-  for (Case c : {Case{[](v1::JobSettings& s) { s.set_heartbeat_timeout_ms(7LL * 24 * 3600 * 1000); },
-                      "heartbeat_timeout_ms 604800000 (the job has 5000)"},
-                 Case{[](v1::JobSettings& s) { s.set_join_timeout_ms(1); }, "join_timeout_ms 1 (the job has 60000)"},
-                 Case{[](v1::JobSettings& s) { s.set_last_call_timeout_ms(0); },
-                      "last_call_timeout_ms 0 (the job has 1000)"},
-                 Case{[](v1::JobSettings& s) { s.set_close_timeout_ms(5); }, "close_timeout_ms 5 (the job has 30000)"},
-                 Case{[](v1::JobSettings& s) { s.set_max_restarts(9); }, "max_restarts 9 (the job has 0)"}}) {
+  for (Case c :
+       {Case{[](v1::JobSettings& s) { s.set_heartbeat_timeout_ms(7LL * 24 * 3600 * 1000); },
+             "heartbeat_timeout_ms 604800000 (the job has 5000)"},
+        Case{[](v1::JobSettings& s) { s.set_join_timeout_ms(1); }, "join_timeout_ms 1 (the job has 60000)"},
+        Case{[](v1::JobSettings& s) { s.set_last_call_timeout_ms(0); }, "last_call_timeout_ms 0 (the job has 1000)"},
+        Case{[](v1::JobSettings& s) { s.set_close_timeout_ms(5); }, "close_timeout_ms 5 (the job has 30000)"},
+        Case{[](v1::JobSettings& s) { s.set_max_restarts(9); }, "max_restarts 9 (the job has 0)"}}) {
     Harness h;
     REQUIRE(h.Join(0).ok());
     c.mutate(h.settings);
@@ -670,7 +670,7 @@ TEST_CASE("a survivor keeps its place: wait-listed spares only fill the vacancy"
   REQUIRE(h.Join(3).ok());
   REQUIRE(h.Sink(3).messages.back().waiting().wait_listed());
   h.Clear();
-  h.coordinator.OnDisconnect(h.agents[1].id, h.now);  // Rank 1 dies; node 0 survives.
+  h.coordinator.OnDisconnect(h.agents[1].id, h.now);             // Rank 1 dies; node 0 survives.
   CHECK_FALSE(h.Has(2, v1::CoordinatorMessage::kRoundStarted));  // Not before the survivor is back.
   CHECK_FALSE(h.Has(3, v1::CoordinatorMessage::kRoundStarted));
   REQUIRE(h.Join(0).ok());

@@ -52,8 +52,8 @@ TEST_CASE("a Join signature verifies for its own fields only") {
   CHECK_FALSE(VerifyJoinSignature(key.public_key, signature.substr(1), kServerNonce, kClientNonce, "run-1", "node-a"));
   CHECK_FALSE(VerifyJoinSignature("", "", kServerNonce, kClientNonce, "run-1", "node-a"));
   // A public key of 32 bytes that is no curve point is refused, not a crash.
-  CHECK_FALSE(VerifyJoinSignature(std::string(kRunKeyBytes, '\xff'), signature, kServerNonce, kClientNonce, "run-1",
-                                  "node-a"));
+  CHECK_FALSE(
+      VerifyJoinSignature(std::string(kRunKeyBytes, '\xff'), signature, kServerNonce, kClientNonce, "run-1", "node-a"));
 }
 
 TEST_CASE("a run key depends on both the secret and the run id") {

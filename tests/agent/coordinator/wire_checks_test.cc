@@ -8,15 +8,14 @@ namespace elrun::rdzv {
 namespace {
 
 TEST_CASE("host names and address literals pass; anything else does not") {
-  for (const char* good : {"127.0.0.1", "10.1.2.3", "::1", "fe80::1", "2001:db8::8a2e:370:7334",
-                           "localhost", "node-07", "gpu07.cluster.example.org", "my_box", "a"}) {
+  for (const char* good : {"127.0.0.1", "10.1.2.3", "::1", "fe80::1", "2001:db8::8a2e:370:7334", "localhost", "node-07",
+                           "gpu07.cluster.example.org", "my_box", "a"}) {
     CHECK_MESSAGE(IsHostOrAddress(good), good);
   }
-  for (std::string bad : {std::string(), std::string("evil\nLD_PRELOAD=/tmp/x.so"),
-                          std::string("a\0b", 3), std::string("\x1b[2J"), std::string("host name"),
-                          std::string("-leading"), std::string("trailing-"), std::string("a..b"),
-                          std::string("trailing."), std::string("1.2.3"), std::string("999.1.1.1"),
-                          std::string("[::1]"), std::string("host:29500"), std::string("a/b"),
+  for (std::string bad : {std::string(), std::string("evil\nLD_PRELOAD=/tmp/x.so"), std::string("a\0b", 3),
+                          std::string("\x1b[2J"), std::string("host name"), std::string("-leading"),
+                          std::string("trailing-"), std::string("a..b"), std::string("trailing."), std::string("1.2.3"),
+                          std::string("999.1.1.1"), std::string("[::1]"), std::string("host:29500"), std::string("a/b"),
                           std::string(64, 'x') + ".org", std::string(254, 'a'), std::string("h\xc3\xa9")}) {
     CHECK_FALSE_MESSAGE(IsHostOrAddress(bad), EscapeForConsole(bad));
   }
@@ -77,10 +76,12 @@ TEST_CASE("text from the network is escaped for the console") {
   CHECK(EscapeForConsole(std::string("nul\0x", 5)) == "nul\\x00x");
   CHECK(EscapeForConsole("back\\slash") == "back\\\\slash");
   CHECK(EscapeForConsole("caf\xc3\xa9 \xe2\x9c\x93") == "caf\xc3\xa9 \xe2\x9c\x93");  // UTF-8 stays.
-  CHECK(EscapeForConsole("\xc2\x9b" "2J") == "\\u{009b}2J");                        // C1 CSI.
-  CHECK(EscapeForConsole("\xe2\x80\xae" "txt") == "\\u{202e}txt");                  // RLO.
-  CHECK(EscapeForConsole("\xff\xc3") == "\\xff\\xc3");                              // Invalid.
-  CHECK(EscapeForConsole("\xe0\x80\xaf") == "\\xe0\\x80\\xaf");                     // Overlong.
+  CHECK(EscapeForConsole("\xc2\x9b"
+                         "2J") == "\\u{009b}2J");  // C1 CSI.
+  CHECK(EscapeForConsole("\xe2\x80\xae"
+                         "txt") == "\\u{202e}txt");              // RLO.
+  CHECK(EscapeForConsole("\xff\xc3") == "\\xff\\xc3");           // Invalid.
+  CHECK(EscapeForConsole("\xe0\x80\xaf") == "\\xe0\\x80\\xaf");  // Overlong.
   CHECK(EscapeForConsole(std::string(10, 'x'), 4) == "xxxx...");
 }
 

@@ -80,12 +80,10 @@ TEST_CASE("with a token: Bearer or ?token=, percent-decoded; anything else is 40
   CHECK(denied.find("up 1") == std::string::npos);
   CHECK(Status(Exchange(http->port(), "GET /metrics HTTP/1.1\r\nAuthorization: Bearer wrong\r\n\r\n")) ==
         "HTTP/1.1 401 Unauthorized");
-  CHECK(Status(Exchange(http->port(), "GET /metrics?token=s3cret HTTP/1.1\r\n\r\n")) ==
-        "HTTP/1.1 401 Unauthorized");
+  CHECK(Status(Exchange(http->port(), "GET /metrics?token=s3cret HTTP/1.1\r\n\r\n")) == "HTTP/1.1 401 Unauthorized");
   CHECK(Status(Exchange(http->port(), "GET /metrics HTTP/1.1\r\nauthorization: bearer s3cret+/=\r\n\r\n")) ==
         "HTTP/1.1 200 OK");
-  CHECK(Status(Exchange(http->port(), "GET /metrics?a=1&token=s3cret%2B%2F%3D HTTP/1.1\r\n\r\n")) ==
-        "HTTP/1.1 200 OK");
+  CHECK(Status(Exchange(http->port(), "GET /metrics?a=1&token=s3cret%2B%2F%3D HTTP/1.1\r\n\r\n")) == "HTTP/1.1 200 OK");
   CHECK(Status(Exchange(http->port(), "GET /nope?token=s3cret%2b/= HTTP/1.1\r\n\r\n")) == "HTTP/1.1 404 Not Found");
 }
 

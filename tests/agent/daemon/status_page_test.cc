@@ -56,18 +56,17 @@ TEST_CASE("metrics in Prometheus text format, every label present even at zero")
   gate.admitted = 7;
   gate.refused = 1;
   std::string text = MetricsText(Sample(), gate);
-  for (const char* line : {
-           "# TYPE elrun_rdzv_jobs gauge\n", "elrun_rdzv_jobs{phase=\"running\"} 1\n",
-           "elrun_rdzv_jobs{phase=\"done\"} 0\n", "elrun_rdzv_nodes{state=\"active\"} 1\n",
-           "elrun_rdzv_nodes{state=\"wait_listed\"} 1\n", "elrun_rdzv_sessions 3\n",
-           "# TYPE elrun_rdzv_rounds_started_total counter\n", "elrun_rdzv_rounds_started_total 4\n",
-           "elrun_rdzv_restarts_total 1\n", "elrun_rdzv_node_losses_total 0\n",
-           "elrun_rdzv_evictions_total{reason=\"no_heartbeat\"} 1\n",
-           "elrun_rdzv_evictions_total{reason=\"job_ended\"} 0\n",
-           "elrun_rdzv_refused_total{reason=\"unauthenticated\"} 2\n",
-           "elrun_rdzv_refused_total{reason=\"permission_denied\"} 0\n",
-           "elrun_rdzv_connections_open 2\n", "elrun_rdzv_connections_total{result=\"admitted\"} 7\n",
-           "elrun_rdzv_connections_total{result=\"refused\"} 1\n"}) {
+  for (const char* line : {"# TYPE elrun_rdzv_jobs gauge\n", "elrun_rdzv_jobs{phase=\"running\"} 1\n",
+                           "elrun_rdzv_jobs{phase=\"done\"} 0\n", "elrun_rdzv_nodes{state=\"active\"} 1\n",
+                           "elrun_rdzv_nodes{state=\"wait_listed\"} 1\n", "elrun_rdzv_sessions 3\n",
+                           "# TYPE elrun_rdzv_rounds_started_total counter\n", "elrun_rdzv_rounds_started_total 4\n",
+                           "elrun_rdzv_restarts_total 1\n", "elrun_rdzv_node_losses_total 0\n",
+                           "elrun_rdzv_evictions_total{reason=\"no_heartbeat\"} 1\n",
+                           "elrun_rdzv_evictions_total{reason=\"job_ended\"} 0\n",
+                           "elrun_rdzv_refused_total{reason=\"unauthenticated\"} 2\n",
+                           "elrun_rdzv_refused_total{reason=\"permission_denied\"} 0\n",
+                           "elrun_rdzv_connections_open 2\n", "elrun_rdzv_connections_total{result=\"admitted\"} 7\n",
+                           "elrun_rdzv_connections_total{result=\"refused\"} 1\n"}) {
     CHECK_MESSAGE(text.find(line) != std::string::npos, line);
   }
   // Every sample line: a metric name, optional labels, a number.

@@ -5,8 +5,8 @@
 #include <doctest/doctest.h>
 #include <poll.h>
 
-#include "agent/grpc/rendezvous_client.h"
 #include "agent/coordinator/session_auth.h"
+#include "agent/grpc/rendezvous_client.h"
 
 namespace elrun::rdzv {
 

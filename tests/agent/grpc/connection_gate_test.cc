@@ -135,7 +135,9 @@ TEST_CASE("admitted connections are relayed both ways, large messages included")
   int fd = Connect(gate->port());
   std::string message(200 * 1024, 'm');  // Larger than the gate's buffers.
   for (size_t i = 0; i < message.size(); ++i) message[i] = static_cast<char>('a' + i % 26);
-  std::thread sender([&] { REQUIRE(::send(fd, message.data(), message.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(message.size())); });
+  std::thread sender([&] {
+    REQUIRE(::send(fd, message.data(), message.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(message.size()));
+  });
   CHECK(Receive(fd, message.size()) == message);
   sender.join();
   ::close(fd);

@@ -157,11 +157,11 @@ grpc::Status SendRaw(int port, const std::string& bytes, int* replies = nullptr)
   auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::internal::RpcMethod method("/elrun.rdzv.v1.Rendezvous/Session",
-                                   grpc::internal::RpcMethod::BIDI_STREAMING, channel);
+  grpc::internal::RpcMethod method("/elrun.rdzv.v1.Rendezvous/Session", grpc::internal::RpcMethod::BIDI_STREAMING,
+                                   channel);
   std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
-      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-          channel.get(), method, &context));
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.get(), method,
+                                                                                            &context));
   grpc::Slice slice(bytes);
   grpc::ByteBuffer buffer(&slice, 1);
   stream->Write(buffer);

@@ -90,13 +90,14 @@ TEST_CASE("under srun the topology comes from Slurm; flags and PET_ win") {
   CHECK(parsed->spec.rdzv_backend == "c10d");
   CHECK(parsed->spec.rdzv_endpoint == "n1:" + std::to_string(SlurmRendezvousPort(77, 0)));
   CHECK(parsed->spec.rdzv_id == "slurm-77.0");
-  CHECK(parsed->slurm_note.rfind("from Slurm job 77: --nnodes 2 (SLURM_NNODES), --node-rank 1 (SLURM_NODEID), ", 0) == 0);
+  CHECK(parsed->slurm_note.rfind("from Slurm job 77: --nnodes 2 (SLURM_NNODES), --node-rank 1 (SLURM_NODEID), ", 0) ==
+        0);
 
   slurm.vars["PET_RDZV_ID"] = "mine";
   JobSpec spec = MustParse({"--rdzv-endpoint", "head:5000", "--nnodes", "2", "x.py"}, slurm);
   CHECK(spec.rdzv_endpoint == "head:5000");
   CHECK(spec.rdzv_id == "mine");
-  CHECK(spec.node_rank == 1);  // Not given: still Slurm's.
+  CHECK(spec.node_rank == 1);                                        // Not given: still Slurm's.
   CHECK(MustParse({"--standalone", "x.py"}, slurm).max_nodes == 1);  // Standalone ignores Slurm.
 
   slurm.vars["SLURM_JOB_NODELIST"] = "n[1-2";
@@ -221,7 +222,8 @@ TEST_CASE("a static --rdzv-endpoint HOST:PORT is node 0's store: MASTER_ADDR and
   spec = MustParse({"--rdzv-backend=static", "--rdzv-endpoint=[fd00::1]:29501", "--master-port=1", "t.py"});
   CHECK(spec.master_addr == "fd00::1");
   CHECK(spec.master_port == 29501);  // The endpoint wins, as in torchrun.
-  CHECK(ErrorOf({"--rdzv-endpoint=node0", "--nnodes=2", "t.py"}).rfind("--rdzv-endpoint=node0: the static rendezvous needs HOST:PORT", 0) == 0);
+  CHECK(ErrorOf({"--rdzv-endpoint=node0", "--nnodes=2", "t.py"})
+            .rfind("--rdzv-endpoint=node0: the static rendezvous needs HOST:PORT", 0) == 0);
   CHECK(ErrorOf({"--rdzv-endpoint=[::1", "t.py"}).find("missing ']'") != std::string::npos);
 }
 
@@ -238,8 +240,7 @@ TEST_CASE("standalone generates an id unless one is given") {
 }
 
 TEST_CASE("signals by name or number") {
-  CHECK(MustParse({"--signals-to-handle=TERM,10", "t.py"}).signals_to_handle ==
-        std::vector<int>{SIGTERM, 10});
+  CHECK(MustParse({"--signals-to-handle=TERM,10", "t.py"}).signals_to_handle == std::vector<int>{SIGTERM, 10});
 }
 
 TEST_CASE("local ranks filter") {
@@ -252,12 +253,30 @@ TEST_CASE("help is complete") {
   auto parsed = Parse({"--help"});
   REQUIRE(parsed.ok());
   REQUIRE(parsed->help.has_value());
-  for (const char* name : {"--nnodes", "--nproc-per-node", "--node-rank", "--master-addr",
-                           "--master-port", "--standalone", "--rdzv-backend", "--rdzv-endpoint",
-                           "--rdzv-id", "--rdzv-conf", "--max-restarts", "--monitor-interval",
-                           "--start-method", "--role", "--log-dir", "--redirects", "--tee",
-                           "--local-ranks-filter", "--local-addr", "--module", "--no-python",
-                           "--run-path", "--signals-to-handle", "--shutdown-timeout",
+  for (const char* name : {"--nnodes",
+                           "--nproc-per-node",
+                           "--node-rank",
+                           "--master-addr",
+                           "--master-port",
+                           "--standalone",
+                           "--rdzv-backend",
+                           "--rdzv-endpoint",
+                           "--rdzv-id",
+                           "--rdzv-conf",
+                           "--max-restarts",
+                           "--monitor-interval",
+                           "--start-method",
+                           "--role",
+                           "--log-dir",
+                           "--redirects",
+                           "--tee",
+                           "--local-ranks-filter",
+                           "--local-addr",
+                           "--module",
+                           "--no-python",
+                           "--run-path",
+                           "--signals-to-handle",
+                           "--shutdown-timeout",
                            "PET_NPROC_PER_NODE"}) {
     CHECK_MESSAGE(parsed->help->find(name) != std::string::npos, name);
   }

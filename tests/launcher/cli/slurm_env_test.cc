@@ -22,8 +22,7 @@ std::string Error(const std::string& list) {
 
 TEST_CASE("hostlists: ranges, lists, zero padding, several groups") {
   CHECK(Hosts("n1") == std::vector<std::string>{"n1"});
-  CHECK(Hosts("gpu[01-04,07],cpu3") ==
-        std::vector<std::string>{"gpu01", "gpu02", "gpu03", "gpu04", "gpu07", "cpu3"});
+  CHECK(Hosts("gpu[01-04,07],cpu3") == std::vector<std::string>{"gpu01", "gpu02", "gpu03", "gpu04", "gpu07", "cpu3"});
   CHECK(Hosts("n[8-11]") == std::vector<std::string>{"n8", "n9", "n10", "n11"});
   CHECK(Hosts("n[008-010]") == std::vector<std::string>{"n008", "n009", "n010"});
   CHECK(Hosts("rack[1-2]-node[01-02]") ==
@@ -73,10 +72,14 @@ std::string ValuesError(const Env& vars) {
 }
 
 Env Step() {
-  return {{"SLURM_JOB_ID", "4711"},         {"SLURM_STEP_ID", "2"},
-          {"SLURM_NNODES", "4"},            {"SLURM_STEP_NUM_NODES", "3"},
-          {"SLURM_NODEID", "1"},            {"SLURM_JOB_NODELIST", "gpu[01-04]"},
-          {"SLURM_STEP_NODELIST", "gpu[02-04]"}, {"SLURM_STEP_NUM_TASKS", "3"},
+  return {{"SLURM_JOB_ID", "4711"},
+          {"SLURM_STEP_ID", "2"},
+          {"SLURM_NNODES", "4"},
+          {"SLURM_STEP_NUM_NODES", "3"},
+          {"SLURM_NODEID", "1"},
+          {"SLURM_JOB_NODELIST", "gpu[01-04]"},
+          {"SLURM_STEP_NODELIST", "gpu[02-04]"},
+          {"SLURM_STEP_NUM_TASKS", "3"},
           {"SLURM_GPUS_ON_NODE", "8"}};
 }
 
@@ -99,7 +102,7 @@ TEST_CASE("the endpoint's port is the same for a step everywhere and differs bet
   CHECK(SlurmRendezvousPort(4711, 2) != SlurmRendezvousPort(4711, 3));
   CHECK(SlurmRendezvousPort(4711, 2) != SlurmRendezvousPort(4712, 2));
   for (long long job : {0LL, 1LL, 123456789LL, 1LL << 40}) {  // NOLINT(runtime/int)
-    for (long long step : {0LL, 15LL, 99999LL}) {               // NOLINT(runtime/int)
+    for (long long step : {0LL, 15LL, 99999LL}) {             // NOLINT(runtime/int)
       int port = SlurmRendezvousPort(job, step);
       CHECK(port >= 10000);
       CHECK(port < 30000);
@@ -118,7 +121,9 @@ TEST_CASE("without GPUs the worker count is left to --nproc-per-node") {
 TEST_CASE("the batch script itself: one node, workers from GPUs or tasks per node") {
   CHECK(Values({{"SLURM_JOB_ID", "9"}, {"SLURM_NNODES", "2"}, {"SLURM_NTASKS_PER_NODE", "4"}}) ==
         std::map<std::string, std::string>{{"nproc-per-node", "4 <- SLURM_NTASKS_PER_NODE"}});
-  CHECK(Values({{"SLURM_JOB_ID", "9"}, {"SLURM_STEP_ID", "batch"}, {"SLURM_GPUS_ON_NODE", "2"},
+  CHECK(Values({{"SLURM_JOB_ID", "9"},
+                {"SLURM_STEP_ID", "batch"},
+                {"SLURM_GPUS_ON_NODE", "2"},
                 {"SLURM_NTASKS_PER_NODE", "4"}}) ==
         std::map<std::string, std::string>{{"nproc-per-node", "2 <- SLURM_GPUS_ON_NODE"}});
   CHECK(Values({{"SLURM_JOB_ID", "9"}}).empty());

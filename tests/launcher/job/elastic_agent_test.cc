@@ -117,8 +117,8 @@ TEST_CASE("nothing before the Challenge; the first Join proves the token without
   v1::Join join = f.Handshake();
   CHECK(join.protocol_version() == rdzv::kProtocolVersion);
   CHECK(join.client_nonce().size() == rdzv::kNonceBytes);
-  CHECK(join.proof() == rdzv::AgentProof(rdzv::TokenKey("s3cret"), f.server_nonce, join.client_nonce(),
-                                         "job", "nodeA"));
+  CHECK(join.proof() ==
+        rdzv::AgentProof(rdzv::TokenKey("s3cret"), f.server_nonce, join.client_nonce(), "job", "nodeA"));
   CHECK(join.proof().find("s3cret") == std::string::npos);
   CHECK(join.nproc() == 2);
   CHECK(join.master_addr() == "10.0.0.7");
@@ -133,17 +133,17 @@ TEST_CASE("the first Join signs with the run key of run_token, else of the token
   Fixture f;
   v1::Join join = f.Handshake();
   CHECK(join.run_key() == rdzv::DeriveRunKey("s3cret", "job").public_key);
-  CHECK(rdzv::VerifyJoinSignature(join.run_key(), join.run_signature(), f.server_nonce, join.client_nonce(),
-                                  "job", "nodeA"));
+  CHECK(rdzv::VerifyJoinSignature(join.run_key(), join.run_signature(), f.server_nonce, join.client_nonce(), "job",
+                                  "nodeA"));
   Fixture g;
   g.rdzv.run_token = "run-only";
   join = g.Handshake();
   CHECK(join.run_key() == rdzv::DeriveRunKey("run-only", "job").public_key);
   CHECK(join.run_key() != rdzv::DeriveRunKey("run-only", "other-job").public_key);
-  CHECK(rdzv::VerifyJoinSignature(join.run_key(), join.run_signature(), g.server_nonce, join.client_nonce(),
-                                  "job", "nodeA"));
-  CHECK_FALSE(rdzv::VerifyJoinSignature(join.run_key(), join.run_signature(), g.server_nonce,
-                                        join.client_nonce(), "job", "nodeB"));
+  CHECK(rdzv::VerifyJoinSignature(join.run_key(), join.run_signature(), g.server_nonce, join.client_nonce(), "job",
+                                  "nodeA"));
+  CHECK_FALSE(rdzv::VerifyJoinSignature(join.run_key(), join.run_signature(), g.server_nonce, join.client_nonce(),
+                                        "job", "nodeB"));
 }
 
 TEST_CASE("heartbeats every heartbeat_interval once joined") {
@@ -271,8 +271,7 @@ TEST_CASE("losing the session while workers run stops them and fails this node")
   f.ExitAll(ExitStatus::Signaled(SIGTERM));
   CHECK(f.agent.done());
   CHECK(f.agent.exit_code() == kExitJobFailed);
-  CHECK(f.agent.rendezvous_error() ==
-        "lost the rendezvous coordinator at 127.0.0.1:29400: keepalive watchdog timeout");
+  CHECK(f.agent.rendezvous_error() == "lost the rendezvous coordinator at 127.0.0.1:29400: keepalive watchdog timeout");
 }
 
 TEST_CASE("no round within join_timeout: the agent gives up") {

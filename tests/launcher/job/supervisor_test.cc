@@ -33,9 +33,7 @@ struct Harness {
               }
               return launches;
             },
-            [this](int attempt, const std::vector<WorkerFailure>&) {
-              observed_failed_attempts.push_back(attempt);
-            }) {}
+            [this](int attempt, const std::vector<WorkerFailure>&) { observed_failed_attempts.push_back(attempt); }) {}
 
   // pids of the current attempt's workers, by local rank.
   std::vector<int> CurrentPids(int nproc) const {

@@ -62,8 +62,9 @@ struct Running {
   }();
   RecordingRegistry registry;
   std::optional<Exit> exited;
-  PosixProcessTable table{loop.get(), &registry, {SIGTERM},
-                          [this](int pid, ExitStatus status) { exited = Exit{pid, status}; }};
+  PosixProcessTable table{loop.get(), &registry, {SIGTERM}, [this](int pid, ExitStatus status) {
+                            exited = Exit{pid, status};
+                          }};
 
   // Runs the loop until the worker's exit was reported (20 s at most).
   void WaitExit() {
@@ -86,7 +87,7 @@ TEST_CASE("a worker's group is unregistered while its leader is still a zombie, 
   REQUIRE(r.registry.states.size() == 1);
   CHECK(r.registry.states[0].first == *pid);
   CHECK(r.registry.states[0].second == 'Z');  // Not yet reaped: the id is still ours.
-  CHECK(ProcessState(*pid) == '?');          // Reaped afterwards.
+  CHECK(ProcessState(*pid) == '?');           // Reaped afterwards.
 }
 
 TEST_CASE("workers killed by the table's end are unregistered before they are reaped") {

@@ -13,7 +13,8 @@ bool Contains(const std::string& haystack, const std::string& needle) {
 
 TEST_CASE("parse torchrun's error file format") {
   auto error = ParseErrorFile(
-      R"({"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": "Traceback\n  line 3\nValueError: boom", "timestamp": "1700000123"}}})");
+      R"({"message": {"message": "ValueError: boom",)"
+      R"( "extraInfo": {"py_callstack": "Traceback\n  line 3\nValueError: boom", "timestamp": "1700000123"}}})");
   REQUIRE(error.ok());
   CHECK(error->message == "ValueError: boom");
   CHECK(error->traceback == "Traceback\n  line 3\nValueError: boom");

@@ -51,9 +51,12 @@ TEST_CASE("endpoints: host:port and [v6]:port") {
 }
 
 TEST_CASE("timeouts and flags from --rdzv-conf") {
-  auto s = ParseRdzvSettings(Spec("h", {{"join_timeout", "20"}, {"last_call_timeout", "0"},
-                                        {"heartbeat_interval", "0.25"}, {"heartbeat_timeout", "2"},
-                                        {"is_host", "false"}, {"timeout", "900"}}),
+  auto s = ParseRdzvSettings(Spec("h", {{"join_timeout", "20"},
+                                        {"last_call_timeout", "0"},
+                                        {"heartbeat_interval", "0.25"},
+                                        {"heartbeat_timeout", "2"},
+                                        {"is_host", "false"},
+                                        {"timeout", "900"}}),
                              {});
   REQUIRE(s.ok());
   CHECK(s->join_timeout == std::chrono::seconds(20));
@@ -80,8 +83,7 @@ TEST_CASE("bad settings are named") {
   CHECK(ErrorOf(Spec("h", {{"join_timeout", "0"}})) == "--rdzv-conf join_timeout=0: must be > 0");
   CHECK(ErrorOf(Spec("h", {{"is_host", "maybe"}})).rfind("--rdzv-conf is_host=maybe:", 0) == 0);
   CHECK(ErrorOf(Spec("h", {{"colour", "red"}})).rfind("--rdzv-conf: unknown key 'colour'", 0) == 0);
-  CHECK(ErrorOf(Spec("h", {{"heartbeat_timeout", "1"}})).find("must exceed heartbeat_interval") !=
-        std::string::npos);
+  CHECK(ErrorOf(Spec("h", {{"heartbeat_timeout", "1"}})).find("must exceed heartbeat_interval") != std::string::npos);
   CHECK(ErrorOf(Spec("h", {{"tls_cert", "c.pem"}})) == "--rdzv-conf: tls_cert and tls_key go together");
 }
 
@@ -92,14 +94,12 @@ namespace elrun {
 namespace {
 
 TEST_CASE("token_file: the token from a file, kept off the command line") {
-  std::string path = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") +
-                     "/rdzv_token_test";
+  std::string path = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/rdzv_token_test";
   FILE* f = std::fopen(path.c_str(), "w");
   REQUIRE(f != nullptr);
   std::fputs("from-file\n", f);
   std::fclose(f);
-  CHECK(ParseRdzvSettings(Spec("h", {{"token_file", path}}), {{"ELRUN_RDZV_TOKEN", "env"}})->token ==
-        "from-file");
+  CHECK(ParseRdzvSettings(Spec("h", {{"token_file", path}}), {{"ELRUN_RDZV_TOKEN", "env"}})->token == "from-file");
   CHECK(ErrorOf(Spec("h", {{"token_file", "/nonexistent/t"}})) ==
         "--rdzv-conf token_file=/nonexistent/t: cannot read a token from this file");
   // The etcd backend's password file goes by the same rule, into its own field.
@@ -116,8 +116,8 @@ TEST_CASE("run_token: from --rdzv-conf, run_token_file or ELRUN_RUN_TOKEN; apart
   auto both = ParseRdzvSettings(Spec("h", {{"run_token", "conf"}, {"token", "t"}}), {{"ELRUN_RUN_TOKEN", "env"}});
   CHECK(both->run_token == "conf");
   CHECK(both->token == "t");
-  std::string path = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") +
-                     "/rdzv_run_token_test";
+  std::string path =
+      std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/rdzv_run_token_test";
   FILE* f = std::fopen(path.c_str(), "w");
   REQUIRE(f != nullptr);
   std::fputs("run-from-file\n", f);
@@ -129,8 +129,9 @@ TEST_CASE("run_token: from --rdzv-conf, run_token_file or ELRUN_RUN_TOKEN; apart
 }
 
 TEST_CASE("etcd-v3: a list of members, port 2379 by default, and etcd's own keys") {
-  JobSpec spec = Spec("e1,10.0.0.2:2479,[::1]", {{"etcd_prefix", "/jobs/"}, {"cacert", "ca.pem"},
-                                                 {"cert", "c.pem"}, {"key", "c.key"}, {"protocol", "https"}});
+  JobSpec spec = Spec(
+      "e1,10.0.0.2:2479,[::1]",
+      {{"etcd_prefix", "/jobs/"}, {"cacert", "ca.pem"}, {"cert", "c.pem"}, {"key", "c.key"}, {"protocol", "https"}});
   spec.rdzv_backend = "etcd-v3";
   auto s = ParseRdzvSettings(spec, {});
   REQUIRE(s.ok());

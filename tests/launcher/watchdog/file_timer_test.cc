@@ -27,8 +27,8 @@ TEST_CASE("acquire, release and expiry as FileTimerServer does them") {
   REQUIRE(reaps.size() == 1);
   CHECK(reaps[0].pid == 100);
   CHECK(reaps[0].scopes == std::vector<std::string>{"data", "step"});  // Earliest first.
-  CHECK(reaps[0].signal == 15);  // The earliest expired timer's signal.
-  CHECK(table.size() == 1);      // Every timer of a reaped pid goes.
+  CHECK(reaps[0].signal == 15);                                        // The earliest expired timer's signal.
+  CHECK(table.size() == 1);                                            // Every timer of a reaped pid goes.
   CHECK(*table.NextExpiry() == 60.0);
 }
 

@@ -47,8 +47,9 @@ TEST_CASE("after its first beat a worker is hung once --worker-timeout passes wi
   REQUIRE(hung.size() == 1);
   CHECK(hung[0].group == 100);
   CHECK(hung[0].stack_signal == SIGUSR1);
-  CHECK(hung[0].why ==
-        "no progress for 2.5 s (--worker-timeout 2): its last heartbeat, step 0 (12.5 ms), came 1.0 s after it started");
+  CHECK(
+      hung[0].why ==
+      "no progress for 2.5 s (--worker-timeout 2): its last heartbeat, step 0 (12.5 ms), came 1.0 s after it started");
   CHECK(table.TakeHung(10.0).size() == 1);  // 200 now; 100 is not reported twice.
   CHECK(table.TakeHung(20.0).empty());
 }
@@ -112,9 +113,9 @@ TEST_CASE("a worker slower than --straggler-factor times the job's median step i
   CHECK(stragglers[0].job_median_ms == doctest::Approx(52));
   beat_all(3, 150);
   CHECK(table.TakeStragglers().empty());  // Still slow: not again.
-  beat_all(kPaceWindow, 51);               // Caught up over a whole window.
+  beat_all(kPaceWindow, 51);              // Caught up over a whole window.
   CHECK(table.TakeStragglers().empty());
-  beat_all(kPaceWindow, 200);              // Slow again: a new episode.
+  beat_all(kPaceWindow, 200);  // Slow again: a new episode.
   CHECK(table.TakeStragglers().size() == 1);
 }
 

@@ -111,14 +111,17 @@ TEST_CASE("a missing script is an error") {
   spec.training_script = dir.path + "/missing.py";
   auto argv = ResolveEntrypoint(spec, Env(dir));
   REQUIRE_FALSE(argv.ok());
-  CHECK(std::string(argv.status().message()).find("training script '" + spec.training_script +
-                                                  "' not found") == 0);
+  CHECK(std::string(argv.status().message()).find("training script '" + spec.training_script + "' not found") == 0);
 }
 
 TEST_CASE("an ELF binary given as the script is executed directly") {
   Dir dir;
   JobSpec spec;
-  spec.training_script = dir.File("bin", std::string("\x7f" "ELF rest", 8), 0755);
+  spec.training_script = dir.File("bin",
+                                  std::string("\x7f"
+                                              "ELF rest",
+                                              8),
+                                  0755);
   auto argv = ResolveEntrypoint(spec, Env(dir));
   REQUIRE(argv.ok());
   CHECK(*argv == std::vector<std::string>{spec.training_script});
@@ -126,8 +129,7 @@ TEST_CASE("an ELF binary given as the script is executed directly") {
 
 TEST_CASE("${local_rank} is substituted in arguments only") {
   std::vector<std::string> argv{"/bin/${local_rank}", "--rank=${local_rank}", "x${local_rank}y${local_rank}"};
-  CHECK(SubstituteLocalRank(argv, 3) ==
-        std::vector<std::string>{"/bin/${local_rank}", "--rank=3", "x3y3"});
+  CHECK(SubstituteLocalRank(argv, 3) == std::vector<std::string>{"/bin/${local_rank}", "--rank=3", "x3y3"});
 }
 
 }  // namespace

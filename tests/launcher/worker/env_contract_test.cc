@@ -31,8 +31,8 @@ JobSpec TwoNodesOfThree() {
 TEST_CASE("every variable of the contract, static backend, node 1 of 2") {
   JobSpec spec = TwoNodesOfThree();
   NodeAssignment node = StaticAssignment(spec, "10.1.2.3", 29555);
-  auto env = AsMap(BuildWorkerEnv(spec, node, AttemptEnv{"job42", 2}, 1, "/logs/e.json",
-                                  {{"PATH", "/bin"}, {"HOME", "/root"}}));
+  auto env = AsMap(
+      BuildWorkerEnv(spec, node, AttemptEnv{"job42", 2}, 1, "/logs/e.json", {{"PATH", "/bin"}, {"HOME", "/root"}}));
   CHECK(env["LOCAL_RANK"] == "1");
   CHECK(env["RANK"] == "4");
   CHECK(env["GROUP_RANK"] == "1");
@@ -60,8 +60,8 @@ TEST_CASE("every variable of the contract, static backend, node 1 of 2") {
 
 TEST_CASE("contract variables override inherited ones") {
   JobSpec spec;
-  auto env = AsMap(BuildWorkerEnv(spec, StaticAssignment(spec, "127.0.0.1", 1234), {"none", 0}, 0,
-                                  "e", {{"RANK", "99"}, {"MASTER_PORT", "1"}}));
+  auto env = AsMap(BuildWorkerEnv(spec, StaticAssignment(spec, "127.0.0.1", 1234), {"none", 0}, 0, "e",
+                                  {{"RANK", "99"}, {"MASTER_PORT", "1"}}));
   CHECK(env["RANK"] == "0");
   CHECK(env["MASTER_PORT"] == "1234");
 }
@@ -69,8 +69,7 @@ TEST_CASE("contract variables override inherited ones") {
 TEST_CASE("NCCL async error handling is kept when the user set it") {
   JobSpec spec;
   auto env = AsMap(BuildWorkerEnv(spec, StaticAssignment(spec, "a", 1), {"r", 0}, 0, "e",
-                                  {{"NCCL_ASYNC_ERROR_HANDLING", "0"},
-                                   {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}}));
+                                  {{"NCCL_ASYNC_ERROR_HANDLING", "0"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}}));
   CHECK(env["NCCL_ASYNC_ERROR_HANDLING"] == "0");
   CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3");
 }
@@ -85,8 +84,7 @@ TEST_CASE("OMP_NUM_THREADS: 1 only when unset and nproc > 1") {
   two.nproc_per_node = 2;
   CHECK(DefaultsOmpThreads(two, {}));
   CHECK_FALSE(DefaultsOmpThreads(two, {{"OMP_NUM_THREADS", "4"}}));
-  auto env2 = AsMap(BuildWorkerEnv(two, StaticAssignment(two, "a", 1), {"r", 0}, 1, "e",
-                                   {{"OMP_NUM_THREADS", "4"}}));
+  auto env2 = AsMap(BuildWorkerEnv(two, StaticAssignment(two, "a", 1), {"r", 0}, 1, "e", {{"OMP_NUM_THREADS", "4"}}));
   CHECK(env2["OMP_NUM_THREADS"] == "4");
 }
 
@@ -115,9 +113,9 @@ namespace {
 
 TEST_CASE("the rendezvous token never reaches a worker") {
   JobSpec spec;
-  auto env = AsMap(BuildWorkerEnv(spec, StaticAssignment(spec, "a", 1), {"r", 0}, 0, "e",
-                                  {{"ELRUN_RDZV_TOKEN", "s3cret"}, {"ELRUN_RUN_TOKEN", "r"},
-                                   {"ELRUN_ETCD_PASSWORD", "pw"}, {"HOME", "/root"}}));
+  auto env = AsMap(BuildWorkerEnv(
+      spec, StaticAssignment(spec, "a", 1), {"r", 0}, 0, "e",
+      {{"ELRUN_RDZV_TOKEN", "s3cret"}, {"ELRUN_RUN_TOKEN", "r"}, {"ELRUN_ETCD_PASSWORD", "pw"}, {"HOME", "/root"}}));
   CHECK(env.count("ELRUN_RDZV_TOKEN") == 0);
   CHECK(env.count("ELRUN_RUN_TOKEN") == 0);
   CHECK(env.count("ELRUN_ETCD_PASSWORD") == 0);
@@ -128,8 +126,8 @@ TEST_CASE("--virtual-local-rank: LOCAL_RANK 0, the worker's own device visible")
   JobSpec spec;
   spec.nproc_per_node = 2;
   spec.virtual_local_rank = true;
-  auto env = AsMap(BuildWorkerEnv(spec, StaticAssignment(spec, "a", 1), {"r", 0}, 1, "e",
-                                  {{"CUDA_VISIBLE_DEVICES", "4, 6"}}));
+  auto env =
+      AsMap(BuildWorkerEnv(spec, StaticAssignment(spec, "a", 1), {"r", 0}, 1, "e", {{"CUDA_VISIBLE_DEVICES", "4, 6"}}));
   CHECK(env["LOCAL_RANK"] == "0");
   CHECK(env["RANK"] == "1");
   CHECK(env["CUDA_VISIBLE_DEVICES"] == "6");

@@ -144,7 +144,7 @@ TEST_CASE("ConvertSyncBatchNorm replaces the norm layers FashionNet's forward us
     const int64_t tracked = sync->num_batches_tracked.item<int64_t>();
     torch::Tensor after = net->forward(x);
     CHECK(sync->num_batches_tracked.item<int64_t>() == tracked + 1);  // The new layer ran.
-    CHECK((after - before).abs().max().item<double>() < 1e-4);      // One rank: same as BatchNorm.
+    CHECK((after - before).abs().max().item<double>() < 1e-4);        // One rank: same as BatchNorm.
   });
 }
 

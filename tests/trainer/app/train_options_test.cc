@@ -77,7 +77,8 @@ TEST_CASE("--param-dtype, --reduce-dtype and --offload-optimizer: fsdp only") {
   CHECK((*parsed)->param_dtype == PrecisionChoice::kFp32);
   CHECK_FALSE((*parsed)->reduce_dtype.has_value());
   CHECK(Error({"--strategy", "fsdp", "--param-dtype", "fp16"}) == "--param-dtype=fp16: expected fp32 or bf16");
-  CHECK(Error({"--strategy", "zero2", "--param-dtype", "bf16"}) == "--param-dtype and --reduce-dtype need --strategy fsdp");
+  CHECK(Error({"--strategy", "zero2", "--param-dtype", "bf16"}) ==
+        "--param-dtype and --reduce-dtype need --strategy fsdp");
   CHECK(Error({"--reduce-dtype", "bf16"}) == "--param-dtype and --reduce-dtype need --strategy fsdp");
   CHECK(Error({"--offload-optimizer"}) == "--offload-optimizer needs --strategy fsdp");
 }
@@ -158,7 +159,8 @@ TEST_CASE("pairs no device can satisfy are refused before anything runs") {
   CHECK(Error({"--backend", "nccl", "--device", "cpu"}).find("--backend=nccl needs CUDA tensors") == 0);
   CHECK(Error({"--backend", "gloo", "--device", "cuda"}) ==
         "--backend=gloo with --device cuda: CUDA tensors go through nccl");
-  CHECK(Error({"--allreduce", "shm", "--device", "cuda"}) == "--allreduce=shm sums CPU tensors: use it with --device cpu");
+  CHECK(Error({"--allreduce", "shm", "--device", "cuda"}) ==
+        "--allreduce=shm sums CPU tensors: use it with --device cpu");
   CHECK(Error({"--batch-size", "10", "--accum-steps", "3"}) == "--batch-size=10 is not divisible by --accum-steps=3");
   CHECK(Error({"--mlp-hidden", "64,0"}) == "--mlp-hidden: width 0 is not positive");
 }

@@ -65,8 +65,7 @@ TEST_CASE("missing, garbage and mismatched checkpoints") {
   torch::optim::SGD opt(net.parameters(), torch::optim::SGDOptions(0.1));
   CHECK(LoadCheckpoint(dir + "/none.pt", net, opt).status().code() == absl::StatusCode::kNotFound);
   std::ofstream(dir + "/garbage.pt") << "not a checkpoint";
-  CHECK(LoadCheckpoint(dir + "/garbage.pt", net, opt).status().code() ==
-        absl::StatusCode::kInvalidArgument);
+  CHECK(LoadCheckpoint(dir + "/garbage.pt", net, opt).status().code() == absl::StatusCode::kInvalidArgument);
 
   struct Other : torch::nn::Module {
     Other() { register_module("fc", torch::nn::Linear(5, 2)); }

@@ -81,8 +81,7 @@ bool Contains(const absl::Status& s, const std::string& text) {
 }
 
 // Checks code and message fragments; the message is one line.
-void CheckError(const absl::StatusOr<Dataset>& got, absl::StatusCode code,
-                const std::vector<std::string>& fragments) {
+void CheckError(const absl::StatusOr<Dataset>& got, absl::StatusCode code, const std::vector<std::string>& fragments) {
   REQUIRE_FALSE(got.ok());
   const absl::Status& s = got.status();
   CHECK_MESSAGE(s.code() == code, s.ToString());
@@ -101,7 +100,7 @@ TEST_CASE("the real test split: 10000 images, 1000 per class, normalised") {
   CHECK(torch::equal(histogram, torch::full({10}, 1000, torch::kLong)));
   const double mean = data->images.mean().item<double>();
   const double std = data->images.std().item<double>();
-  CHECK(std::abs(mean) < 0.02);      // 0.0024 (the test split is a little brighter than train).
+  CHECK(std::abs(mean) < 0.02);       // 0.0024 (the test split is a little brighter than train).
   CHECK(std::abs(std - 1.0) < 0.02);  // 0.9984
   // Pinned against Python's gzip reader: the first labels and the first image's pixel sum.
   CHECK(torch::equal(data->labels.slice(0, 0, 10), torch::tensor({9, 2, 1, 1, 6, 1, 4, 6, 5, 7}, torch::kLong)));
@@ -211,8 +210,7 @@ TEST_CASE("a cut-off gzip stream is truncated") {
   std::vector<uint8_t> gz = ReadRaw(path);
   gz.resize(gz.size() / 2);
   WriteRaw(path, gz);
-  CheckError(LoadFashionMnist(dir, Split::kTest), absl::StatusCode::kDataLoss,
-             {path, "truncated gzip data"});
+  CheckError(LoadFashionMnist(dir, Split::kTest), absl::StatusCode::kDataLoss, {path, "truncated gzip data"});
 }
 
 TEST_CASE("corrupt gzip data") {
@@ -248,7 +246,7 @@ TEST_CASE("the synthetic set is learnable: class means of one seed classify anot
   torch::Tensor x = train.images.flatten(1);
   std::vector<torch::Tensor> means;
   for (int c = 0; c < 10; ++c) means.push_back(x.index({train.labels == c}).mean(0));
-  torch::Tensor centroids = torch::stack(means);                           // [10, 784]
+  torch::Tensor centroids = torch::stack(means);  // [10, 784]
   torch::Tensor predicted = torch::cdist(test.images.flatten(1), centroids).argmin(1);
   const double accuracy = (predicted == test.labels).to(torch::kDouble).mean().item<double>();
   CHECK(accuracy > 0.95);

@@ -12,10 +12,9 @@
 namespace elrun::trainer {
 namespace {
 
-DistributedSampler Make(int64_t n, int world, int rank, bool drop_last = false, bool shuffle = true,
-                        int64_t batch = 1, uint64_t seed = 7) {
-  absl::StatusOr<DistributedSampler> s =
-      DistributedSampler::Create({n, world, rank, seed, shuffle, drop_last, batch});
+DistributedSampler Make(int64_t n, int world, int rank, bool drop_last = false, bool shuffle = true, int64_t batch = 1,
+                        uint64_t seed = 7) {
+  absl::StatusOr<DistributedSampler> s = DistributedSampler::Create({n, world, rank, seed, shuffle, drop_last, batch});
   REQUIRE_MESSAGE(s.ok(), s.status().ToString());
   return *s;
 }

@@ -115,8 +115,8 @@ TEST_CASE("Misuse is an error, not a hang") {
   RunRanks(2, [](int, PG pg) {
     CHECK_THROWS_WITH_AS(ReduceScatter(*pg, torch::zeros({5}), torch::zeros({2})),
                          doctest::Contains("do not split evenly over 2 ranks"), c10::Error);
-    CHECK_THROWS_WITH_AS(AllGather(*pg, torch::zeros({3}), torch::zeros({5})),
-                         doctest::Contains("expected 2 x 3"), c10::Error);
+    CHECK_THROWS_WITH_AS(AllGather(*pg, torch::zeros({3}), torch::zeros({5})), doctest::Contains("expected 2 x 3"),
+                         c10::Error);
   });
 }
 

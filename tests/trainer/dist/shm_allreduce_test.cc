@@ -96,8 +96,8 @@ TEST_CASE("setup fails on every rank alike when the ranks disagree on the segmen
   std::vector<absl::Status> statuses(2);
   OnThreads(2, [&](int rank, c10d::Store& store) {
     // Different capacities: rank 1 cannot use rank 0's segment, and rank 0 learns it.
-    statuses[rank] = ShmAllreduce::Create(store, "mismatch", rank, 2, rank == 0 ? 1024 : 4096, std::chrono::seconds(5))
-                         .status();
+    statuses[rank] =
+        ShmAllreduce::Create(store, "mismatch", rank, 2, rank == 0 ? 1024 : 4096, std::chrono::seconds(5)).status();
   });
   for (const absl::Status& status : statuses) {
     CHECK(status.code() == absl::StatusCode::kUnavailable);

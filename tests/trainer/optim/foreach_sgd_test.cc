@@ -23,7 +23,7 @@ void ExpectSameTrajectory(const torch::optim::SGDOptions& options, const torch::
     b.push_back(a.back().detach().clone().requires_grad_());
   }
   torch::optim::SGD reference(a, options);
-  ForeachSgd foreach(b, options);
+  ForeachSgd foreach (b, options);
   for (int step = 0; step < 5; ++step) {
     for (size_t i = 0; i < a.size(); ++i) {
       a[i].mutable_grad() = torch::Tensor();
@@ -35,7 +35,8 @@ void ExpectSameTrajectory(const torch::optim::SGDOptions& options, const torch::
       b[i].mutable_grad() = g.clone();
     }
     reference.step();
-    foreach.step();
+    foreach
+      .step();
     for (size_t i = 0; i < a.size(); ++i) {
       CAPTURE(step);
       CAPTURE(i);

@@ -7,9 +7,9 @@
 #include <mutex>
 
 #include "tests/trainer/rank_threads.h"
+#include "trainer/app/models.h"
 #include "trainer/memory/caching_cpu_allocator.h"
 #include "trainer/parallel/fsdp.h"
-#include "trainer/app/models.h"
 
 namespace elrun::trainer {
 namespace {
@@ -47,7 +47,8 @@ TEST_CASE("A checkpointed function gives the same gradients, also when its input
     w.mutable_grad().reset();
   }
   torch::NoGradGuard no_grad;  // Without grad mode: a plain call.
-  CHECK_FALSE(CheckpointedCall(torch::ones({2, 8}), [&](const torch::Tensor& in) { return in.matmul(w); }).requires_grad());
+  CHECK_FALSE(
+      CheckpointedCall(torch::ones({2, 8}), [&](const torch::Tensor& in) { return in.matmul(w); }).requires_grad());
 }
 
 TEST_CASE("Checkpointing every block of a ResMlp: same gradients, the blocks' activations not kept") {
@@ -100,8 +101,8 @@ TEST_CASE("FSDP with activation checkpointing matches FSDP without, every strate
         torch::optim::Adam adam(fsdp.parameters(), torch::optim::AdamOptions(0.01));
         for (int step = 0; step < 4; ++step) {
           adam.zero_grad();
-          torch::Tensor loss = torch::nn::functional::cross_entropy(fsdp.forward(x.narrow(0, 3 * rank, 3)),
-                                                                    y.narrow(0, 3 * rank, 3));
+          torch::Tensor loss =
+              torch::nn::functional::cross_entropy(fsdp.forward(x.narrow(0, 3 * rank, 3)), y.narrow(0, 3 * rank, 3));
           loss.backward();
           adam.step();
           if (rank == 0) losses[checkpointed].push_back(loss.item<double>());

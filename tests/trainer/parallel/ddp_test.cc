@@ -17,9 +17,9 @@ std::shared_ptr<torch::nn::SequentialImpl> Mlp(int seed) {
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
   torch::manual_seed(seed);
-  return std::make_shared<torch::nn::SequentialImpl>(
-      torch::nn::Linear(10, 32), torch::nn::ReLU(), torch::nn::Linear(32, 16), torch::nn::ReLU(),
-      torch::nn::Linear(16, 4));
+  return std::make_shared<torch::nn::SequentialImpl>(torch::nn::Linear(10, 32), torch::nn::ReLU(),
+                                                     torch::nn::Linear(32, 16), torch::nn::ReLU(),
+                                                     torch::nn::Linear(16, 4));
 }
 
 struct Data {
@@ -90,8 +90,8 @@ void TrainDdp(double bucket_cap_mb, int accum, std::vector<torch::Tensor>* resul
       auto y = d.y.narrow(0, rank * kPerRank, kPerRank);
       int64_t micro = kPerRank / accum;
       for (int m = 0; m < accum; ++m) {
-        auto loss = torch::nn::functional::cross_entropy(
-                        model->forward(x.narrow(0, m * micro, micro)), y.narrow(0, m * micro, micro)) /
+        auto loss = torch::nn::functional::cross_entropy(model->forward(x.narrow(0, m * micro, micro)),
+                                                         y.narrow(0, m * micro, micro)) /
                     accum;
         if (m + 1 < accum) {
           DistributedDataParallel::NoSync no_sync(ddp);
@@ -157,8 +157,9 @@ TEST_CASE("a shared-memory all-reduce of other ranks than the group is refused")
     DdpOptions options;
     options.shm = std::move(*created);
     if (rank == 1) {
-      CHECK_THROWS_WITH(DistributedDataParallel(Mlp(1), pg, options),
-                        doctest::Contains("the shared-memory all-reduce spans rank 0 of 1, the process group rank 1 of 2"));
+      CHECK_THROWS_WITH(
+          DistributedDataParallel(Mlp(1), pg, options),
+          doctest::Contains("the shared-memory all-reduce spans rank 0 of 1, the process group rank 1 of 2"));
     }
   });
 }

@@ -10,10 +10,10 @@
 #include <mutex>
 
 #include "tests/trainer/rank_threads.h"
+#include "trainer/app/models.h"
+#include "trainer/memory/memory.h"
 #include "trainer/parallel/ddp.h"
 #include "trainer/parallel/grad_clip.h"
-#include "trainer/memory/memory.h"
-#include "trainer/app/models.h"
 #include "trainer/parallel/sync_batch_norm.h"
 
 namespace elrun::trainer {
@@ -22,8 +22,7 @@ namespace {
 constexpr int kSteps = 20;
 constexpr int64_t kPerRank = 6;
 
-std::shared_ptr<Classifier> Model(const std::string& name, const MlpOptions& mlp, int seed,
-                                  ChildSink* sink = nullptr) {
+std::shared_ptr<Classifier> Model(const std::string& name, const MlpOptions& mlp, int seed, ChildSink* sink = nullptr) {
   // The default generator is global and the ranks are threads: seed and initialise atomically.
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
@@ -43,7 +42,8 @@ std::vector<std::vector<Batch>> Data(int world, int64_t per_rank, std::vector<in
   std::vector<std::vector<Batch>> data(kSteps);
   shape.insert(shape.begin(), per_rank);
   for (auto& step : data) {
-    for (int r = 0; r < world; ++r) step.push_back({torch::randn(shape, gen), torch::randint(0, classes, {per_rank}, gen)});
+    for (int r = 0; r < world; ++r)
+      step.push_back({torch::randn(shape, gen), torch::randint(0, classes, {per_rank}, gen)});
   }
   return data;
 }
@@ -58,10 +58,10 @@ struct Config {
   bool sync_bn = false;
   bool prefetch = true;
   int steps = kSteps;
-  double clip = 0;  // --clip-grad-norm; 0: off.
+  double clip = 0;     // --clip-grad-norm; 0: off.
   bool built = false;  // Sharded as constructed (FullyShardedDataParallel::Builder), all ranks seed 5.
   std::optional<c10::ScalarType> param_dtype, reduce_dtype;  // Mixed precision.
-  bool offload = false;  // FsdpOptions::offload_optimizer.
+  bool offload = false;                                      // FsdpOptions::offload_optimizer.
 };
 
 struct Result {
@@ -138,9 +138,9 @@ Result Train(const Config& c, const std::string& strategy) {
         loss_sum += loss.item<double>();
       }
       if (c.clip > 0) {
-        double norm = fsdp ? ClipGradNorm(fsdp->parameters(), c.clip,
-                                          fsdp->shard_count() > 1 ? &fsdp->process_group() : nullptr)
-                           : ClipGradNorm(model->parameters(), c.clip, nullptr);
+        double norm =
+            fsdp ? ClipGradNorm(fsdp->parameters(), c.clip, fsdp->shard_count() > 1 ? &fsdp->process_group() : nullptr)
+                 : ClipGradNorm(model->parameters(), c.clip, nullptr);
         if (rank == 0) result.norms.push_back(norm);
       }
       optimizer->step();
@@ -166,7 +166,8 @@ void CheckSame(const Result& a, const Result& b, bool exact = false) {
   double loss_diff = 0, param_diff = 0;
   for (size_t r = 0; r < a.losses.size(); ++r) {
     REQUIRE(a.losses[r].size() == b.losses[r].size());
-    for (size_t s = 0; s < a.losses[r].size(); ++s) loss_diff = std::max(loss_diff, std::abs(a.losses[r][s] - b.losses[r][s]));
+    for (size_t s = 0; s < a.losses[r].size(); ++s)
+      loss_diff = std::max(loss_diff, std::abs(a.losses[r][s] - b.losses[r][s]));
   }
   REQUIRE(a.params.size() == b.params.size());
   for (const auto& [name, tensor] : a.params) {
@@ -316,7 +317,8 @@ TEST_CASE("Mixed precision: bf16 gathers and compute, fp32 master shards, losses
       errors[rank] = e.what_without_backtrace();
     }
   });
-  for (const auto& e : errors) CHECK(e.find("mixed precision (param_dtype) needs the full_shard strategy") != std::string::npos);
+  for (const auto& e : errors)
+    CHECK(e.find("mixed precision (param_dtype) needs the full_shard strategy") != std::string::npos);
 }
 
 TEST_CASE("Optimizer offload: the same training, shards and Adam state in CPU memory") {
@@ -379,7 +381,8 @@ TEST_CASE("Training really moves the parameters (the comparison is not vacuous)"
   c.steps = kSteps;
   Result end = Train(c, "fsdp");
   double moved = 0;
-  for (const auto& [name, tensor] : end.params) moved = std::max(moved, (tensor - start.params.at(name)).abs().max().item<double>());
+  for (const auto& [name, tensor] : end.params)
+    moved = std::max(moved, (tensor - start.params.at(name)).abs().max().item<double>());
   CHECK(moved > 1e-2);
   CHECK(end.losses[0].back() < end.losses[0].front());
 }
@@ -443,7 +446,7 @@ TEST_CASE("A root unit (small children below min_unit_params), no prefetch, eval
     CHECK(fsdp.units()[1].padded == 78);  // 77 elements padded to a multiple of 2.
     torch::NoGradGuard no_grad;
     CHECK(torch::allclose(fsdp.forward(x), twin->forward(x)));  // Rank 0's weights everywhere.
-    CHECK(fsdp.memory().params == 4 * (65 + 39 + 12));  // Only the shards stay after an eval forward.
+    CHECK(fsdp.memory().params == 4 * (65 + 39 + 12));          // Only the shards stay after an eval forward.
   });
 }
 
@@ -493,7 +496,8 @@ TEST_CASE("Memory accounting matches the ZeRO formulas for Adam within 5%") {
       const double expected = ExpectedAdamStateBytes(strategy, P, world);
       for (int r = 0; r < world; ++r) {
         const MemoryReport& m = reports[r];
-        CHECK_MESSAGE(std::abs(m.state() - expected) <= 0.05 * expected, "rank ", r, ": ", m.state(), " bytes, expected ", expected);
+        CHECK_MESSAGE(std::abs(m.state() - expected) <= 0.05 * expected, "rank ", r, ": ", m.state(),
+                      " bytes, expected ", expected);
         CHECK(m.working == 0);
         CHECK(m.peak >= m.params + m.grads);
       }

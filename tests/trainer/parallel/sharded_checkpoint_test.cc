@@ -11,8 +11,8 @@
 #include <mutex>
 
 #include "tests/temp_dir.h"
-#include "trainer/app/models.h"
 #include "tests/trainer/rank_threads.h"
+#include "trainer/app/models.h"
 
 namespace elrun::trainer {
 namespace {

@@ -150,17 +150,11 @@ void CompareWithUnion(const std::vector<int64_t>& sizes, bool shm = false, const
   }
 }
 
-TEST_CASE("2 ranks with different batch sizes equal BatchNorm on the union") {
-  CompareWithUnion({5, 3});
-}
+TEST_CASE("2 ranks with different batch sizes equal BatchNorm on the union") { CompareWithUnion({5, 3}); }
 
-TEST_CASE("a rank with an empty batch") {
-  CompareWithUnion({6, 0});
-}
+TEST_CASE("a rank with an empty batch") { CompareWithUnion({6, 0}); }
 
-TEST_CASE("three ranks") {
-  CompareWithUnion({2, 4, 1});
-}
+TEST_CASE("three ranks") { CompareWithUnion({2, 4, 1}); }
 
 TEST_CASE("through shared memory: 2 and 3 ranks, an empty batch") {
   CompareWithUnion({5, 3}, /*shm=*/true);
