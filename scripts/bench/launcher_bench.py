@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Launcher benchmark: elrun against Debian's torchrun (torch 1.13.1) on this machine.
+"""Launcher benchmark: elrun against torchrun (torch 2.11, the .venv's) on this machine.
 
 Measures, for each launcher (see README.md next to this file):
   1. launch: wall time of `--standalone --nproc-per-node 2 --no-python /bin/true`, start to exit;

@@ -238,5 +238,5 @@ def plot(summary, path):
         ax.set_xticklabels([b[0] for b in bars], fontsize=9)
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8, loc="upper left")
-    fig.suptitle("elrun vs torchrun 1.13 (medians; whiskers min/max)", fontsize=11)
+    fig.suptitle("elrun vs torchrun 2.11 (medians; whiskers min/max)", fontsize=11)
     save_figure(fig, path)

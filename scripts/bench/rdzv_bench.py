@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Rendezvous benchmark: elrun's gRPC rendezvous against torchrun's c10d rendezvous (torch 1.13.1).
+"""Rendezvous benchmark: elrun's gRPC rendezvous against torchrun's c10d rendezvous (torch 2.11, the .venv's).
 
 Measures on this machine, all agents on 127.0.0.1 (see README.md next to this file):
   1. formation: wall time from starting N agents (each with one `--no-python /bin/true` worker)

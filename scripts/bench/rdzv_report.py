@@ -285,6 +285,6 @@ def plot(summary, sizes, cap, path):
     ax2.set_ylabel("seconds, kill -9 → 3 survivors' new workers running")
     ax2.set_title("2. recovery after kill -9 of 1 of 4 agents", fontsize=10)
     ax2.legend(fontsize=8, loc="upper left")
-    fig.suptitle("elrun gRPC rendezvous vs torchrun 1.13 c10d, 127.0.0.1 (medians; whiskers "
+    fig.suptitle("elrun gRPC rendezvous vs torchrun 2.11 c10d, 127.0.0.1 (medians; whiskers "
                  "min/max)", fontsize=11)
     save_figure(fig, path)

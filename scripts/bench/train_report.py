@@ -218,7 +218,7 @@ def report(args, configs, commands, s, info, load, elapsed):
         "both.",
         "",
         "Same computation: at 1 rank both trainers start from identical weights (same seed, same "
-        "libtorch 1.13.1, modules built in the same order) and read the same batches, so with the "
+        "torch 2.11, modules built in the same order) and read the same batches, so with the "
         "same Linear kernel their test accuracies after the run should be equal: " + accuracy_check(configs) + ".",
     ]
     out += ["", "Every run:", ""]
