@@ -114,6 +114,110 @@ class EtcdRendezvous::Sink : public SessionSink {
   const uint64_t session_;
 };
 
+// What a node writes to join its job's line: its presence (nodes/<node id>) and tail under its
+// lease, and its connect entry in the log.
+struct EtcdRendezvous::Registration {
+  Registration(const EtcdRendezvousOptions& options, int64_t lease)
+      : base(options.prefix + options.run_id + "/"),
+        nodes(base + "nodes/"),
+        presence_key(nodes + options.node_id),
+        connect_key(base + "log/c/" + options.node_id),
+        // The last node to join holds tail (its presence key), under its own lease: tail exists
+        // while that node lives, and then it is the node just before the next one in line.
+        tail_key(base + "tail"),
+        lease(lease) {
+    v1::LogEntry entry;
+    entry.set_time_ms(WallMs());
+    entry.set_connect(options.node_id);
+    connect = entry.SerializeAsString();
+  }
+
+  // Puts this node's presence and tail, both under its lease.
+  void PutPresence(google::protobuf::RepeatedPtrField<etcdpb::RequestOp>* ops) const {
+    auto* presence = ops->Add()->mutable_request_put();
+    presence->set_key(presence_key);
+    presence->set_lease(lease);
+    auto* tail = ops->Add()->mutable_request_put();
+    tail->set_key(tail_key);
+    tail->set_value(presence_key);
+    tail->set_lease(lease);
+  }
+
+  const std::string base, nodes, presence_key, connect_key, tail_key;
+  const int64_t lease;
+  std::string connect;  // The connect entry, serialized.
+};
+
+absl::StatusOr<std::optional<EtcdRendezvous::FirstLook>> EtcdRendezvous::Register(EtcdClient& client,
+                                                                                  const Registration& r) {
+  // A joining node's one transaction while the last node to join lives (every node of a
+  // forming job): it reads tail and takes its place, in O(1) for etcd. Reading the line from
+  // nodes/ (below) is O(N) for etcd, each time: O(N^2) for a job of N nodes.
+  etcdpb::TxnRequest join;
+  auto* last_lives = join.add_compare();
+  last_lives->set_key(r.tail_key);
+  last_lives->set_target(etcdpb::Compare::CREATE);
+  last_lives->set_result(etcdpb::Compare::GREATER);
+  last_lives->set_create_revision(0);
+  join.add_success()->mutable_request_range()->set_key(r.tail_key);
+  r.PutPresence(join.mutable_success());
+  *join.add_success()->mutable_request_txn() = CreateOnce(r.connect_key, r.connect);
+  auto joined_fast = client.Txn(join);
+  if (!joined_fast.ok()) return joined_fast.status();
+  if (joined_fast->succeeded()) {
+    FirstLook seen{"", joined_fast->header().revision()};
+    const auto& responses = joined_fast->responses();
+    if (responses.size() == 4 && responses[3].response_txn().succeeded() &&
+        responses[0].response_range().kvs_size() == 1) {
+      seen.ahead = responses[0].response_range().kvs(0).value();
+    }
+    return seen;
+  }
+  // No live last node: the job's first node, or its last node to join is gone. One
+  // transaction: the node just before this one in line (read before this node's presence is
+  // put), its presence and its connect entry (the create revision of both: the transaction's
+  // revision).
+  etcdpb::TxnRequest txn;
+  *txn.add_compare() = NoneIn(r.nodes, PrefixEnd(r.nodes));
+  // No live node: whatever log and outputs are there are a dead job's, and this node starts
+  // the run afresh. (A transaction may not delete a range and put a key inside it: the
+  // connect entry comes second.)
+  for (const char* part : {"log/", "out/"}) {
+    auto* clear = txn.add_success()->mutable_request_delete_range();
+    clear->set_key(r.base + part);
+    clear->set_range_end(PrefixEnd(r.base + part));
+  }
+  *txn.add_failure()->mutable_request_range() = LastInLine(r.nodes);
+  r.PutPresence(txn.mutable_success());
+  r.PutPresence(txn.mutable_failure());
+  *txn.add_failure()->mutable_request_txn() = CreateOnce(r.connect_key, r.connect);
+  auto present = client.Txn(txn);
+  if (!present.ok()) return present.status();
+  const auto& responses = present->responses();
+  if (!present->succeeded() && responses.size() == 4 && responses[3].response_txn().succeeded() &&
+      responses[0].response_range().kvs_size() == 1) {
+    return FirstLook{responses[0].response_range().kvs(0).key(), present->header().revision()};
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<EtcdRendezvous::Place> EtcdRendezvous::ReadPlace(EtcdClient& client, const Registration& r) {
+  auto joined = client.Txn(CreateOnce(r.connect_key, r.connect));
+  if (!joined.ok()) return joined.status();
+  etcdpb::TxnRequest both;
+  for (const std::string& key : {r.connect_key, r.presence_key}) {
+    both.add_success()->mutable_request_range()->set_key(key);
+  }
+  auto read = client.Txn(both);
+  if (!read.ok()) return read.status();
+  if (read->responses_size() != 2 || read->responses(0).response_range().kvs_size() != 1 ||
+      read->responses(1).response_range().kvs_size() != 1) {
+    return absl::InternalError("etcd lost this node's connect entry or its presence");
+  }
+  return Place{static_cast<uint64_t>(read->responses(0).response_range().kvs(0).create_revision()),
+               read->responses(1).response_range().kvs(0).create_revision()};
+}
+
 absl::StatusOr<std::unique_ptr<EtcdRendezvous>> EtcdRendezvous::Open(const EtcdRendezvousOptions& options) {
   // The run id is a part of every key: a '/' would reach into another run's keys (the Join's
   // own checks, which refuse it too, come only after the keys exist).
@@ -131,110 +235,33 @@ absl::StatusOr<std::unique_ptr<EtcdRendezvous>> EtcdRendezvous::Open(const EtcdR
     return status;
   };
 
-  const std::string base = options.prefix + options.run_id + "/";
-  const std::string nodes = base + "nodes/";
-  const std::string presence_key = nodes + options.node_id;
-  const std::string connect_key = base + "log/c/" + options.node_id;
-  v1::LogEntry connect;
-  connect.set_time_ms(WallMs());
-  connect.set_connect(options.node_id);
-  // The last node to join holds tail (its presence key), under its own lease: tail exists
-  // while that node lives, and then it is the node just before the next one in line.
-  const std::string tail_key = base + "tail";
-  auto put_presence = [&](google::protobuf::RepeatedPtrField<etcdpb::RequestOp>* ops) {
-    auto* presence = ops->Add()->mutable_request_put();
-    presence->set_key(presence_key);
-    presence->set_lease(*lease);
-    auto* tail = ops->Add()->mutable_request_put();
-    tail->set_key(tail_key);
-    tail->set_value(presence_key);
-    tail->set_lease(*lease);
-  };
-  // A joining node's one transaction while the last node to join lives (every node of a
-  // forming job): it reads tail and takes its place, in O(1) for etcd. Reading the line from
-  // nodes/ (below) is O(N) for etcd, each time: O(N^2) for a job of N nodes.
-  etcdpb::TxnRequest join;
-  auto* last_lives = join.add_compare();
-  last_lives->set_key(tail_key);
-  last_lives->set_target(etcdpb::Compare::CREATE);
-  last_lives->set_result(etcdpb::Compare::GREATER);
-  last_lives->set_create_revision(0);
-  join.add_success()->mutable_request_range()->set_key(tail_key);
-  put_presence(join.mutable_success());
-  *join.add_success()->mutable_request_txn() = CreateOnce(connect_key, connect.SerializeAsString());
-  auto joined_fast = (*client)->Txn(join);
-  if (!joined_fast.ok()) return fail(joined_fast.status());
+  const Registration registration(options, *lease);
   // What this node's transaction saw: the node ahead (empty if it does not know) and the
   // transaction's revision, or nothing: the job has no live last node.
-  std::optional<FirstLook> seen;
-  if (joined_fast->succeeded()) {
-    seen = FirstLook{"", joined_fast->header().revision()};
-    const auto& r = joined_fast->responses();
-    if (r.size() == 4 && r[3].response_txn().succeeded() && r[0].response_range().kvs_size() == 1) {
-      seen->ahead = r[0].response_range().kvs(0).value();
-    }
-  } else {
-    // No live last node: the job's first node, or its last node to join is gone. One
-    // transaction: the node just before this one in line (read before this node's presence is
-    // put), its presence and its connect entry (the create revision of both: the transaction's
-    // revision).
-    etcdpb::TxnRequest txn;
-    *txn.add_compare() = NoneIn(nodes, PrefixEnd(nodes));
-    // No live node: whatever log and outputs are there are a dead job's, and this node starts
-    // the run afresh. (A transaction may not delete a range and put a key inside it: the
-    // connect entry comes second.)
-    for (const char* part : {"log/", "out/"}) {
-      auto* clear = txn.add_success()->mutable_request_delete_range();
-      clear->set_key(base + part);
-      clear->set_range_end(PrefixEnd(base + part));
-    }
-    *txn.add_failure()->mutable_request_range() = LastInLine(nodes);
-    put_presence(txn.mutable_success());
-    put_presence(txn.mutable_failure());
-    *txn.add_failure()->mutable_request_txn() = CreateOnce(connect_key, connect.SerializeAsString());
-    auto present = (*client)->Txn(txn);
-    if (!present.ok()) return fail(present.status());
-    const auto& r = present->responses();
-    if (!present->succeeded() && r.size() == 4 && r[3].response_txn().succeeded() &&
-        r[0].response_range().kvs_size() == 1) {
-      seen = FirstLook{r[0].response_range().kvs(0).key(), present->header().revision()};
-    }
-  }
+  absl::StatusOr<std::optional<FirstLook>> seen = Register(**client, registration);
+  if (!seen.ok()) return fail(seen.status());
   std::optional<FirstLook> first;
-  uint64_t session = 0;
-  int64_t presence = 0;
-  if (seen && absl::StartsWith(seen->ahead, nodes) && seen->ahead != presence_key) {
+  Place place;
+  if (*seen && absl::StartsWith((*seen)->ahead, registration.nodes) && (*seen)->ahead != registration.presence_key) {
     // The usual case, at once. (Otherwise a retry after a lost reply, or the job's first node:
-    // read back below.)
-    session = static_cast<uint64_t>(seen->revision);
-    presence = seen->revision;
-    first = std::move(seen);
+    // read back.)
+    place = Place{static_cast<uint64_t>((*seen)->revision), (*seen)->revision};
+    first = std::move(*seen);
   } else {
-    auto joined = (*client)->Txn(CreateOnce(connect_key, connect.SerializeAsString()));
-    if (!joined.ok()) return fail(joined.status());
-    etcdpb::TxnRequest both;
-    for (const std::string& key : {connect_key, presence_key}) {
-      both.add_success()->mutable_request_range()->set_key(key);
-    }
-    auto read = (*client)->Txn(both);
+    absl::StatusOr<Place> read = ReadPlace(**client, registration);
     if (!read.ok()) return fail(read.status());
-    if (read->responses_size() != 2 || read->responses(0).response_range().kvs_size() != 1 ||
-        read->responses(1).response_range().kvs_size() != 1) {
-      return fail(absl::InternalError("etcd lost this node's connect entry or its presence"));
-    }
-    session = static_cast<uint64_t>(read->responses(0).response_range().kvs(0).create_revision());
-    presence = read->responses(1).response_range().kvs(0).create_revision();
+    place = *read;
   }
 
   int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fd < 0) return fail(absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno))));
   std::unique_ptr<EtcdRendezvous> rendezvous(
-      new EtcdRendezvous(options, *std::move(client), fd, *lease, session, presence));
+      new EtcdRendezvous(options, *std::move(client), fd, *lease, place.session, place.presence_revision));
   rendezvous->first_look_ = std::move(first);
   // A session's first output is its Challenge, which depends on nothing but its id: this node
   // takes it now and answers without waiting for the leader, who does not write it.
   v1::OutEntry challenge;
-  challenge.mutable_message()->mutable_challenge()->set_nonce(SessionNonce(session));
+  challenge.mutable_message()->mutable_challenge()->set_nonce(SessionNonce(place.session));
   rendezvous->TakeOutput(0, challenge);
   rendezvous->reader_ = std::thread([r = rendezvous.get()] { r->ReadLoop(); });
   rendezvous->writer_ = std::thread([r = rendezvous.get()] { r->WriteLoop(); });
@@ -751,50 +778,112 @@ absl::Status EtcdRendezvous::WriteFenced(const std::vector<Put>& batch) {
   return absl::OkStatus();
 }
 
-void EtcdRendezvous::WriteLoop() {
+bool EtcdRendezvous::MayWrite() const { return !ended_ || leading_; }
+
+void EtcdRendezvous::WriteRetried(const std::function<absl::Status()>& write) {
+  absl::Status status;
+  writing_ = true;
+  while (!stop_ && MayWrite()) {
+    mu_.Unlock();
+    status = write();
+    mu_.Lock();
+    if (status.code() != absl::StatusCode::kUnavailable && status.code() != absl::StatusCode::kDeadlineExceeded) {
+      break;  // Refused (permissions, a bad request, the lead lost): no retry will do.
+    }
+  }
+  writing_ = false;
+  if (status.code() == absl::StatusCode::kNotFound && leading_) {
+    // Deposed: this node's lease ended and another leads. It writes nothing more and leaves.
+    outputs_.clear();
+    outbox_.clear();
+    leading_ = false;
+    if (watch_) watch_->Cancel();
+  }
+  if (outputs_.empty() && outbox_.empty()) flushed_.SignalAll();
+  if (!status.ok() && !stop_ && !ended_) {
+    mu_.Unlock();
+    End(absl::UnavailableError(status.code() == absl::StatusCode::kNotFound
+                                   ? absl::StrCat("lost the lead of the job's rendezvous: ", status.message())
+                                   : absl::StrCat("cannot write to etcd: ", status.message())));
+    mu_.Lock();
+  }
+}
+
+std::vector<EtcdRendezvous::Put> EtcdRendezvous::TakeOutputBatch() {
   // etcd takes at most 128 operations (--max-txn-ops) and 1.5 MiB in one request.
   constexpr size_t kBatchPuts = 100;
   constexpr size_t kBatchBytes = 512 << 10;
+  std::vector<Put> batch;
+  size_t bytes = 0;
+  while (!outputs_.empty() && batch.size() < kBatchPuts &&
+         (batch.empty() || bytes + outputs_.front().value.size() <= kBatchBytes)) {
+    bytes += outputs_.front().key.size() + outputs_.front().value.size();
+    batch.push_back(std::move(outputs_.front()));
+    outputs_.pop_front();
+  }
+  return batch;
+}
+
+bool EtcdRendezvous::QueueDueTick(std::chrono::steady_clock::time_point now, int64_t* ticked_for,
+                                  std::chrono::steady_clock::time_point* wait_until) {
+  // (The coordinator's lock is taken without mu_: the reader holds it while delivering.)
+  mu_.Unlock();
+  std::optional<TimePoint> deadline = coordinator_.NextDeadline();
+  mu_.Lock();
+  if (!deadline) return false;
+  int64_t due = std::chrono::duration_cast<std::chrono::milliseconds>(deadline->time_since_epoch()).count();
+  int64_t wall = WallMs();
+  if (due <= wall && due != *ticked_for) {
+    *ticked_for = due;
+    v1::LogEntry tick;
+    tick.set_time_ms(due);
+    tick.set_tick(true);
+    outbox_.push_back({LogKey(absl::StrCat("t/", due)), tick.SerializeAsString()});
+    return true;
+  }
+  if (due > wall) *wait_until = std::min(*wait_until, now + std::chrono::milliseconds(due - wall));
+  return false;
+}
+
+bool EtcdRendezvous::StepQuietTrim(std::chrono::steady_clock::time_point now,
+                                   std::chrono::steady_clock::time_point* wait_until) {
+  switch (trim_.Due(now)) {
+    case EtcdQuietTrim::Step::kGrant: {
+      mu_.Unlock();
+      auto spare = client_->GrantLease(kSpareLeaseTtl.count());
+      mu_.Lock();
+      if (spare.ok()) {
+        trim_.Granted(*spare);
+      } else {
+        trim_.GrantFailed();
+      }
+      return true;
+    }
+    case EtcdQuietTrim::Step::kRevoke: {
+      const int64_t spare = trim_.lease();
+      mu_.Unlock();
+      (void)client_->RevokeLease(spare);  // Or it expires: a delete-only commit as well.
+      mu_.Lock();
+      trim_.Revoked(now);
+      return true;
+    }
+    case EtcdQuietTrim::Step::kNone: break;
+  }
+  if (std::optional<std::chrono::steady_clock::time_point> trim_due = trim_.NextDue()) {
+    *wait_until = std::min(*wait_until, *trim_due);
+  }
+  return false;
+}
+
+void EtcdRendezvous::WriteLoop() {
   // How long the writer waits when nothing falls due (it is woken for any work).
   constexpr std::chrono::seconds kIdle{60};
   int64_t ticked_for = -1;  // The deadline last logged, not again.
-  absl::MutexLock lock(&mu_);
-  // A write is retried until it is done, the lease is lost (the renewer renews meanwhile) or
-  // the node leaves: a busy cluster only delays the job.
-  // After this node's own session ended, only a leader writes (its replica's outputs).
-  auto may_write = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !ended_ || leading_; };
-  auto retry = [&](const std::function<absl::Status()>& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    absl::Status status;
-    writing_ = true;
-    while (!stop_ && may_write()) {
-      mu_.Unlock();
-      status = write();
-      mu_.Lock();
-      if (status.code() != absl::StatusCode::kUnavailable && status.code() != absl::StatusCode::kDeadlineExceeded) {
-        break;  // Refused (permissions, a bad request, the lead lost): no retry will do.
-      }
-    }
-    writing_ = false;
-    if (status.code() == absl::StatusCode::kNotFound && leading_) {
-      // Deposed: this node's lease ended and another leads. It writes nothing more and leaves.
-      outputs_.clear();
-      outbox_.clear();
-      leading_ = false;
-      if (watch_) watch_->Cancel();
-    }
-    if (outputs_.empty() && outbox_.empty()) flushed_.SignalAll();
-    if (!status.ok() && !stop_ && !ended_) {
-      mu_.Unlock();
-      End(absl::UnavailableError(status.code() == absl::StatusCode::kNotFound
-                                     ? absl::StrCat("lost the lead of the job's rendezvous: ", status.message())
-                                     : absl::StrCat("cannot write to etcd: ", status.message())));
-      mu_.Lock();
-    }
-  };
   bool left = false;
+  absl::MutexLock lock(&mu_);
   while (!stop_) {
     auto now = std::chrono::steady_clock::now();
-    if (!may_write()) {
+    if (!MayWrite()) {
       // A follower whose session ended leaves the line at once: the node behind it must not
       // wait for this one to take a lead it would not take.
       if (!left) {
@@ -809,76 +898,26 @@ void EtcdRendezvous::WriteLoop() {
     if (!outbox_.empty()) {
       Put next = std::move(outbox_.front());
       outbox_.pop_front();
-      retry([&] {
-        auto written = client_->Txn(CreateOnce(next.key, next.value));
-        return written.status();
-      });
+      WriteRetried([&] { return client_->Txn(CreateOnce(next.key, next.value)).status(); });
       continue;
     }
     if (!outputs_.empty()) {
-      std::vector<Put> batch;
-      size_t bytes = 0;
-      while (!outputs_.empty() && batch.size() < kBatchPuts &&
-             (batch.empty() || bytes + outputs_.front().value.size() <= kBatchBytes)) {
-        bytes += outputs_.front().key.size() + outputs_.front().value.size();
-        batch.push_back(std::move(outputs_.front()));
-        outputs_.pop_front();
-      }
-      retry([&] { return WriteFenced(batch); });
+      std::vector<Put> batch = TakeOutputBatch();
+      WriteRetried([&] { return WriteFenced(batch); });
       trim_.Wrote(std::chrono::steady_clock::now());
       continue;
     }
     auto wait_until = now + kIdle;
-    // A timeout due in log time: the leader logs a tick so that the replica (and any that
-    // takes over) applies it at that time.
-    // (The coordinator's lock is taken without mu_: the reader holds it while delivering.)
     replica_changed_ = false;
     if (leading_) {
-      mu_.Unlock();
-      std::optional<TimePoint> deadline = coordinator_.NextDeadline();
-      mu_.Lock();
-      if (deadline) {
-        int64_t due = std::chrono::duration_cast<std::chrono::milliseconds>(deadline->time_since_epoch()).count();
-        int64_t wall = WallMs();
-        if (due <= wall && due != ticked_for) {
-          ticked_for = due;
-          v1::LogEntry tick;
-          tick.set_time_ms(due);
-          tick.set_tick(true);
-          outbox_.push_back({LogKey(absl::StrCat("t/", due)), tick.SerializeAsString()});
-          continue;
-        }
-        if (due > wall) wait_until = std::min(wait_until, now + std::chrono::milliseconds(due - wall));
-      }
+      // A timeout due in log time: the leader logs a tick so that the replica (and any that
+      // takes over) applies it at that time.
+      if (QueueDueTick(now, &ticked_for, &wait_until)) continue;
       // After a burst of writes, etcd's read buffer goes with the spare lease (etcd_quiet_trim.h).
-      switch (trim_.Due(now)) {
-        case EtcdQuietTrim::Step::kGrant: {
-          mu_.Unlock();
-          auto spare = client_->GrantLease(kSpareLeaseTtl.count());
-          mu_.Lock();
-          if (spare.ok()) {
-            trim_.Granted(*spare);
-          } else {
-            trim_.GrantFailed();
-          }
-          continue;
-        }
-        case EtcdQuietTrim::Step::kRevoke: {
-          const int64_t spare = trim_.lease();
-          mu_.Unlock();
-          (void)client_->RevokeLease(spare);  // Or it expires: a delete-only commit as well.
-          mu_.Lock();
-          trim_.Revoked(now);
-          continue;
-        }
-        case EtcdQuietTrim::Step::kNone: break;
-      }
-      if (std::optional<std::chrono::steady_clock::time_point> trim_due = trim_.NextDue()) {
-        wait_until = std::min(wait_until, *trim_due);
-      }
+      if (StepQuietTrim(now, &wait_until)) continue;
     }
     for (now = std::chrono::steady_clock::now();
-         !(stop_ || (may_write() && (!outbox_.empty() || !outputs_.empty())) || replica_changed_) && now < wait_until;
+         !(stop_ || (MayWrite() && (!outbox_.empty() || !outputs_.empty())) || replica_changed_) && now < wait_until;
          now = std::chrono::steady_clock::now()) {
       wake_.WaitWithTimeout(&mu_, absl::FromChrono(wait_until - now));
     }

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -87,6 +88,21 @@ class EtcdRendezvous : public AgentChannel {
     std::string key;
     std::string value;
   };
+  // This node's place: its session id (its connect entry's create revision) and its nodes/ key's
+  // create revision (its place in line).
+  struct Place {
+    uint64_t session = 0;
+    int64_t presence_revision = 0;
+  };
+  struct Registration;
+
+  // Open's steps. Register: puts this node's presence and connect entry, behind the last node
+  // to join in one transaction while it lives, else in line read from nodes/ (a dead job's log
+  // cleared when no node lives); what it saw, or nothing when it must read its place back.
+  static absl::StatusOr<std::optional<FirstLook>> Register(EtcdClient& client, const Registration& registration);
+  // ReadPlace: logs the connect entry if it is not there yet (a retry after a lost reply) and
+  // reads back both create revisions. Internal when etcd lost either key.
+  static absl::StatusOr<Place> ReadPlace(EtcdClient& client, const Registration& registration);
 
   EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<EtcdClient> client, int event_fd, int64_t lease,
                  uint64_t session, int64_t presence_revision);
@@ -125,8 +141,24 @@ class EtcdRendezvous : public AgentChannel {
   // stalled member delays it; ends the session when etcd says the lease expired, or when it
   // could not renew it for a whole TTL.
   void RenewLoop();
-  // Writer thread: appends entries, writes outputs, logs due timeouts.
+  // Writer thread: appends entries, writes outputs, logs due timeouts, trims etcd's read buffer.
   void WriteLoop();
+  // After this node's own session ended, only a leader writes (its replica's outputs).
+  bool MayWrite() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `write` (without mu_) until it is done, the lease is lost (the renewer renews
+  // meanwhile) or the node leaves: a busy cluster only delays the job. NotFound while leading
+  // deposes this node; any other failure ends its session.
+  void WriteRetried(const std::function<absl::Status()>& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the next outputs that fit in one etcd transaction.
+  std::vector<Put> TakeOutputBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The leader's: queues a tick for the replica's deadline when it is due (true) and has not
+  // been logged (*ticked_for), else brings *wait_until forward to it.
+  bool QueueDueTick(std::chrono::steady_clock::time_point now, int64_t* ticked_for,
+                    std::chrono::steady_clock::time_point* wait_until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The leader's: grants or revokes the spare lease when EtcdQuietTrim says so (true), else
+  // brings *wait_until forward to its next step.
+  bool StepQuietTrim(std::chrono::steady_clock::time_point now, std::chrono::steady_clock::time_point* wait_until)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes a batch of outputs if this node's presence (its lead) still holds. NotFound: it
   // does not.
   absl::Status WriteFenced(const std::vector<Put>& batch);
