@@ -11,7 +11,7 @@ import signal
 import socket
 import subprocess
 
-from elrun_tools.procs import DEATH_TIMEOUT_S
+from elrun_tools.procs import kill_and_reap
 
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -24,12 +24,7 @@ RUNNING = {}
 @atexit.register
 def kill_running():
     for proc in list(RUNNING.values()):
-        if proc.poll() is None:
-            proc.kill()
-            try:
-                proc.wait(timeout=DEATH_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pass
+        kill_and_reap(proc)
     RUNNING.clear()
 
 

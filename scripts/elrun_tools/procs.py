@@ -8,6 +8,7 @@ process they were opened for.
 import os
 import select
 import signal
+import subprocess
 import sys
 import time
 
@@ -123,6 +124,18 @@ def wait_dead(pids, timeout=DEATH_TIMEOUT_S):
         return fds.wait_all_dead(timeout)
     finally:
         fds.close()
+
+
+def kill_and_reap(proc, timeout=DEATH_TIMEOUT_S):
+    """SIGKILLs a subprocess.Popen that is still running and reaps it, waiting timeout seconds at
+    most (a process stuck in the kernel is left to the caller's leak checks)."""
+    if proc.poll() is not None:
+        return
+    proc.kill()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 # --- launchers: environment, process groups, tags ---------------------------------------------

@@ -29,13 +29,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "workers")
 # The helpers shared with the benchmarks (scripts/elrun_tools), in the checkout and in runfiles.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts"))
-from elrun_tools.procs import (Pidfds, cmdline, describe, descendants, is_running,  # noqa: E402,F401
-                               proc_stat, wait_dead)
+from elrun_tools.procs import (DEATH_TIMEOUT_S, Pidfds, cmdline, describe, descendants,  # noqa: E402,F401
+                               is_running, kill_and_reap, proc_stat, wait_dead)
 
 # Bounds for every wait in the suite; none of them is a synchronisation sleep.
 RUN_TIMEOUT_S = 30.0  # One elrun invocation from start to exit.
 READY_TIMEOUT_S = 20.0  # Workers to report that they are running.
-DEATH_TIMEOUT_S = 10.0  # Processes to die after a kill (elrun_tools.procs uses the same).
 LEAK_GRACE_S = 3.0  # After elrun exits, for what it killed to finish dying.
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -312,12 +311,7 @@ class ElrunTestCase(unittest.TestCase):
 
     def _cleanup(self):
         for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                try:
-                    proc.wait(timeout=DEATH_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    pass
+            kill_and_reap(proc)
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.close()
