@@ -10,15 +10,11 @@
 #include <optional>
 #include <set>
 
-#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "launcher/os/host_info.h"
-#include "launcher/os/output_pump.h"
-#include "launcher/report/error_file.h"
-#include "launcher/report/failure_report.h"
+#include "launcher/spec/value_parsers.h"
 
 namespace elrun {
 namespace {
