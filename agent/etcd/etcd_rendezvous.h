@@ -147,7 +147,8 @@ class EtcdRendezvous : public AgentChannel {
   bool MayWrite() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `write` (without mu_) until it is done, the lease is lost (the renewer renews
   // meanwhile) or the node leaves: a busy cluster only delays the job. NotFound while leading
-  // deposes this node; any other failure ends its session.
+  // deposes this node (it drops what it had to write); a write that fails for good ends this
+  // node's session, unless it is stopping or its session already ended.
   void WriteRetried(const std::function<absl::Status()>& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the next outputs that fit in one etcd transaction.
   std::vector<Put> TakeOutputBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
