@@ -7,7 +7,7 @@ import signal
 import statistics
 from types import SimpleNamespace
 
-from elrun_tools.bench import verdict
+from elrun_tools.bench import report_head, verdict
 from elrun_tools.paths import REPO
 from elrun_tools.plots import pyplot, save_figure
 
@@ -222,16 +222,15 @@ def notes(args, summary):
 
 
 def report(args, runs, summary, info, load, elapsed, commands):
-    out = ["## Sharding benchmark: elrun-train ddp / zero1 / zero2 / fsdp / no_shard", ""]
-    out += [f"- **{k}**: {v}" for k, v in info]
-    out += [f"- **workload**: MLP {mlp_text(args.mlp_hidden)}, "
-            f"P = {args.params:,} fp32 parameters ({mib(4 * args.params)} MiB), Adam, "
-            f"{args.nproc} ranks × batch {args.batch_size} × 1 thread, --max-steps "
-            f"{args.max_steps}; {args.runs} runs per strategy, interleaved round-robin"
-            + (f", waited up to {args.wait_idle:g} s before each round for {args.quiet:g} idle "
-               f"seconds in a row (other processes < 10% CPU, no other benchmark script)"
-               if args.wait_idle > 0 else "") + f"; benchmark took {elapsed:.0f} s",
-            f"- **load**: {load}", ""]
+    out = report_head(
+        "Sharding benchmark: elrun-train ddp / zero1 / zero2 / fsdp / no_shard", info,
+        f"- **workload**: MLP {mlp_text(args.mlp_hidden)}, "
+        f"P = {args.params:,} fp32 parameters ({mib(4 * args.params)} MiB), Adam, "
+        f"{args.nproc} ranks × batch {args.batch_size} × 1 thread, --max-steps "
+        f"{args.max_steps}; {args.runs} runs per strategy, interleaved round-robin"
+        + (f", waited up to {args.wait_idle:g} s before each round for {args.quiet:g} idle "
+           f"seconds in a row (other processes < 10% CPU, no other benchmark script)"
+           if args.wait_idle > 0 else "") + f"; benchmark took {elapsed:.0f} s", load)
     out += table(args, summary)
     out += ["", "Medians over the runs of the largest value over the ranks (the ranks hold the "
             "same amounts, up to the shard padding). State = params + grads + optimizer bytes "

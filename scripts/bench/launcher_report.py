@@ -5,7 +5,7 @@ import shlex
 import statistics
 from types import SimpleNamespace
 
-from elrun_tools.bench import fmt, stats, verdict
+from elrun_tools.bench import fmt, report_head, stats, verdict
 from elrun_tools.paths import REPO
 from elrun_tools.plots import pyplot, save_figure
 
@@ -125,15 +125,13 @@ def table(summary):
 
 
 def report(cases, summary, args, info, load, elapsed):
-    out = ["## Launcher benchmark: elrun vs torchrun", ""]
-    out += [f"- **{k}**: {v}" for k, v in info]
-    out += [f"- **runs**: {args.runs} per case ({args.slow_runs} for the torchrun default-interval "
-            f"cases and the torchrun RSS case), {args.warmup} unmeasured warm-up run(s) per fast "
-            f"case, a failed run is retried up to {args.retries} times"
-            + (f", waited up to {args.wait_idle:g} s for an idle machine before each round"
-               if args.wait_idle > 0 else "") + "; benchmark took "
-            f"{elapsed:.0f} s",
-            f"- **load**: {load}", ""]
+    out = report_head(
+        "Launcher benchmark: elrun vs torchrun", info,
+        f"- **runs**: {args.runs} per case ({args.slow_runs} for the torchrun default-interval "
+        f"cases and the torchrun RSS case), {args.warmup} unmeasured warm-up run(s) per fast "
+        f"case, a failed run is retried up to {args.retries} times"
+        + (f", waited up to {args.wait_idle:g} s for an idle machine before each round"
+           if args.wait_idle > 0 else "") + f"; benchmark took {elapsed:.0f} s", load)
     out += table(summary)
     out += [
         "",

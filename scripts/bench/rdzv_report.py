@@ -4,7 +4,7 @@ table of formation and recovery medians against targets, notes and commands, and
 import statistics
 from types import SimpleNamespace
 
-from elrun_tools.bench import fmt, stats, verdict
+from elrun_tools.bench import fmt, report_head, stats, verdict
 from elrun_tools.paths import REPO
 from elrun_tools.plots import pyplot, save_figure
 
@@ -141,15 +141,14 @@ def table(summary, cases, sizes):
 
 
 def report(a, cases, summary, info, load, elapsed):
-    out = ["## Rendezvous benchmark: elrun gRPC vs torchrun c10d", ""]
-    out += [f"- **{k}**: {v}" for k, v in info]
-    out += [f"- **runs**: {a.runs} per elrun case, {a.torchrun_runs} per torchrun formation case, "
-            f"{a.torchrun_recovery_runs} for torchrun recovery; {a.warmup} unmeasured warm-up "
-            f"run(s) per elrun and floor case and for the smallest torchrun case; a failed run is "
-            f"retried up to {a.retries} times"
-            + (f"; waited up to {a.wait_idle:g} s for an idle machine before each round"
-               if a.wait_idle > 0 else "") + f"; benchmark took {elapsed:.0f} s",
-            f"- **load**: {load}", ""]
+    out = report_head(
+        "Rendezvous benchmark: elrun gRPC vs torchrun c10d", info,
+        f"- **runs**: {a.runs} per elrun case, {a.torchrun_runs} per torchrun formation case, "
+        f"{a.torchrun_recovery_runs} for torchrun recovery; {a.warmup} unmeasured warm-up "
+        f"run(s) per elrun and floor case and for the smallest torchrun case; a failed run is "
+        f"retried up to {a.retries} times"
+        + (f"; waited up to {a.wait_idle:g} s for an idle machine before each round"
+           if a.wait_idle > 0 else "") + f"; benchmark took {elapsed:.0f} s", load)
     out += table(summary, cases, a.sizes)
     out += [""]
     notes = [(k, v) for k, v in summary.items() if k[0] == "note"]

@@ -5,7 +5,7 @@ commands, and the chart. report_header and commands_block serve scaling_report.p
 import shlex
 from types import SimpleNamespace
 
-from elrun_tools.bench import fmt, stats
+from elrun_tools.bench import fmt, report_head, stats
 from elrun_tools.paths import REPO
 from elrun_tools.plots import pyplot, save_figure
 
@@ -153,14 +153,12 @@ def accuracy_check(configs):
 
 def report_header(title, args, info, plan, unit, load, elapsed):
     """A report's title and its machine, workload (`plan`: how the runs were ordered) and load."""
-    out = [f"## {title}", ""]
-    out += [f"- **{k}**: {v}" for k, v in info]
-    out += [f"- **workload**: FashionNet on Fashion-MNIST, batch {args.batch_size} per rank, "
-            f"--threads 1, --max-steps {args.max_steps}, --lr-schedule constant, seed 0; {plan}"
-            + (f", waited up to {args.wait_idle:g} s for an idle machine before each {unit}"
-               if args.wait_idle > 0 else "") + f"; benchmark took {elapsed:.0f} s",
-            f"- **load**: {load}", ""]
-    return out
+    return report_head(
+        title, info,
+        f"- **workload**: FashionNet on Fashion-MNIST, batch {args.batch_size} per rank, "
+        f"--threads 1, --max-steps {args.max_steps}, --lr-schedule constant, seed 0; {plan}"
+        + (f", waited up to {args.wait_idle:g} s for an idle machine before each {unit}"
+           if args.wait_idle > 0 else "") + f"; benchmark took {elapsed:.0f} s", load)
 
 
 def report(args, configs, commands, s, info, load, elapsed):

@@ -109,6 +109,12 @@ def private_copies(args, name, binaries):
 
 # --- formatting -------------------------------------------------------------------------------
 
+def report_head(title, info, how, load):
+    """The head every benchmark report opens with: its title, the machine facts in `info` (pairs),
+    `how` (one bullet: what ran and how, the benchmark's own words) and the other processes' load."""
+    return [f"## {title}", ""] + [f"- **{k}**: {v}" for k, v in info] + [how, f"- **load**: {load}", ""]
+
+
 def fmt(x, digits=1):
     return f"{x:.{digits}f}"
 
