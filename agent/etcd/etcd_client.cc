@@ -58,18 +58,6 @@ struct EtcdClient::Member {
   std::unique_ptr<etcdpb::Maintenance::Stub> maintenance;
 };
 
-std::string PrefixEnd(const std::string& prefix) {
-  std::string end = prefix;
-  while (!end.empty()) {
-    if (static_cast<unsigned char>(end.back()) < 0xff) {
-      end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
-      return end;
-    }
-    end.pop_back();
-  }
-  return std::string(1, '\0');  // Every key.
-}
-
 EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {}
 
 absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(const EtcdOptions& options) {
@@ -370,9 +358,9 @@ absl::Status EtcdClient::RevokeLease(int64_t lease_id) {
   });
 }
 
-absl::StatusOr<std::unique_ptr<EtcdWatch>> EtcdClient::Watch(const std::vector<WatchRange>& ranges,
-                                                             int64_t start_revision) {
-  std::unique_ptr<EtcdWatch> watch;
+absl::StatusOr<std::unique_ptr<EtcdKvWatch>> EtcdClient::Watch(const std::vector<WatchRange>& ranges,
+                                                               int64_t start_revision) {
+  std::unique_ptr<EtcdKvWatch> watch;
   absl::Status status = Retry("watch", [&](Member& member, grpc::ClientContext& unused) {
     (void)unused;
     auto opened = std::unique_ptr<EtcdWatch>(new EtcdWatch());

@@ -1,5 +1,6 @@
-// A small synchronous client of etcd's v3 gRPC API for the etcd-v3 rendezvous backend: KV
-// ranges and transactions, leases, watch streams, over every member of a cluster. A call that
+// A small synchronous client of etcd's v3 gRPC API for the etcd-v3 rendezvous backend, which
+// sees it as an EtcdKv (etcd_kv.h): KV ranges and transactions, leases, watch streams, over
+// every member of a cluster. A call that
 // finds its member unreachable (UNAVAILABLE, or no answer within the call timeout) moves on to
 // the next member, so the death of one member - the leader included - costs a retry, not the
 // job. With a user, the client authenticates and sends etcd's token on every call, and
@@ -20,12 +21,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/etcd/etcd_kv.h"
 #include "agent/net/transport.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
 namespace elrun::rdzv {
-
-namespace etcdpb = ::etcdserverpb;
 
 struct EtcdOptions {
   std::vector<std::string> endpoints;  // host:port of each member.
@@ -39,39 +39,32 @@ struct EtcdOptions {
   std::chrono::milliseconds retry_for{10000};
 };
 
-// The key just past every key that starts with `prefix` (etcd's range_end for a prefix).
-std::string PrefixEnd(const std::string& prefix);
-
 class EtcdWatch;
 
-class EtcdClient {
+class EtcdClient : public EtcdKv {
  public:
   // Makes one channel per member and authenticates when a user is set (retrying for
   // retry_for). Errors: no endpoint, unreadable TLS files, wrong user or password
   // (Unauthenticated), no member reachable (Unavailable).
   static absl::StatusOr<std::unique_ptr<EtcdClient>> Connect(const EtcdOptions& options);
-  ~EtcdClient();
+  ~EtcdClient() override;
 
-  absl::StatusOr<etcdpb::RangeResponse> Range(const etcdpb::RangeRequest& request);
-  absl::StatusOr<etcdpb::TxnResponse> Txn(const etcdpb::TxnRequest& request);
-  absl::StatusOr<int64_t> GrantLease(int64_t ttl_seconds);
+  absl::StatusOr<etcdpb::RangeResponse> Range(const etcdpb::RangeRequest& request) override;
+  absl::StatusOr<etcdpb::TxnResponse> Txn(const etcdpb::TxnRequest& request) override;
+  absl::StatusOr<int64_t> GrantLease(int64_t ttl_seconds) override;
   // The lease's remaining TTL in seconds after renewing it; NotFound when it has expired.
   // Renews over one long-lived stream (as etcd's own clients do: a new stream per renewal
   // costs etcd several times more), the first one opened on the etcd leader. A stream that
   // fails or does not answer within the call timeout is dropped, and that renewal retried as
   // a call of its own on the other members in turn, each attempt short; the next stream opens
   // on the member that answered.
-  absl::StatusOr<int64_t> KeepAlive(int64_t lease_id);
-  absl::Status RevokeLease(int64_t lease_id);
+  absl::StatusOr<int64_t> KeepAlive(int64_t lease_id) override;
+  absl::Status RevokeLease(int64_t lease_id) override;
 
-  // One watched range: [key, range_end), or the key alone when range_end is empty.
-  struct WatchRange {
-    std::string key;
-    std::string range_end;
-  };
   // Opens one watch stream on a reachable member with a watcher per range, each from
   // `start_revision`; returns once etcd has created them all.
-  absl::StatusOr<std::unique_ptr<EtcdWatch>> Watch(const std::vector<WatchRange>& ranges, int64_t start_revision);
+  absl::StatusOr<std::unique_ptr<EtcdKvWatch>> Watch(const std::vector<WatchRange>& ranges,
+                                                     int64_t start_revision) override;
 
   const EtcdOptions& options() const { return options_; }
 
@@ -113,15 +106,13 @@ class EtcdClient {
   bool leader_looked_up_ ABSL_GUARDED_BY(keepalive_mu_) = false;  // For the first stream.
 };
 
-// One watch stream. Read blocks for the next response (events of any of its watchers); Cancel
-// (any thread) makes it return.
-class EtcdWatch {
+// One watch stream on one member.
+class EtcdWatch : public EtcdKvWatch {
  public:
-  ~EtcdWatch();
-  // False when the stream ended (the member died, or Cancel); then Finish gives why.
-  bool Read(etcdpb::WatchResponse* response);
-  absl::Status Finish();
-  void Cancel();
+  ~EtcdWatch() override;
+  bool Read(etcdpb::WatchResponse* response) override;
+  absl::Status Finish() override;
+  void Cancel() override;
 
  private:
   friend class EtcdClient;

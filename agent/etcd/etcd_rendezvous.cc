@@ -22,11 +22,6 @@ namespace {
 // one leaves it to expire, which is a delete-only commit too.
 constexpr std::chrono::seconds kSpareLeaseTtl{60};
 
-int64_t WallMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 TimePoint LogTime(int64_t ms) { return TimePoint(std::chrono::milliseconds(ms)); }
 
 // A session's Challenge nonce, the same on every replica and known to the agent itself as soon
@@ -90,6 +85,15 @@ etcdpb::RangeRequest LastInLine(const std::string& nodes) {
   return line;
 }
 
+absl::Status CheckRunId(const std::string& run_id) {
+  // The run id is a part of every key: a '/' would reach into another run's keys (the Join's
+  // own checks, which refuse it too, come only after the keys exist).
+  if (run_id.empty() || run_id.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("run id '", run_id, "' must be non-empty, without '/'"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // Where the replica's coordinator sends to one session: outputs, in order, counted per session.
@@ -117,7 +121,7 @@ class EtcdRendezvous::Sink : public SessionSink {
 // What a node writes to join its job's line: its presence (nodes/<node id>) and tail under its
 // lease, and its connect entry in the log.
 struct EtcdRendezvous::Registration {
-  Registration(const EtcdRendezvousOptions& options, int64_t lease)
+  Registration(const EtcdRendezvousOptions& options, int64_t lease, int64_t now_ms)
       : base(options.prefix + options.run_id + "/"),
         nodes(base + "nodes/"),
         presence_key(nodes + options.node_id),
@@ -127,7 +131,7 @@ struct EtcdRendezvous::Registration {
         tail_key(base + "tail"),
         lease(lease) {
     v1::LogEntry entry;
-    entry.set_time_ms(WallMs());
+    entry.set_time_ms(now_ms);
     entry.set_connect(options.node_id);
     connect = entry.SerializeAsString();
   }
@@ -148,7 +152,7 @@ struct EtcdRendezvous::Registration {
   std::string connect;  // The connect entry, serialized.
 };
 
-absl::StatusOr<std::optional<EtcdRendezvous::FirstLook>> EtcdRendezvous::Register(EtcdClient& client,
+absl::StatusOr<std::optional<EtcdRendezvous::FirstLook>> EtcdRendezvous::Register(EtcdKv& client,
                                                                                   const Registration& r) {
   // A joining node's one transaction while the last node to join lives (every node of a
   // forming job): it reads tail and takes its place, in O(1) for etcd. Reading the line from
@@ -201,7 +205,7 @@ absl::StatusOr<std::optional<EtcdRendezvous::FirstLook>> EtcdRendezvous::Registe
   return std::nullopt;
 }
 
-absl::StatusOr<EtcdRendezvous::Place> EtcdRendezvous::ReadPlace(EtcdClient& client, const Registration& r) {
+absl::StatusOr<EtcdRendezvous::Place> EtcdRendezvous::ReadPlace(EtcdKv& client, const Registration& r) {
   auto joined = client.Txn(CreateOnce(r.connect_key, r.connect));
   if (!joined.ok()) return joined.status();
   etcdpb::TxnRequest both;
@@ -219,26 +223,30 @@ absl::StatusOr<EtcdRendezvous::Place> EtcdRendezvous::ReadPlace(EtcdClient& clie
 }
 
 absl::StatusOr<std::unique_ptr<EtcdRendezvous>> EtcdRendezvous::Open(const EtcdRendezvousOptions& options) {
-  // The run id is a part of every key: a '/' would reach into another run's keys (the Join's
-  // own checks, which refuse it too, come only after the keys exist).
-  if (options.run_id.empty() || options.run_id.find('/') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("run id '", options.run_id, "' must be non-empty, without '/'"));
-  }
+  if (absl::Status run_id = CheckRunId(options.run_id); !run_id.ok()) return run_id;
   auto client = EtcdClient::Connect(options.etcd);
   if (!client.ok()) return client.status();
+  return Open(options, *std::move(client), std::make_shared<RealEtcdClock>());
+}
+
+absl::StatusOr<std::unique_ptr<EtcdRendezvous>> EtcdRendezvous::Open(const EtcdRendezvousOptions& options,
+                                                                     std::unique_ptr<EtcdKv> etcd,
+                                                                     std::shared_ptr<const EtcdClock> clock) {
+  if (absl::Status run_id = CheckRunId(options.run_id); !run_id.ok()) return run_id;
   int64_t ttl_s = std::max<int64_t>(2, (options.lease_ttl.count() + 999) / 1000);
-  auto lease = (*client)->GrantLease(ttl_s);
+  const EtcdClock::TimePoint granted_at = clock->SteadyNow();
+  auto lease = etcd->GrantLease(ttl_s);
   if (!lease.ok()) return lease.status();
   // On a failure below, this node's presence goes at once rather than after the lease's TTL.
   auto fail = [&](const absl::Status& status) {
-    (void)(*client)->RevokeLease(*lease);
+    (void)etcd->RevokeLease(*lease);
     return status;
   };
 
-  const Registration registration(options, *lease);
+  const Registration registration(options, *lease, clock->WallMs());
   // What this node's transaction saw: the node ahead (empty if it does not know) and the
   // transaction's revision, or nothing: the job has no live last node.
-  absl::StatusOr<std::optional<FirstLook>> seen = Register(**client, registration);
+  absl::StatusOr<std::optional<FirstLook>> seen = Register(*etcd, registration);
   if (!seen.ok()) return fail(seen.status());
   std::optional<FirstLook> first;
   Place place;
@@ -248,16 +256,17 @@ absl::StatusOr<std::unique_ptr<EtcdRendezvous>> EtcdRendezvous::Open(const EtcdR
     place = Place{static_cast<uint64_t>((*seen)->revision), (*seen)->revision};
     first = std::move(*seen);
   } else {
-    absl::StatusOr<Place> read = ReadPlace(**client, registration);
+    absl::StatusOr<Place> read = ReadPlace(*etcd, registration);
     if (!read.ok()) return fail(read.status());
     place = *read;
   }
 
   int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fd < 0) return fail(absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno))));
-  std::unique_ptr<EtcdRendezvous> rendezvous(
-      new EtcdRendezvous(options, *std::move(client), fd, *lease, place.session, place.presence_revision));
+  std::unique_ptr<EtcdRendezvous> rendezvous(new EtcdRendezvous(options, std::move(etcd), std::move(clock), fd, *lease,
+                                                                place.session, place.presence_revision));
   rendezvous->first_look_ = std::move(first);
+  rendezvous->granted_at_ = granted_at;
   // A session's first output is its Challenge, which depends on nothing but its id: this node
   // takes it now and answers without waiting for the leader, who does not write it.
   v1::OutEntry challenge;
@@ -269,11 +278,13 @@ absl::StatusOr<std::unique_ptr<EtcdRendezvous>> EtcdRendezvous::Open(const EtcdR
   return rendezvous;
 }
 
-EtcdRendezvous::EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<EtcdClient> client, int event_fd,
-                               int64_t lease, uint64_t session, int64_t presence_revision)
+EtcdRendezvous::EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<EtcdKv> client,
+                               std::shared_ptr<const EtcdClock> clock, int event_fd, int64_t lease, uint64_t session,
+                               int64_t presence_revision)
     : options_(std::move(options)),
       base_(options_.prefix + options_.run_id + "/"),
       client_(std::move(client)),
+      clock_(std::move(clock)),
       event_fd_(event_fd),
       lease_(lease),
       session_(session),
@@ -290,11 +301,11 @@ EtcdRendezvous::~EtcdRendezvous() {
     // A leader leaving hands over what its replica made: the others would otherwise wait for
     // the next in line to replay the log and write it.
     if (leading_) {
-      const auto until = std::chrono::steady_clock::now() + 2 * options_.etcd.call_timeout;
+      const auto until = clock_->SteadyNow() + 2 * options_.etcd.call_timeout;
       while (!(outputs_.empty() && outbox_.empty() && !writing_)) {
-        const auto now = std::chrono::steady_clock::now();
+        const auto now = clock_->SteadyNow();
         if (now >= until) break;
-        flushed_.WaitWithTimeout(&mu_, absl::FromChrono(until - now));
+        clock_->WaitUntil(&flushed_, &mu_, until);
       }
     }
     stop_ = true;
@@ -324,7 +335,7 @@ bool EtcdRendezvous::Write(const v1::AgentMessage& message) {
   if (ended_) return false;
   if (message.has_heartbeat()) return true;
   v1::LogEntry entry;
-  entry.set_time_ms(WallMs());
+  entry.set_time_ms(clock_->WallMs());
   entry.set_session(session_);
   *entry.mutable_message() = message;
   outbox_.push_back({LogKey(absl::StrCat("m/", session_, "/", next_seq_++)), entry.SerializeAsString()});
@@ -365,7 +376,7 @@ void EtcdRendezvous::End(const absl::Status& status) {
 // ------------------------------------------------------------------------- the reader
 
 void EtcdRendezvous::ReadLoop() {
-  auto lost_since = std::chrono::steady_clock::now();
+  auto lost_since = clock_->SteadyNow();
   while (true) {
     bool leading;
     {
@@ -376,11 +387,11 @@ void EtcdRendezvous::ReadLoop() {
     }
     absl::Status status = leading ? Lead() : Follow();
     if (status.ok()) {
-      lost_since = std::chrono::steady_clock::now();
+      lost_since = clock_->SteadyNow();
       continue;
     }
     // Every member was tried for retry_for; a lease that outlives this is not likely.
-    if (std::chrono::steady_clock::now() - lost_since > options_.lease_ttl + options_.etcd.retry_for) {
+    if (clock_->SteadyNow() - lost_since > options_.lease_ttl + options_.etcd.retry_for) {
       End(absl::UnavailableError(absl::StrCat("lost the etcd cluster: ", status.message())));
       return;
     }
@@ -451,7 +462,7 @@ absl::Status EtcdRendezvous::Follow() {
   }
   auto opened = client_->Watch({{mine, PrefixEnd(mine)}, {ahead, ""}}, at + 1);
   if (!opened.ok()) return opened.status();
-  EtcdWatch* watch;  // Only this thread resets watch_: it reads through it without the lock.
+  EtcdKvWatch* watch;  // Only this thread resets watch_: it reads through it without the lock.
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return absl::OkStatus();
@@ -524,7 +535,7 @@ absl::Status EtcdRendezvous::Lead() {
   const std::string nodes = base_ + "nodes/";
   auto opened = client_->Watch({{log, PrefixEnd(log)}, {nodes, PrefixEnd(nodes)}}, *revision + 1);
   if (!opened.ok()) return opened.status();
-  EtcdWatch* watch;  // Only this thread resets watch_: it reads through it without the lock.
+  EtcdKvWatch* watch;  // Only this thread resets watch_: it reads through it without the lock.
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return absl::OkStatus();
@@ -632,7 +643,7 @@ void EtcdRendezvous::OnPresenceGone(const std::string& node_id) {
   if (it == live_.end()) return;
   uint64_t session = it->second;
   v1::LogEntry entry;
-  entry.set_time_ms(WallMs());
+  entry.set_time_ms(clock_->WallMs());
   entry.set_session(session);
   entry.set_disconnect("its etcd lease ended (the agent left, died or stalled)");
   absl::MutexLock lock(&mu_);
@@ -659,7 +670,7 @@ void EtcdRendezvous::Output(uint64_t session, v1::OutEntry entry) {
 
 void EtcdRendezvous::Applied() {
   absl::MutexLock lock(&mu_);
-  trim_.Wrote(std::chrono::steady_clock::now());
+  trim_.Wrote(clock_->SteadyNow());
   replica_changed_ = true;
   wake_.SignalAll();
 }
@@ -723,28 +734,30 @@ void EtcdRendezvous::Apply(const mvccpb::KeyValue& kv) {
 
 void EtcdRendezvous::RenewLoop() {
   const auto renew_every = std::max(std::chrono::milliseconds(200), options_.lease_ttl / 3);
-  auto renewed_at = std::chrono::steady_clock::now();
+  // Renewals a period apart from the start of the one before (or the grant), however long
+  // each took: a slow renewal does not push the next one towards the lease's end.
+  EtcdClock::TimePoint attempt = granted_at_;
+  EtcdClock::TimePoint renewed_at = granted_at_;  // The start of the last renewal that held.
   absl::MutexLock lock(&mu_);
   while (true) {
+    const EtcdClock::TimePoint next = attempt + renew_every;
+    while (!stop_ && clock_->SteadyNow() < next) clock_->WaitUntil(&renew_wake_, &mu_, next);
+    if (stop_) return;
+    attempt = clock_->SteadyNow();
     // While this node may write: a follower whose session ended has left the line (the writer
     // revoked its lease); a leader whose own session ended still fences its writes with it.
-    auto next = std::chrono::steady_clock::now() + renew_every;
-    for (auto now = std::chrono::steady_clock::now(); !stop_ && now < next; now = std::chrono::steady_clock::now()) {
-      renew_wake_.WaitWithTimeout(&mu_, absl::FromChrono(next - now));
-    }
-    if (stop_) return;
     if (ended_ && !leading_) continue;
     mu_.Unlock();
     auto renewed = client_->KeepAlive(lease_);
     mu_.Lock();
     if (renewed.ok()) {
-      renewed_at = std::chrono::steady_clock::now();
+      renewed_at = attempt;
       continue;
     }
     // A busy or electing cluster fails a renewal now and then: only a lease that expired, or
     // one not renewed for its whole TTL, ends the session.
     if (stop_ || (renewed.status().code() != absl::StatusCode::kNotFound &&
-                  std::chrono::steady_clock::now() - renewed_at < options_.lease_ttl)) {
+                  clock_->SteadyNow() - renewed_at < options_.lease_ttl)) {
       continue;
     }
     mu_.Unlock();
@@ -832,7 +845,7 @@ bool EtcdRendezvous::QueueDueTick(std::chrono::steady_clock::time_point now, int
   mu_.Lock();
   if (!deadline) return false;
   int64_t due = std::chrono::duration_cast<std::chrono::milliseconds>(deadline->time_since_epoch()).count();
-  int64_t wall = WallMs();
+  int64_t wall = clock_->WallMs();
   if (due <= wall && due != *ticked_for) {
     *ticked_for = due;
     v1::LogEntry tick;
@@ -882,7 +895,7 @@ void EtcdRendezvous::WriteLoop() {
   bool left = false;
   absl::MutexLock lock(&mu_);
   while (!stop_) {
-    auto now = std::chrono::steady_clock::now();
+    auto now = clock_->SteadyNow();
     if (!MayWrite()) {
       // A follower whose session ended leaves the line at once: the node behind it must not
       // wait for this one to take a lead it would not take.
@@ -904,7 +917,7 @@ void EtcdRendezvous::WriteLoop() {
     if (!outputs_.empty()) {
       std::vector<Put> batch = TakeOutputBatch();
       WriteRetried([&] { return WriteFenced(batch); });
-      trim_.Wrote(std::chrono::steady_clock::now());
+      trim_.Wrote(clock_->SteadyNow());
       continue;
     }
     auto wait_until = now + kIdle;
@@ -916,10 +929,10 @@ void EtcdRendezvous::WriteLoop() {
       // After a burst of writes, etcd's read buffer goes with the spare lease (etcd_quiet_trim.h).
       if (StepQuietTrim(now, &wait_until)) continue;
     }
-    for (now = std::chrono::steady_clock::now();
+    for (now = clock_->SteadyNow();
          !(stop_ || (MayWrite() && (!outbox_.empty() || !outputs_.empty())) || replica_changed_) && now < wait_until;
-         now = std::chrono::steady_clock::now()) {
-      wake_.WaitWithTimeout(&mu_, absl::FromChrono(wait_until - now));
+         now = clock_->SteadyNow()) {
+      clock_->WaitUntil(&wake_, &mu_, wait_until);
     }
   }
 }

@@ -39,6 +39,8 @@
 #include "agent/coordinator/agent_channel.h"
 #include "agent/coordinator/coordinator.h"
 #include "agent/etcd/etcd_client.h"
+#include "agent/etcd/etcd_clock.h"
+#include "agent/etcd/etcd_kv.h"
 #include "agent/etcd/etcd_quiet_trim.h"
 #include "proto/rendezvous.pb.h"
 
@@ -63,6 +65,11 @@ class EtcdRendezvous : public AgentChannel {
   // job's log. Errors: a run id that is empty or holds '/' (InvalidArgument), etcd unreachable
   // or refusing the user, bad TLS files.
   static absl::StatusOr<std::unique_ptr<EtcdRendezvous>> Open(const EtcdRendezvousOptions& options);
+  // The same on a given etcd and clock (a fake of each in unit tests); of options.etcd, only
+  // the call timeout and the retry time are read.
+  static absl::StatusOr<std::unique_ptr<EtcdRendezvous>> Open(const EtcdRendezvousOptions& options,
+                                                              std::unique_ptr<EtcdKv> etcd,
+                                                              std::shared_ptr<const EtcdClock> clock);
   // Leaves: revokes the lease (the others see this node gone at once); the last node of the
   // job deletes its keys.
   ~EtcdRendezvous() override;
@@ -99,13 +106,13 @@ class EtcdRendezvous : public AgentChannel {
   // Open's steps. Register: puts this node's presence and connect entry, behind the last node
   // to join in one transaction while it lives, else in line read from nodes/ (a dead job's log
   // cleared when no node lives); what it saw, or nothing when it must read its place back.
-  static absl::StatusOr<std::optional<FirstLook>> Register(EtcdClient& client, const Registration& registration);
+  static absl::StatusOr<std::optional<FirstLook>> Register(EtcdKv& client, const Registration& registration);
   // ReadPlace: logs the connect entry if it is not there yet (a retry after a lost reply) and
   // reads back both create revisions. Internal when etcd lost either key.
-  static absl::StatusOr<Place> ReadPlace(EtcdClient& client, const Registration& registration);
+  static absl::StatusOr<Place> ReadPlace(EtcdKv& client, const Registration& registration);
 
-  EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<EtcdClient> client, int event_fd, int64_t lease,
-                 uint64_t session, int64_t presence_revision);
+  EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<EtcdKv> client, std::shared_ptr<const EtcdClock> clock,
+                 int event_fd, int64_t lease, uint64_t session, int64_t presence_revision);
   std::string LogKey(const std::string& name) const { return base_ + "log/" + name; }
   std::string OutPrefix(uint64_t session) const;
 
@@ -137,7 +144,7 @@ class EtcdRendezvous : public AgentChannel {
   void Applied();
   void CloseSession(uint64_t session, const absl::Status& status);
 
-  // Renewer thread: renews the lease every TTL/3, on its own so that no write waiting on a
+  // Renewer thread: renews the lease every TTL/3 from its grant, on its own so that no write waiting on a
   // stalled member delays it; ends the session when etcd says the lease expired, or when it
   // could not renew it for a whole TTL.
   void RenewLoop();
@@ -168,12 +175,15 @@ class EtcdRendezvous : public AgentChannel {
 
   const EtcdRendezvousOptions options_;
   const std::string base_;  // <prefix><run id>/
-  std::unique_ptr<EtcdClient> client_;
+  std::unique_ptr<EtcdKv> client_;
+  const std::shared_ptr<const EtcdClock> clock_;
   const int event_fd_;
   const int64_t lease_;
   const uint64_t session_;           // This node's.
   const int64_t presence_revision_;  // Its nodes/ key's create revision: its place in line.
 
+  // Set by Open before the threads start: when the lease was granted (the renewer's).
+  EtcdClock::TimePoint granted_at_{};
   // Reader thread only.
   std::optional<FirstLook> first_look_;     // Set by Open, used by the first Follow.
   std::string ahead_;                       // The live node followed; "" once it is gone.
@@ -208,7 +218,7 @@ class EtcdRendezvous : public AgentChannel {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   // Set and reset by the reader thread, which reads it without the lock; Cancel from the
   // writer and the destructor.
-  std::unique_ptr<EtcdWatch> watch_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<EtcdKvWatch> watch_ ABSL_GUARDED_BY(mu_);
   // The leader's: when it clears etcd's read buffer after a burst of writes.
   EtcdQuietTrim trim_ ABSL_GUARDED_BY(mu_){std::chrono::seconds(1)};
   std::thread reader_;
