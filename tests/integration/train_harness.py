@@ -33,7 +33,7 @@ def train_command():
 
 
 def torchrun_command():
-    """Debian's torchrun (torch 1.13.1) through scripts/elrun_tools/torchrun_compat.py, with exits
+    """torch 2.11's torchrun through scripts/elrun_tools/torchrun_compat.py, with exits
     noticed every 0.1 s instead of torchrun's default 5 s. TORCHRUN_COMPAT overrides the path."""
     path = os.environ.get("TORCHRUN_COMPAT")
     if not path:
