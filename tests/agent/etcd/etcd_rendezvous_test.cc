@@ -46,8 +46,7 @@ struct Node {
   std::deque<v1::CoordinatorMessage> inbox;
 
   // The next message `want` accepts, skipping the others; fails the test after kPatience.
-  v1::CoordinatorMessage Await(const std::function<bool(const v1::CoordinatorMessage&)>& want,
-                               const char* what) {
+  v1::CoordinatorMessage Await(const std::function<bool(const v1::CoordinatorMessage&)>& want, const char* what) {
     const auto give_up = std::chrono::steady_clock::now() + kPatience;
     while (true) {
       for (v1::CoordinatorMessage& message : rdzv->Take()) inbox.push_back(std::move(message));
@@ -65,8 +64,7 @@ struct Node {
     return {};
   }
   v1::RoundStarted AwaitRound() {
-    return Await([](const v1::CoordinatorMessage& m) { return m.has_round_started(); }, "RoundStarted")
-        .round_started();
+    return Await([](const v1::CoordinatorMessage& m) { return m.has_round_started(); }, "RoundStarted").round_started();
   }
   v1::RoundEnded AwaitRoundEnded() {
     return Await([](const v1::CoordinatorMessage& m) { return m.has_round_ended(); }, "RoundEnded").round_ended();

@@ -141,9 +141,8 @@ class FakeEtcd::Client : public EtcdKv {
     absl::MutexLock lock(&etcd_->mu_);
     if (absl::Status reached = Reach(); !reached.ok()) return reached;
     if (start_revision > 0 && start_revision < etcd_->compacted_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("watch refused: mvcc: required revision has been compacted (history compacted at ",
-                       etcd_->compacted_, ")"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "watch refused: mvcc: required revision has been compacted (history compacted at ", etcd_->compacted_, ")"));
     }
     const int64_t from = start_revision > 0 ? start_revision : etcd_->revision_ + 1;
     size_t next = 0;
