@@ -17,12 +17,42 @@ absl::StatusOr<torch::Tensor> Field(const ParamState& state, const std::string& 
   return it->second.to(param.device(), param.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
 }
 
+// Adam's and AdamW's state: the same fields in two classes.
+template <typename State>
+void ExportAdamState(const State& adam, ParamState& out) {
+  out["exp_avg"] = CpuCopy(adam.exp_avg());
+  out["exp_avg_sq"] = CpuCopy(adam.exp_avg_sq());
+  if (adam.max_exp_avg_sq().defined()) out["max_exp_avg_sq"] = CpuCopy(adam.max_exp_avg_sq());
+  out["step"] = torch::tensor(adam.step(), torch::kLong);
+}
+
+template <typename State>
+absl::StatusOr<std::unique_ptr<State>> ImportAdamState(const torch::Tensor& param, const ParamState& state) {
+  auto exp_avg = Field(state, "exp_avg", param);
+  auto exp_avg_sq = Field(state, "exp_avg_sq", param);
+  if (!exp_avg.ok()) return exp_avg.status();
+  if (!exp_avg_sq.ok()) return exp_avg_sq.status();
+  auto step = state.find("step");
+  if (step == state.end()) return absl::InvalidArgumentError("optimizer state lacks step");
+  auto s = std::make_unique<State>();
+  s->step(step->second.item<int64_t>());
+  s->exp_avg(*exp_avg);
+  s->exp_avg_sq(*exp_avg_sq);
+  if (state.count("max_exp_avg_sq")) {
+    auto max = Field(state, "max_exp_avg_sq", param);
+    if (!max.ok()) return max.status();
+    s->max_exp_avg_sq(*max);
+  }
+  return s;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> OptimizerKind(const torch::optim::Optimizer& optimizer) {
   if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return std::string("sgd");
   if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return std::string("adam");
-  return absl::InvalidArgumentError("only SGD and Adam state can be checkpointed");
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return std::string("adamw");
+  return absl::InvalidArgumentError("only SGD, Adam and AdamW state can be checkpointed");
 }
 
 ParamState ExportParamState(const torch::optim::Optimizer& optimizer, const torch::Tensor& param) {
@@ -32,10 +62,9 @@ ParamState ExportParamState(const torch::optim::Optimizer& optimizer, const torc
   if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(it->second.get())) {
     if (sgd->momentum_buffer().defined()) out["momentum_buffer"] = CpuCopy(sgd->momentum_buffer());
   } else if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(it->second.get())) {
-    out["exp_avg"] = CpuCopy(adam->exp_avg());
-    out["exp_avg_sq"] = CpuCopy(adam->exp_avg_sq());
-    if (adam->max_exp_avg_sq().defined()) out["max_exp_avg_sq"] = CpuCopy(adam->max_exp_avg_sq());
-    out["step"] = torch::tensor(adam->step(), torch::kLong);
+    ExportAdamState(*adam, out);
+  } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get())) {
+    ExportAdamState(*adamw, out);
   }
   return out;
 }
@@ -55,22 +84,15 @@ absl::Status ImportParamState(torch::optim::Optimizer& optimizer, const torch::T
     optimizer.state()[StateKey(param)] = std::move(s);
     return absl::OkStatus();
   }
-  auto exp_avg = Field(state, "exp_avg", param);
-  auto exp_avg_sq = Field(state, "exp_avg_sq", param);
-  if (!exp_avg.ok()) return exp_avg.status();
-  if (!exp_avg_sq.ok()) return exp_avg_sq.status();
-  auto step = state.find("step");
-  if (step == state.end()) return absl::InvalidArgumentError("optimizer state lacks step");
-  auto s = std::make_unique<torch::optim::AdamParamState>();
-  s->step(step->second.item<int64_t>());
-  s->exp_avg(*exp_avg);
-  s->exp_avg_sq(*exp_avg_sq);
-  if (state.count("max_exp_avg_sq")) {
-    auto max = Field(state, "max_exp_avg_sq", param);
-    if (!max.ok()) return max.status();
-    s->max_exp_avg_sq(*max);
+  if (*kind == "adamw") {
+    auto s = ImportAdamState<torch::optim::AdamWParamState>(param, state);
+    if (!s.ok()) return s.status();
+    optimizer.state()[StateKey(param)] = std::move(*s);
+    return absl::OkStatus();
   }
-  optimizer.state()[StateKey(param)] = std::move(s);
+  auto s = ImportAdamState<torch::optim::AdamParamState>(param, state);
+  if (!s.ok()) return s.status();
+  optimizer.state()[StateKey(param)] = std::move(*s);
   return absl::OkStatus();
 }
 

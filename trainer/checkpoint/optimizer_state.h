@@ -1,5 +1,5 @@
 // One parameter's optimizer state as named tensors, for checkpoints: SGD {"momentum_buffer"};
-// Adam {"exp_avg", "exp_avg_sq", ["max_exp_avg_sq"], "step" (0-d int64)}. Other optimizers are
+// Adam and AdamW {"exp_avg", "exp_avg_sq", ["max_exp_avg_sq"], "step" (0-d int64)}. Other optimizers are
 // refused. Exported tensors are CPU copies (checkpoints written on a GPU load on a CPU and the
 // reverse); imported ones move to the parameter's device. Thread-compatible.
 #ifndef ELRUN_TRAINER_CHECKPOINT_OPTIMIZER_STATE_H_
@@ -21,7 +21,7 @@ inline torch::Tensor CpuCopy(const torch::Tensor& t) {
   return t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
 }
 
-// "sgd" or "adam"; InvalidArgument for other optimizer types.
+// "sgd", "adam" or "adamw"; InvalidArgument for other optimizer types.
 absl::StatusOr<std::string> OptimizerKind(const torch::optim::Optimizer& optimizer);
 
 // The state of `param` (CPU copies); empty before the optimizer's first step on it.

@@ -20,6 +20,8 @@ int64_t OptimizerStateBytes(const torch::optim::Optimizer& optimizer) {
       total += Bytes(sgd->momentum_buffer());
     } else if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
       total += Bytes(adam->exp_avg()) + Bytes(adam->exp_avg_sq()) + Bytes(adam->max_exp_avg_sq());
+    } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
+      total += Bytes(adamw->exp_avg()) + Bytes(adamw->exp_avg_sq()) + Bytes(adamw->max_exp_avg_sq());
     }
   }
   return total;

@@ -44,7 +44,9 @@ class Checkpoint : public torch::autograd::Function<Checkpoint> {
 
 torch::Tensor CheckpointedCall(const torch::Tensor& input, TensorFn run) {
   if (!torch::GradMode::is_enabled()) return run(input);
-  torch::Tensor anchor = torch::zeros({}, input.options().requires_grad(true));
+  // Integer inputs (token ids) cannot require grad: the anchor is then a float.
+  const auto dtype = at::isFloatingType(input.scalar_type()) ? input.scalar_type() : torch::kFloat;
+  torch::Tensor anchor = torch::zeros({}, input.options().dtype(dtype).requires_grad(true));
   return Checkpoint::apply(input, anchor, c10::make_intrusive<RunHolder>(std::move(run)));
 }
 
