@@ -1,8 +1,10 @@
 // elrun-train: the worker binary of the README's main job. Trains FashionNet (or an MLP) on
-// Fashion-MNIST with DistributedDataParallel or a sharded strategy, optional SyncBatchNorm and
+// Fashion-MNIST, or a byte-level GPT on text (the Python standard library's modules), with
+// DistributedDataParallel or a sharded strategy, optional SyncBatchNorm and
 // gradient accumulation, on CPU (Gloo, shared memory) or CUDA (NCCL, cuda:LOCAL_RANK);
 // checkpoints periodically and on SIGTERM, resumes from the latest checkpoint (also under another
-// world size or device), and reports test accuracy. Runs under elrun or Python's torchrun alike:
+// world size or device), and reports test accuracy (for the GPT: validation loss and perplexity,
+// and a sample of its text). Runs under elrun or Python's torchrun alike:
 // everything distributed comes from the env contract.
 // Shape: ParseTrainOptions (every option, before anything else) -> Setup (environment, device,
 // data, process group, model, wrapper, optimizer, resume) -> TrainStep per batch -> Evaluate ->
@@ -26,12 +28,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "trainer/app/gpt.h"
 #include "trainer/app/models.h"
 #include "trainer/app/placement.h"
 #include "trainer/app/train_options.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/data/fashion_mnist.h"
 #include "trainer/data/sampler.h"
+#include "trainer/data/text_corpus.h"
 #include "trainer/dist/collectives.h"
 #include "trainer/dist/process_group.h"
 #include "trainer/dist/shm_allreduce.h"
@@ -116,9 +120,15 @@ std::chrono::milliseconds CollectiveTimeout(const TrainOptions& o) {
 // The learning rate of the step that starts at `position` of the whole run, a fraction in [0, 1]
 // of epochs x dataset samples. Derived from the global sample position, not the step count, so a
 // run resumed under another world size continues on the same curve.
+// The first --warmup-fraction of the run ramps linearly from 0 (the first step gets a small
+// positive rate, not 0); the schedule spans the rest.
 double ScheduledLr(const TrainOptions& o, double position) {
+  position = std::clamp(position, 0.0, 1.0);
+  const double warmup = o.warmup_fraction;
+  if (warmup > 0 && position < warmup) return o.lr * std::max(position, 1e-3 * warmup) / warmup;
   if (o.lr_schedule == LrSchedule::kConstant) return o.lr;
-  return o.lr * 0.5 * (1.0 + std::cos(M_PI * std::clamp(position, 0.0, 1.0)));
+  const double after = warmup < 1 ? (position - warmup) / (1 - warmup) : 1.0;
+  return o.lr * 0.5 * (1.0 + std::cos(M_PI * after));
 }
 
 void SetLr(torch::optim::Optimizer& optimizer, double lr) {
@@ -129,6 +139,11 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const TrainOptions& o,
                                                        const std::vector<torch::Tensor>& params) {
   if (o.optimizer == OptimizerChoice::kAdam) {
     return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr).weight_decay(o.weight_decay));
+  }
+  if (o.optimizer == OptimizerChoice::kAdamW) {
+    // Every parameter decays, LayerNorms and biases too: the sharded strategies step flat shards
+    // that mix them, as FSDP1's flat parameters did.
+    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
   }
   return std::make_unique<ForeachSgd>(params,
                                       torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
@@ -199,6 +214,8 @@ struct Job {
   bool channels_last = false;                   // --memory-format resolved for the device.
   Dist dist;
   Dataset train, test;
+  // --dataset text: windows of gpt_context + 1 bytes (TextWindows) and the validation text.
+  torch::Tensor text_train, text_validation, validation_bytes;
   std::shared_ptr<Classifier> model;
   std::shared_ptr<ShmAllreduce> shm;
   std::string allreduce = "none";  // How DDP's and SyncBatchNorm's sums travel: shm, gloo, nccl.
@@ -214,7 +231,32 @@ struct Job {
   int64_t baseline_rss = 0;  // Before the model was built (MemoryReport::baseline_rss).
   int rank() const { return env.rank; }
   int world() const { return env.world_size; }
+  bool text() const { return o.dataset == DatasetChoice::kText; }
+  int64_t train_size() const { return text() ? text_train.size(0) : train.size(); }
 };
+
+// A batch's inputs and targets on the device: images and labels, or for text each window's
+// first context bytes and the bytes that follow each (int64 token ids).
+std::pair<torch::Tensor, torch::Tensor> Examples(const Job& job, bool train, const std::vector<int64_t>& indices) {
+  if (job.text()) {
+    torch::Tensor windows = Rows(train ? job.text_train : job.text_validation, indices, job.device).to(torch::kLong);
+    const int64_t context = windows.size(1) - 1;
+    return {windows.narrow(1, 0, context), windows.narrow(1, 1, context)};
+  }
+  const Dataset& data = train ? job.train : job.test;
+  return {Rows(data.images, indices, job.device), Rows(data.labels, indices, job.device)};
+}
+
+// Cross-entropy, averaged over the samples, or for next-token logits [B, T, V] over every
+// position.
+torch::Tensor Loss(const torch::Tensor& logits, const torch::Tensor& targets,
+                   torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction = torch::kMean) {
+  namespace F = torch::nn::functional;
+  if (logits.dim() == 3) {
+    return F::cross_entropy(logits.flatten(0, 1), targets.flatten(), F::CrossEntropyFuncOptions().reduction(reduction));
+  }
+  return F::cross_entropy(logits, targets, F::CrossEntropyFuncOptions().reduction(reduction));
+}
 
 // DDP's buckets and SyncBatchNorm's statistics go through shared memory where every rank can map
 // it (all on this host, CPU tensors); the sharded strategies' collectives stay on the backend.
@@ -282,7 +324,31 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   }
 
   // The data before the rendezvous: a rank without it fails alone and at once.
-  if (o.dataset == DatasetChoice::kFashionMnist) {
+  if (o.dataset == DatasetChoice::kText) {
+    std::string dir = o.data_dir;
+    if (dir.empty()) {
+      auto found = DefaultTextDir();
+      if (!found.ok()) return absl::UnavailableError(found.status().message());
+      dir = *found;
+    }
+    auto corpus = LoadTextCorpus(dir);
+    if (!corpus.ok()) return absl::UnavailableError(corpus.status().message());
+    job->text_train = TextWindows(corpus->train, o.gpt_context);
+    job->text_validation = TextWindows(corpus->validation, o.gpt_context);
+    job->validation_bytes = corpus->validation;
+    if (job->text_train.size(0) < o.batch_size * job->world() || job->text_validation.size(0) == 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "--data-dir %s: %d training and %d validation sequences of %d bytes; a step needs %d (--batch-size x "
+          "world size)",
+          dir, job->text_train.size(0), job->text_validation.size(0), o.gpt_context + 1, o.batch_size * job->world()));
+    }
+    if (job->rank() == 0) {
+      std::cout << absl::StrFormat("text corpus %s: %d training files (%d bytes), %d validation files (%d bytes)", dir,
+                                   corpus->train_files.size(), corpus->train.numel(), corpus->validation_files.size(),
+                                   corpus->validation.numel())
+                << std::endl;
+    }
+  } else if (o.dataset == DatasetChoice::kFashionMnist) {
     const std::string dir = o.data_dir.empty() ? kFashionMnistDir : o.data_dir;
     auto train = LoadFashionMnist(dir, Split::kTrain);
     if (!train.ok()) return absl::UnavailableError(train.status().message());
@@ -295,7 +361,7 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
     job->test = SyntheticDataset(1024, o.seed + 1);
   }
   SamplerOptions sampler_options;
-  sampler_options.dataset_size = job->train.size();
+  sampler_options.dataset_size = job->train_size();
   sampler_options.world_size = job->world();
   sampler_options.rank = job->rank();
   sampler_options.seed = o.seed;
@@ -329,7 +395,15 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   std::unique_ptr<ChildSink> sink;
   if (!o.sync_bn && !o.cuda_graph) sink = DataParallel::ShardingSink(o.strategy, job->dist.pg, job->device, sharding);
   absl::StatusOr<std::shared_ptr<Classifier>> model;
-  if (o.model == ModelChoice::kResMlp) {
+  if (o.model == ModelChoice::kGpt) {
+    GptOptions gpt;
+    gpt.vocabulary = kByteVocabulary;
+    gpt.context = o.gpt_context;
+    gpt.layers = o.gpt_layers;
+    gpt.width = o.gpt_width;
+    gpt.heads = o.gpt_heads;
+    model = MakeGpt(gpt, sink.get());
+  } else if (o.model == ModelChoice::kResMlp) {
     ResMlpOptions resmlp;
     resmlp.width = o.resmlp_width;
     resmlp.blocks = o.resmlp_blocks;
@@ -405,8 +479,7 @@ double TrainStep(Job& job, const std::vector<int64_t>& batch, double lr) {
         },
         lr);
   }
-  torch::Tensor images = Rows(job.train.images, batch, job.device);
-  torch::Tensor labels = Rows(job.train.labels, batch, job.device);
+  auto [images, labels] = Examples(job, /*train=*/true, batch);
   const int64_t micro = images.size(0) / o.accum_steps;
   // The sharded strategies' gradient shards are zeroed in place, not freed and allocated again
   // at every step: the same memory all along, nothing for the heap to fragment.
@@ -414,8 +487,7 @@ double TrainStep(Job& job, const std::vector<int64_t>& batch, double lr) {
   torch::Tensor loss_sum;  // Of the micro-batches' losses, each already divided by their count.
   for (int m = 0; m < o.accum_steps; ++m) {
     const int64_t size = m + 1 < o.accum_steps ? micro : images.size(0) - m * micro;
-    torch::Tensor loss = torch::nn::functional::cross_entropy(job.dp->Forward(images.narrow(0, m * micro, size)),
-                                                              labels.narrow(0, m * micro, size));
+    torch::Tensor loss = Loss(job.dp->Forward(images.narrow(0, m * micro, size)), labels.narrow(0, m * micro, size));
     if (o.accum_steps > 1) loss = loss / o.accum_steps;
     job.dp->Backward(loss, /*synchronize=*/m + 1 == o.accum_steps);
     loss_sum = m == 0 ? loss.detach() : loss_sum + loss.detach();
@@ -435,24 +507,89 @@ bool AnyRankStopping(Job& job, bool local) {
   return flag.item<float>() > 0;
 }
 
-// Test accuracy over every rank's strided shard of the test set, reduced across ranks.
-double Evaluate(Job& job) {
+// What Evaluate measured over every rank's share of the held-out split.
+struct Evaluation {
+  double accuracy = 0;  // The image models: test accuracy.
+  double loss = 0;      // The GPT: mean next-byte cross-entropy on validation (nats).
+  int64_t samples = 0;
+};
+
+// Test accuracy, or for text the validation loss, over every rank's strided share of the held-out
+// split (the first --eval-samples windows for text), reduced across ranks. Every rank runs the
+// same number of forward passes (the sharded strategies' forward is collective): a rank whose
+// share ran out forwards one sample and counts nothing.
+Evaluation Evaluate(Job& job) {
   torch::NoGradGuard no_grad;
   job.model->eval();
-  int64_t correct = 0, total = 0;
+  const int64_t available = job.text() ? job.text_validation.size(0) : job.test.size();
+  const int64_t n = job.text() && job.o.eval_samples > 0 ? std::min(available, job.o.eval_samples) : available;
+  const int64_t chunk = job.text() ? 64 : 1000;
+  const int64_t most = (n + job.world() - 1) / job.world();  // Rank 0's share, the largest.
   std::vector<int64_t> shard;
-  for (int64_t i = job.rank(); i < job.test.size(); i += job.world()) shard.push_back(i);
-  for (size_t begin = 0; begin < shard.size(); begin += 1000) {
-    std::vector<int64_t> chunk(shard.begin() + begin, shard.begin() + std::min(shard.size(), begin + 1000));
-    auto logits = job.dp->Forward(Rows(job.test.images, chunk, job.device));
-    correct += logits.argmax(1).eq(Rows(job.test.labels, chunk, job.device)).sum().item<int64_t>();
-    total += static_cast<int64_t>(chunk.size());
+  for (int64_t i = job.rank(); i < n; i += job.world()) shard.push_back(i);
+  double correct = 0, loss_sum = 0, total = 0;
+  for (int64_t begin = 0; begin < most; begin += chunk) {
+    const auto from = std::min<size_t>(shard.size(), begin), to = std::min<size_t>(shard.size(), begin + chunk);
+    const bool empty = from == to;
+    std::vector<int64_t> indices = empty ? std::vector<int64_t>{0}
+                                         : std::vector<int64_t>(shard.begin() + static_cast<std::ptrdiff_t>(from),
+                                                                shard.begin() + static_cast<std::ptrdiff_t>(to));
+    auto [inputs, targets] = Examples(job, /*train=*/false, indices);
+    torch::Tensor logits = job.dp->Forward(inputs);
+    if (empty) continue;
+    if (job.text()) {
+      loss_sum += Loss(logits, targets, torch::kSum).item<double>();
+      total += static_cast<double>(targets.numel());
+    } else {
+      correct += logits.argmax(1).eq(targets).sum().item<double>();
+      total += static_cast<double>(indices.size());
+    }
   }
-  std::vector<torch::Tensor> counts{torch::tensor({correct, total}, torch::kLong).to(CommDevice(*job.dist.pg))};
-  job.dist.pg->allreduce(counts)->wait();
+  std::vector<torch::Tensor> sums{
+      torch::tensor({correct, loss_sum, total}, torch::kDouble).to(CommDevice(*job.dist.pg))};
+  job.dist.pg->allreduce(sums)->wait();
   job.model->train();
-  torch::Tensor sums = counts[0].cpu();
-  return sums[0].item<double>() / std::max<int64_t>(1, sums[1].item<int64_t>());
+  torch::Tensor totals = sums[0].cpu();
+  Evaluation result;
+  const double count = std::max(1.0, totals[2].item<double>());
+  result.accuracy = totals[0].item<double>() / count;
+  result.loss = totals[1].item<double>() / count;
+  result.samples = n;
+  return result;
+}
+
+// --model gpt: `--sample-bytes` bytes the trained model writes after a prompt (the validation
+// text's first line, at most half a context), drawn from its softmax with a generator seeded by
+// --seed. Every rank runs the same forward passes (collective for the sharded strategies) and
+// draws the same bytes; rank 0 prints them, bytes outside printable ASCII as '?'.
+void PrintSample(Job& job) {
+  const TrainOptions& o = job.o;
+  if (!job.text() || o.sample_bytes == 0) return;
+  torch::NoGradGuard no_grad;
+  job.model->eval();
+  const auto* bytes = job.validation_bytes.data_ptr<uint8_t>();
+  const int64_t limit = std::min<int64_t>(job.validation_bytes.numel(), std::max<int64_t>(1, o.gpt_context / 2));
+  std::vector<int64_t> text;
+  for (int64_t i = 0; i < limit && (i == 0 || bytes[i - 1] != '\n'); ++i) text.push_back(bytes[i]);
+  const size_t prompt = text.size();
+  at::Generator generator = at::detail::createCPUGenerator(o.seed);
+  for (int64_t i = 0; i < o.sample_bytes; ++i) {
+    const int64_t window = std::min<int64_t>(static_cast<int64_t>(text.size()), o.gpt_context);
+    torch::Tensor context = torch::tensor(std::vector<int64_t>(text.end() - window, text.end()), torch::kLong);
+    torch::Tensor logits = job.dp->Forward(context.unsqueeze(0).to(job.device)).select(1, window - 1)[0];
+    torch::Tensor probabilities = torch::softmax(logits.to(torch::kCPU, torch::kFloat), 0);
+    text.push_back(torch::multinomial(probabilities, 1, /*replacement=*/false, generator).item<int64_t>());
+  }
+  job.model->train();
+  if (job.rank() != 0) return;
+  std::string shown;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const int64_t c = text[i];
+    shown += (c == '\n' || c == '\t' || (c >= 32 && c < 127)) ? static_cast<char>(c) : '?';
+    if (i + 1 == prompt) shown += "»";  // Where the prompt ends.
+  }
+  std::cout << absl::StrFormat("sample (%d prompt bytes, then %d sampled):\n%s", prompt, o.sample_bytes, shown)
+            << std::endl;
 }
 
 // What the loop measured, for Report.
@@ -479,11 +616,11 @@ void ReportMemory(Job& job, const LoopStats& loop) {
   const TrainOptions& o = job.o;
   const MemoryReport memory = Memory(job);
   std::string expected;
-  if (o.optimizer == OptimizerChoice::kAdam) {
+  if (o.optimizer != OptimizerChoice::kSgd) {
     int64_t params = 0;
     for (const auto& p : job.model->parameters()) params += p.numel();
     const std::string strategy = o.strategy == Strategy::kNoShard ? "ddp" : StrategyName(o.strategy);
-    expected = absl::StrFormat("  (ZeRO formula for fp32 Adam: %.2f MiB)",
+    expected = absl::StrFormat("  (ZeRO formula for fp32 Adam(W): %.2f MiB)",
                                ExpectedAdamStateBytes(strategy, params, job.world()) / (1024.0 * 1024.0));
   }
   const int64_t steps = loop.samples / std::max<int64_t>(1, o.batch_size * job.world());
@@ -496,20 +633,34 @@ void ReportMemory(Job& job, const LoopStats& loop) {
             << std::endl;
 }
 
-void Report(Job& job, LoopStats& loop, double accuracy) {
+void Report(Job& job, LoopStats& loop, const Evaluation& evaluation) {
   const TrainOptions& o = job.o;
   if (job.rank() != 0) return;
   const double rate = loop.samples / std::max(loop.elapsed_s, 1e-9);
   const int64_t steps = loop.samples / std::max<int64_t>(1, o.batch_size * job.world());
-  std::cout << absl::StrFormat("done: %d steps, %d epochs, %.1f s, %.0f samples/s, test accuracy %.4f",
-                               job.progress.step, o.epochs, loop.elapsed_s, rate, accuracy)
-            << std::endl;
+  std::string quality;  // What the summary line and the metrics say about the held-out split.
+  if (job.text()) {
+    const double tokens_per_s = rate * static_cast<double>(o.gpt_context);
+    std::cout << absl::StrFormat(
+                     "done: %d steps, %d epochs, %.1f s, %.0f samples/s (%.0f tokens/s), validation loss %.4f, "
+                     "perplexity %.3f (%d sequences)",
+                     job.progress.step, o.epochs, loop.elapsed_s, rate, tokens_per_s, evaluation.loss,
+                     std::exp(evaluation.loss), evaluation.samples)
+              << std::endl;
+    quality = absl::StrFormat(R"("validation_loss":%.6f,"perplexity":%.6f,"tokens_per_s":%.1f)", evaluation.loss,
+                              std::exp(evaluation.loss), tokens_per_s);
+  } else {
+    std::cout << absl::StrFormat("done: %d steps, %d epochs, %.1f s, %.0f samples/s, test accuracy %.4f",
+                                 job.progress.step, o.epochs, loop.elapsed_s, rate, evaluation.accuracy)
+              << std::endl;
+    quality = absl::StrFormat(R"("test_accuracy":%.6f)", evaluation.accuracy);
+  }
   job.metrics->Write(absl::StrFormat(
-      R"({"event":"end","test_accuracy":%.6f,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,)"
+      R"({"event":"end",%s,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,)"
       R"("world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","allreduce":"%s","device":"%s",)"
       R"("backend":"%s","memory_format":"%s","step_time_s":%.6f,"step_ms_p10":%.3f,"step_ms_p50":%.3f,)"
       R"("step_ms_p90":%.3f,%s%s})",
-      accuracy, rate, job.progress.step, o.epochs, loop.elapsed_s, job.world(), StrategyName(o.strategy),
+      quality, rate, job.progress.step, o.epochs, loop.elapsed_s, job.world(), StrategyName(o.strategy),
       OptimizerName(o.optimizer), LinearKernelName(job.linear), job.allreduce, job.device.str(),
       BackendName(job.dist.backend), job.channels_last ? "channels-last" : "contiguous",
       loop.elapsed_s / std::max<int64_t>(1, steps), Quantile(loop.step_ms, 0.1), Quantile(loop.step_ms, 0.5),
@@ -530,7 +681,7 @@ LoopStats RunLoop(Job& job) {
   LoopStats loop;
   const auto start_time = std::chrono::steady_clock::now();
   const absl::StatusOr<ThreadTimes> start_times = CurrentThreadTimes();
-  const double dataset = static_cast<double>(job.train.size());
+  const double dataset = static_cast<double>(job.train_size());
   bool stop = false;
   for (; progress.epoch < o.epochs && !stop; ++progress.epoch, progress.samples_seen = 0) {
     const int64_t start = progress.samples_seen;
@@ -596,8 +747,9 @@ int Train(const TrainOptions& o) {
   LoopStats loop = RunLoop(**job);
   if (o.report_memory) ReportMemory(**job, loop);
   if (loop.signalled) return 128 + SIGTERM;
-  const double accuracy = Evaluate(**job);
-  Report(**job, loop, accuracy);
+  const Evaluation evaluation = Evaluate(**job);
+  PrintSample(**job);
+  Report(**job, loop, evaluation);
   return 0;
 }
 

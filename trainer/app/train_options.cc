@@ -30,42 +30,49 @@ absl::StatusOr<E> Pick(const std::string& flag, const std::string& text, const C
 }
 
 struct RawChoices {
-  std::string model = "fashionnet", linear = "auto", dataset = "fashion-mnist", lr_schedule = "cosine",
-              optimizer = "sgd", strategy = "ddp", allreduce = "auto", device = "auto", backend = "auto",
-              memory_format = "auto", cpu_allocator = "caching", param_dtype = "fp32", reduce_dtype;
+  std::string model = "fashionnet", linear = "auto", dataset, lr_schedule = "cosine", optimizer = "sgd",
+              strategy = "ddp", allreduce = "auto", device = "auto", backend = "auto", memory_format = "auto",
+              cpu_allocator = "caching", param_dtype = "fp32", reduce_dtype;
 };
 
 // What a captured step cannot hold: each needs a decision on the host or a synchronisation per
 // step (or, for the sharded strategies, collectives this capture does not cover yet).
 absl::Status CheckCudaGraph(const TrainOptions& o) {
   if (!o.cuda_graph) return absl::OkStatus();
-  const char* conflict = o.device == DeviceChoice::kCpu         ? "--device cpu"
-                         : o.strategy != Strategy::kDdp         ? "a sharded --strategy"
-                         : o.optimizer != OptimizerChoice::kSgd ? "--optimizer adam"
-                         : o.accum_steps > 1                    ? "--accum-steps > 1"
-                         : o.sync_bn                            ? "--sync-bn"
-                         : o.clip_grad_norm > 0                 ? "--clip-grad-norm"
-                         : o.activation_checkpointing           ? "--activation-checkpointing"
-                                                                : nullptr;
+  const char* conflict = o.device == DeviceChoice::kCpu           ? "--device cpu"
+                         : o.strategy != Strategy::kDdp           ? "a sharded --strategy"
+                         : o.optimizer == OptimizerChoice::kAdam  ? "--optimizer adam"
+                         : o.optimizer == OptimizerChoice::kAdamW ? "--optimizer adamw"
+                         : o.accum_steps > 1                      ? "--accum-steps > 1"
+                         : o.sync_bn                              ? "--sync-bn"
+                         : o.clip_grad_norm > 0                   ? "--clip-grad-norm"
+                         : o.activation_checkpointing             ? "--activation-checkpointing"
+                                                                  : nullptr;
   if (conflict == nullptr) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("--cuda-graph does not support ", conflict,
                                                  ": it captures DDP with SGD on CUDA, one step per batch"));
 }
 
 absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
-  auto model = Pick<ModelChoice>(
-      "model", raw.model,
-      {{"fashionnet", ModelChoice::kFashionNet}, {"mlp", ModelChoice::kMlp}, {"resmlp", ModelChoice::kResMlp}});
+  auto model = Pick<ModelChoice>("model", raw.model,
+                                 {{"fashionnet", ModelChoice::kFashionNet},
+                                  {"mlp", ModelChoice::kMlp},
+                                  {"resmlp", ModelChoice::kResMlp},
+                                  {"gpt", ModelChoice::kGpt}});
   auto linear = Pick<LinearChoice>(
       "linear", raw.linear,
       {{"auto", LinearChoice::kAuto}, {"onednn", LinearChoice::kOneDnn}, {"aten", LinearChoice::kAten}});
-  auto dataset =
-      Pick<DatasetChoice>("dataset", raw.dataset,
-                          {{"fashion-mnist", DatasetChoice::kFashionMnist}, {"synthetic", DatasetChoice::kSynthetic}});
+  // --model gpt reads text unless told otherwise; the image models read Fashion-MNIST.
+  const std::string dataset_name = !raw.dataset.empty() ? raw.dataset : raw.model == "gpt" ? "text" : "fashion-mnist";
+  auto dataset = Pick<DatasetChoice>("dataset", dataset_name,
+                                     {{"fashion-mnist", DatasetChoice::kFashionMnist},
+                                      {"synthetic", DatasetChoice::kSynthetic},
+                                      {"text", DatasetChoice::kText}});
   auto schedule = Pick<LrSchedule>("lr-schedule", raw.lr_schedule,
                                    {{"constant", LrSchedule::kConstant}, {"cosine", LrSchedule::kCosine}});
-  auto optimizer = Pick<OptimizerChoice>("optimizer", raw.optimizer,
-                                         {{"sgd", OptimizerChoice::kSgd}, {"adam", OptimizerChoice::kAdam}});
+  auto optimizer = Pick<OptimizerChoice>(
+      "optimizer", raw.optimizer,
+      {{"sgd", OptimizerChoice::kSgd}, {"adam", OptimizerChoice::kAdam}, {"adamw", OptimizerChoice::kAdamW}});
   auto strategy = Pick<Strategy>("strategy", raw.strategy,
                                  {{"ddp", Strategy::kDdp},
                                   {"no_shard", Strategy::kNoShard},
@@ -142,6 +149,19 @@ absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
         "--activation-checkpointing needs a sharded --strategy (no_shard, zero1, zero2 or fsdp); no_shard "
         "computes what ddp does");
   }
+  if ((o.model == ModelChoice::kGpt) != (o.dataset == DatasetChoice::kText)) {
+    return absl::InvalidArgumentError(o.model == ModelChoice::kGpt
+                                          ? "--model gpt trains on --dataset text (byte tokens), not on images"
+                                          : "--dataset text is --model gpt's: the image models need images");
+  }
+  if (o.model == ModelChoice::kGpt) {
+    if (o.gpt_width % o.gpt_heads != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--gpt-width=", o.gpt_width, " is not a multiple of --gpt-heads=", o.gpt_heads));
+    }
+    if (o.cuda_graph)
+      return absl::InvalidArgumentError("--cuda-graph captures the image models' step, not --model gpt");
+  }
   for (int64_t width : o.mlp_hidden) {
     if (width <= 0) return absl::InvalidArgumentError(absl::StrCat("--mlp-hidden: width ", width, " is not positive"));
   }
@@ -191,21 +211,36 @@ absl::Status CheckDeviceBackend(DeviceChoice device, BackendChoice backend) {
   return absl::OkStatus();
 }
 
-const char* OptimizerName(OptimizerChoice optimizer) { return optimizer == OptimizerChoice::kAdam ? "adam" : "sgd"; }
+const char* OptimizerName(OptimizerChoice optimizer) {
+  switch (optimizer) {
+    case OptimizerChoice::kSgd: return "sgd";
+    case OptimizerChoice::kAdam: return "adam";
+    case OptimizerChoice::kAdamW: return "adamw";
+  }
+  return "?";
+}
 
 absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const char* const* argv, std::ostream& out) {
   TrainOptions o;
   RawChoices raw;
-  CLI::App app("elrun-train: data-parallel training of FashionNet on Fashion-MNIST (LibTorch), on CPU or CUDA.",
-               "elrun-train");
-  app.add_option("--model", raw.model, "fashionnet, mlp (--mlp-hidden) or resmlp (--resmlp-width, --resmlp-blocks)")
+  CLI::App app(
+      "elrun-train: data-parallel training of FashionNet on Fashion-MNIST, or of a byte-level GPT on text "
+      "(LibTorch), on CPU or CUDA.",
+      "elrun-train");
+  app.add_option("--model", raw.model,
+                 "fashionnet, mlp (--mlp-hidden), resmlp (--resmlp-width, --resmlp-blocks) or gpt (a byte-level "
+                 "decoder-only transformer: --gpt-layers, --gpt-width, --gpt-heads, --gpt-context)")
       ->capture_default_str();
   app.add_option("--linear", raw.linear,
                  "kernel of the fully connected layers: aten (torch's Linear: MKL on CPU, cuBLAS on CUDA), "
                  "onednn (as a 1x1 convolution), or auto (aten)")
       ->capture_default_str();
-  app.add_option("--dataset", raw.dataset, "fashion-mnist or synthetic")->capture_default_str();
-  app.add_option("--data-dir", o.data_dir, "Fashion-MNIST IDX files (default: Debian's dataset-fashion-mnist)");
+  app.add_option("--dataset", raw.dataset,
+                 "fashion-mnist or synthetic for the image models; text for --model gpt (the default for each)");
+  app.add_option("--data-dir", o.data_dir,
+                 "Fashion-MNIST IDX files (default: Debian's dataset-fashion-mnist), or for --dataset text a folder "
+                 "whose *.py files are the corpus (default: the newest /usr/lib/python3.N; every 10th file by "
+                 "name is validation)");
   app.add_option("--epochs", o.epochs, "epochs")->capture_default_str()->check(CLI::Range(1, 100000));
   app.add_option("--max-steps", o.max_steps, "stop after this many steps (0: no limit)")
       ->capture_default_str()
@@ -213,10 +248,12 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
   app.add_option("--batch-size", o.batch_size, "samples per rank per step")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  CLI::Option* lr =
-      app.add_option("--lr", o.lr, "learning rate (default 0.05 for sgd, 0.001 for adam)")->check(CLI::PositiveNumber);
+  CLI::Option* lr = app.add_option("--lr", o.lr, "learning rate (default 0.05 for sgd, 0.001 for adam and adamw)")
+                        ->check(CLI::PositiveNumber);
   app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  app.add_option("--optimizer", raw.optimizer, "sgd or adam")->capture_default_str();
+  app.add_option("--optimizer", raw.optimizer,
+                 "sgd, adam (weight decay as L2 in the gradient) or adamw (decoupled weight decay)")
+      ->capture_default_str();
   app.add_option("--strategy", raw.strategy,
                  "ddp (bucketed all-reduce), no_shard, zero1, zero2 or fsdp (FullyShardedDataParallel)")
       ->capture_default_str();
@@ -230,6 +267,26 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
   app.add_option("--resmlp-blocks", o.resmlp_blocks, "--model resmlp: residual blocks (each one FSDP unit)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--gpt-layers", o.gpt_layers, "--model gpt: transformer blocks (each one FSDP unit)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app.add_option("--gpt-width", o.gpt_width, "--model gpt: the residual stream's width (the MLP's is 4x)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+  app.add_option("--gpt-heads", o.gpt_heads, "--model gpt: attention heads (dividing --gpt-width)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}));
+  app.add_option("--gpt-context", o.gpt_context, "--model gpt: tokens (bytes) per training sequence")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--eval-samples", o.eval_samples,
+                 "--model gpt: validation sequences whose loss and perplexity are reported at the end (0: all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--sample-bytes", o.sample_bytes,
+                 "--model gpt: bytes of text the trained model writes at the end (rank 0 prints them; 0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_flag("--activation-checkpointing", o.activation_checkpointing,
                "keep only each unit's (each child layer's or block's) input in forward and recompute the "
                "unit in backward: less activation memory for about one more forward of compute");
@@ -251,6 +308,11 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
   app.add_option("--lr-schedule", raw.lr_schedule,
                  "constant, or cosine: lr x (1 + cos(pi x fraction of epochs done)) / 2, per step")
       ->capture_default_str();
+  app.add_option("--warmup-fraction", o.warmup_fraction,
+                 "ramp the learning rate linearly from 0 over this fraction of the run's samples; --lr-schedule "
+                 "spans the rest")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--accum-steps", o.accum_steps, "micro-batches per step (communication once per step)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
@@ -324,7 +386,7 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
   }
   if (absl::Status s = Resolve(raw, o); !s.ok()) return s;
   if (absl::Status s = ParseProfileSteps(profile_steps, o); !s.ok()) return s;
-  if (lr->count() == 0 && o.optimizer == OptimizerChoice::kAdam) o.lr = 1e-3;
+  if (lr->count() == 0 && o.optimizer != OptimizerChoice::kSgd) o.lr = 1e-3;
   return std::optional<TrainOptions>(std::move(o));
 }
 

@@ -15,9 +15,11 @@
 
 namespace elrun::trainer {
 
-enum class ModelChoice { kFashionNet, kMlp, kResMlp };
-enum class DatasetChoice { kFashionMnist, kSynthetic };
-enum class OptimizerChoice { kSgd, kAdam };
+enum class ModelChoice { kFashionNet, kMlp, kResMlp, kGpt };
+// text: the byte-level corpus of text_corpus.h, --model gpt's (and only its) data.
+enum class DatasetChoice { kFashionMnist, kSynthetic, kText };
+// adam: L2 weight decay added to the gradient; adamw: decoupled weight decay (torch's AdamW).
+enum class OptimizerChoice { kSgd, kAdam, kAdamW };
 enum class LrSchedule { kConstant, kCosine };
 // ddp: DistributedDataParallel; the others are FullyShardedDataParallel's strategies.
 enum class LinearChoice { kAuto, kOneDnn, kAten };          // auto: ATen (train_main.cc says why).
@@ -37,7 +39,7 @@ struct TrainOptions {
   ModelChoice model = ModelChoice::kFashionNet;
   LinearChoice linear = LinearChoice::kAuto;
   DatasetChoice dataset = DatasetChoice::kFashionMnist;
-  std::string data_dir;  // Empty: Debian's dataset-fashion-mnist folder (kFashionMnistDir).
+  std::string data_dir;  // Empty: Debian's Fashion-MNIST (kFashionMnistDir), or DefaultTextDir() for text.
   int epochs = 1;
   int64_t max_steps = 0;
   int64_t batch_size = 64;
@@ -45,11 +47,22 @@ struct TrainOptions {
   double momentum = 0.9;
   double weight_decay = 0.0;
   LrSchedule lr_schedule = LrSchedule::kCosine;
+  // The first warmup_fraction of the run's samples ramp the learning rate linearly from 0; the
+  // schedule (constant or cosine) spans the rest.
+  double warmup_fraction = 0.0;
   OptimizerChoice optimizer = OptimizerChoice::kSgd;
   Strategy strategy = Strategy::kDdp;
   std::vector<int64_t> mlp_hidden = {256, 128};
   int64_t resmlp_width = 256;  // --model resmlp: width and blocks (models.h).
   int64_t resmlp_blocks = 4;
+  int64_t gpt_layers = 4;  // --model gpt (gpt.h): blocks, width, heads and context (tokens).
+  int64_t gpt_width = 128;
+  int64_t gpt_heads = 4;
+  int64_t gpt_context = 128;
+  // --model gpt: validation windows evaluated at the end (0: the whole split), and bytes of text
+  // sampled from the trained model (0: none).
+  int64_t eval_samples = 512;
+  int64_t sample_bytes = 200;
   // Recompute each unit's (each child's) forward in backward instead of keeping its activations.
   bool activation_checkpointing = false;
   // Mixed precision (--strategy fsdp): compute and gather dtype, and the gradients' reduce dtype.

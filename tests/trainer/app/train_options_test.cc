@@ -83,6 +83,39 @@ TEST_CASE("--param-dtype, --reduce-dtype and --offload-optimizer: fsdp only") {
   CHECK(Error({"--offload-optimizer"}) == "--offload-optimizer needs --strategy fsdp");
 }
 
+TEST_CASE("--model gpt: text by default, its sizes, adamw, warmup; text and images do not mix") {
+  auto parsed =
+      Parse({"--model", "gpt", "--gpt-layers", "6", "--gpt-width", "192", "--gpt-heads", "6", "--gpt-context", "256",
+             "--optimizer", "adamw", "--warmup-fraction", "0.1", "--eval-samples", "0", "--sample-bytes", "50"});
+  REQUIRE(parsed.ok());
+  const TrainOptions& o = **parsed;
+  CHECK(o.model == ModelChoice::kGpt);
+  CHECK(o.dataset == DatasetChoice::kText);
+  CHECK(o.gpt_layers == 6);
+  CHECK(o.gpt_width == 192);
+  CHECK(o.gpt_heads == 6);
+  CHECK(o.gpt_context == 256);
+  CHECK(o.optimizer == OptimizerChoice::kAdamW);
+  CHECK(o.lr == doctest::Approx(1e-3));  // adamw's default, as adam's.
+  CHECK(o.warmup_fraction == doctest::Approx(0.1));
+  CHECK(o.eval_samples == 0);
+  CHECK(o.sample_bytes == 50);
+  CHECK(std::string(OptimizerName(o.optimizer)) == "adamw");
+  auto defaults = Parse({});
+  REQUIRE(defaults.ok());
+  CHECK((**defaults).dataset == DatasetChoice::kFashionMnist);
+
+  CHECK(Error({"--model", "gpt", "--gpt-width", "100", "--gpt-heads", "3"}) ==
+        "--gpt-width=100 is not a multiple of --gpt-heads=3");
+  CHECK(Error({"--model", "gpt", "--dataset", "fashion-mnist"}) ==
+        "--model gpt trains on --dataset text (byte tokens), not on images");
+  CHECK(Error({"--dataset", "text"}) == "--dataset text is --model gpt's: the image models need images");
+  CHECK(Error({"--model", "gpt", "--cuda-graph"}) == "--cuda-graph captures the image models' step, not --model gpt");
+  CHECK(Error({"--warmup-fraction", "1.5"}).find("--warmup-fraction") != std::string::npos);
+  CHECK(Error({"--model", "gpt", "--gpt-layers", "0"}).find("--gpt-layers") != std::string::npos);
+  CHECK(Error({"--dataset", "books"}) == "--dataset=books: expected fashion-mnist, synthetic or text");
+}
+
 TEST_CASE("--profile-steps FIRST:END with --profile-trace") {
   auto parsed = Parse({"--profile-steps", "10:20", "--profile-trace", "/tmp/t.json"});
   REQUIRE(parsed.ok());
@@ -149,7 +182,7 @@ TEST_CASE("an unknown value names the option, the value and the choices") {
   CHECK(Error({"--strategy", "zero4"}) == "--strategy=zero4: expected ddp, no_shard, zero1, zero2 or fsdp");
   CHECK(Error({"--device", "tpu"}) == "--device=tpu: expected auto, cpu or cuda");
   CHECK(Error({"--backend", "mpi"}) == "--backend=mpi: expected auto, gloo or nccl");
-  CHECK(Error({"--optimizer", "lamb"}) == "--optimizer=lamb: expected sgd or adam");
+  CHECK(Error({"--optimizer", "lamb"}) == "--optimizer=lamb: expected sgd, adam or adamw");
   CHECK(Error({"--lr-schedule", "step"}) == "--lr-schedule=step: expected constant or cosine");
   CHECK(Error({"--linear", "mkl"}) == "--linear=mkl: expected auto, onednn or aten");
   CHECK(Error({"--allreduce", "tcp"}) == "--allreduce=tcp: expected auto, shm or gloo");
