@@ -18,6 +18,7 @@ from elrun_tools.procs import log  # noqa: E402
 
 import etcd_scale_report  # noqa: E402
 import fsdp_report  # noqa: E402
+import gpt_report  # noqa: E402
 import launcher_report  # noqa: E402
 import rdzv_report  # noqa: E402
 import rdzv_scale_report  # noqa: E402
@@ -44,6 +45,9 @@ BENCHMARKS = [
      "elrun-train's DDP scaling efficiency from adjacent 1-rank, 2-rank and pair runs"),
     ("fsdp_bench", fsdp_report,
      "per-rank memory and step time of ddp, zero1, zero2, fsdp and no_shard"),
+    ("gpt_bench", gpt_report,
+     "tokens/s and peak RSS of elrun-train's GPT (ddp, fsdp) against PyTorch's DDP and FSDP2 on the "
+     "same model"),
 ]
 
 
