@@ -198,6 +198,20 @@ void CheckClose(const Result& got, const Result& want, double tolerance, double 
   CHECK_MESSAGE(param_diff <= param_tolerance, "max relative parameter difference ", param_diff, " (", worst, ")");
 }
 
+// DDP and every sharded strategy on `world` ranks with `optimizer` against the single process:
+// losses within 1e-5 relative, parameters within `param_tolerance`.
+void CheckEveryStrategy(int world, const std::string& optimizer, const Result& single, double param_tolerance) {
+  for (const std::string strategy : {"ddp", "no_shard", "zero1", "zero2", "fsdp"}) {
+    CAPTURE(world);
+    CAPTURE(strategy);
+    Config c;
+    c.strategy = strategy;
+    c.world = world;
+    c.optimizer = optimizer;
+    CheckClose(Parallel(c), single, 1e-5, param_tolerance);
+  }
+}
+
 TEST_CASE("DDP and every sharded strategy equal one process on the global batch (2 and 3 ranks, SGD)") {
   for (int world : {2, 3}) {
     const Result single = Single(world);
@@ -209,14 +223,7 @@ TEST_CASE("DDP and every sharded strategy equal one process on the global batch 
       moved = std::max(moved, (tensor - start.params.at(name)).abs().max().item<double>());
     }
     CHECK(moved > 1e-3);
-    for (const std::string strategy : {"ddp", "no_shard", "zero1", "zero2", "fsdp"}) {
-      CAPTURE(world);
-      CAPTURE(strategy);
-      Config c;
-      c.strategy = strategy;
-      c.world = world;
-      CheckClose(Parallel(c), single, 1e-5);
-    }
+    CheckEveryStrategy(world, "sgd", single, 1e-5);
   }
 }
 
@@ -241,16 +248,7 @@ TEST_CASE("fsdp sharded as built, with activation checkpointing per block, with 
 // 1.4e-7 for the losses, 7.1e-4 for a parameter tensor (3 ranks, block0.fc2.weight).
 TEST_CASE("AdamW: every strategy's losses within 1e-5 of one process, parameters within 2e-3") {
   for (int world : {2, 3}) {
-    const Result single = Single(world, "adamw");
-    for (const std::string strategy : {"ddp", "no_shard", "zero1", "zero2", "fsdp"}) {
-      CAPTURE(world);
-      CAPTURE(strategy);
-      Config c;
-      c.strategy = strategy;
-      c.world = world;
-      c.optimizer = "adamw";
-      CheckClose(Parallel(c), single, 1e-5, 2e-3);
-    }
+    CheckEveryStrategy(world, "adamw", Single(world, "adamw"), 2e-3);
   }
 }
 
