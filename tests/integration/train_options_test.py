@@ -185,7 +185,7 @@ class TrainOptionsTest(TrainTestCase):
                     (["--backend", "nccl", "--device", "cpu"],
                      "--backend=nccl needs CUDA tensors: use --device cuda (or auto on a GPU machine), "
                      "or --backend gloo"),
-                    (["--optimizer", "lamb"], "--optimizer=lamb: expected sgd or adam")]:
+                    (["--optimizer", "lamb"], "--optimizer=lamb: expected sgd, adam or adamw")]:
                 start = time.monotonic()
                 result = subprocess.run(train_harness.train_command() + train_args(max_steps=1) + args,
                                         capture_output=True, text=True, timeout=60, env=env)
