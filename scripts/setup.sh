@@ -14,8 +14,9 @@ PACKAGES=(
   # Libraries: gRPC and Protobuf (rendezvous), Abseil (Status), spdlog, CLI11, doctest.
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libspdlog-dev libcli11-dev doctest-dev
-  # The virtual environment that holds the torch wheel; zlib for the Fashion-MNIST reader.
-  python3-venv zlib1g-dev
+  # The virtual environment that holds the torch wheel; zlib for the Fashion-MNIST reader; the
+  # standard library's *.py files, elrun-train --model gpt's text corpus (text_corpus.h).
+  python3-venv zlib1g-dev libpython3-stdlib
   # Gloo's headers only: the wheel compiles Gloo into libtorch_cpu but ships no gloo/*.h, which
   # ProcessGroupGloo.hpp includes (trainer/dist/gloo_backend.cc is the one file that does).
   libgloo-dev

@@ -214,8 +214,8 @@ struct Job {
   bool channels_last = false;                   // --memory-format resolved for the device.
   Dist dist;
   Dataset train, test;
-  // --dataset text: windows of gpt_context + 1 bytes (TextWindows) and the validation text.
-  torch::Tensor text_train, text_validation, validation_bytes;
+  // --dataset text: windows of gpt_context + 1 bytes (TextWindows), at least one of validation.
+  torch::Tensor text_train, text_validation;
   std::shared_ptr<Classifier> model;
   std::shared_ptr<ShmAllreduce> shm;
   std::string allreduce = "none";  // How DDP's and SyncBatchNorm's sums travel: shm, gloo, nccl.
@@ -252,9 +252,7 @@ std::pair<torch::Tensor, torch::Tensor> Examples(const Job& job, bool train, con
 torch::Tensor Loss(const torch::Tensor& logits, const torch::Tensor& targets,
                    torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction = torch::kMean) {
   namespace F = torch::nn::functional;
-  if (logits.dim() == 3) {
-    return F::cross_entropy(logits.flatten(0, 1), targets.flatten(), F::CrossEntropyFuncOptions().reduction(reduction));
-  }
+  if (logits.dim() == 3) return Loss(logits.flatten(0, 1), targets.flatten(), reduction);
   return F::cross_entropy(logits, targets, F::CrossEntropyFuncOptions().reduction(reduction));
 }
 
@@ -283,6 +281,35 @@ absl::Status SetUpSharedMemory(Job& job) {
     return absl::UnavailableError(created.status().message());
   } else if (job.rank() == 0) {
     std::cerr << "elrun-train: " << created.status().message() << "; all-reduces go through Gloo" << std::endl;
+  }
+  return absl::OkStatus();
+}
+
+// --dataset text: the corpus of --data-dir (default: DefaultTextDir) cut into windows, checked to
+// hold a step's sequences and a validation sequence; rank 0 names it.
+absl::Status LoadText(Job& job) {
+  std::string dir = job.o.data_dir;
+  if (dir.empty()) {
+    auto found = DefaultTextDir();
+    if (!found.ok()) return absl::UnavailableError(found.status().message());
+    dir = *found;
+  }
+  auto corpus = LoadTextCorpus(dir);
+  if (!corpus.ok()) return absl::UnavailableError(corpus.status().message());
+  job.text_train = TextWindows(corpus->train, job.o.gpt_context);
+  job.text_validation = TextWindows(corpus->validation, job.o.gpt_context);
+  if (job.text_train.size(0) < job.o.batch_size * job.world() || job.text_validation.size(0) == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "--data-dir %s: %d training and %d validation sequences of %d bytes; a step needs %d (--batch-size x "
+        "world size)",
+        dir, job.text_train.size(0), job.text_validation.size(0), job.o.gpt_context + 1,
+        job.o.batch_size * job.world()));
+  }
+  if (job.rank() == 0) {
+    std::cout << absl::StrFormat("text corpus %s: %d training files (%d bytes), %d validation files (%d bytes)", dir,
+                                 corpus->train_files.size(), corpus->train.numel(), corpus->validation_files.size(),
+                                 corpus->validation.numel())
+              << std::endl;
   }
   return absl::OkStatus();
 }
@@ -325,29 +352,7 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
 
   // The data before the rendezvous: a rank without it fails alone and at once.
   if (o.dataset == DatasetChoice::kText) {
-    std::string dir = o.data_dir;
-    if (dir.empty()) {
-      auto found = DefaultTextDir();
-      if (!found.ok()) return absl::UnavailableError(found.status().message());
-      dir = *found;
-    }
-    auto corpus = LoadTextCorpus(dir);
-    if (!corpus.ok()) return absl::UnavailableError(corpus.status().message());
-    job->text_train = TextWindows(corpus->train, o.gpt_context);
-    job->text_validation = TextWindows(corpus->validation, o.gpt_context);
-    job->validation_bytes = corpus->validation;
-    if (job->text_train.size(0) < o.batch_size * job->world() || job->text_validation.size(0) == 0) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "--data-dir %s: %d training and %d validation sequences of %d bytes; a step needs %d (--batch-size x "
-          "world size)",
-          dir, job->text_train.size(0), job->text_validation.size(0), o.gpt_context + 1, o.batch_size * job->world()));
-    }
-    if (job->rank() == 0) {
-      std::cout << absl::StrFormat("text corpus %s: %d training files (%d bytes), %d validation files (%d bytes)", dir,
-                                   corpus->train_files.size(), corpus->train.numel(), corpus->validation_files.size(),
-                                   corpus->validation.numel())
-                << std::endl;
-    }
+    if (absl::Status s = LoadText(*job); !s.ok()) return s;
   } else if (o.dataset == DatasetChoice::kFashionMnist) {
     const std::string dir = o.data_dir.empty() ? kFashionMnistDir : o.data_dir;
     auto train = LoadFashionMnist(dir, Split::kTrain);
@@ -567,8 +572,10 @@ void PrintSample(Job& job) {
   if (!job.text() || o.sample_bytes == 0) return;
   torch::NoGradGuard no_grad;
   job.model->eval();
-  const auto* bytes = job.validation_bytes.data_ptr<uint8_t>();
-  const int64_t limit = std::min<int64_t>(job.validation_bytes.numel(), std::max<int64_t>(1, o.gpt_context / 2));
+  // The validation text's first window holds its first context + 1 bytes.
+  const torch::Tensor first = job.text_validation[0].contiguous();
+  const auto* bytes = first.data_ptr<uint8_t>();
+  const int64_t limit = std::min<int64_t>(first.numel(), std::max<int64_t>(1, o.gpt_context / 2));
   std::vector<int64_t> text;
   for (int64_t i = 0; i < limit && (i == 0 || bytes[i - 1] != '\n'); ++i) text.push_back(bytes[i]);
   const size_t prompt = text.size();
