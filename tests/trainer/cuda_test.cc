@@ -138,7 +138,7 @@ TEST_CASE("FSDP (full shard) on CUDA trains to DDP's parameters") {
       std::unique_ptr<FullyShardedDataParallel> fsdp;
       std::vector<torch::Tensor> params;
       if (sharded) {
-        fsdp = std::make_unique<FullyShardedDataParallel>(model, pg, FsdpOptions{ShardingStrategy::kFullShard});
+        fsdp = std::make_unique<FullyShardedDataParallel>(model, pg, FsdpOptions{Strategy::kFsdp});
         params = fsdp->parameters();
       } else {
         ddp = std::make_unique<DistributedDataParallel>(model, pg);
@@ -244,7 +244,7 @@ TEST_CASE("a DDP step captured in a CUDA graph trains as the eager steps do, sho
       model->to(Cuda(rank));
       CudaGraphStep graph(Cuda(rank), 16, /*warmup_steps=*/2);
       std::unique_ptr<DataParallel> dp;
-      graph.OnStream([&] { dp = DataParallel::Create(Strategy::kDdp, model, pg, DdpOptions{}); });
+      graph.OnStream([&] { dp = DataParallel::Create(model, pg, FsdpOptions{Strategy::kDdp}); });
       ForeachSgd sgd(dp->OptimizerParameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
       if (graphed) graph.Bind(*dp, sgd);
       losses.emplace_back();

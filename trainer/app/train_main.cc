@@ -392,13 +392,14 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   // model (SyncBatchNorm swaps modules after construction, and a CUDA graph captures the wrapper's
   // construction: those build it whole first, as ddp does).
   FsdpOptions sharding;
+  sharding.strategy = o.strategy;
   sharding.activation_checkpointing = o.activation_checkpointing;
   sharding.offload_optimizer = o.offload_optimizer;
   auto dtype = [](PrecisionChoice p) { return p == PrecisionChoice::kBf16 ? torch::kBFloat16 : torch::kFloat32; };
   if (o.param_dtype != PrecisionChoice::kFp32) sharding.param_dtype = dtype(o.param_dtype);
   if (o.reduce_dtype) sharding.reduce_dtype = dtype(*o.reduce_dtype);
   std::unique_ptr<ChildSink> sink;
-  if (!o.sync_bn && !o.cuda_graph) sink = DataParallel::ShardingSink(o.strategy, job->dist.pg, job->device, sharding);
+  if (!o.sync_bn && !o.cuda_graph) sink = DataParallel::ShardingSink(job->dist.pg, job->device, sharding);
   absl::StatusOr<std::shared_ptr<Classifier>> model;
   if (o.model == ModelChoice::kGpt) {
     GptOptions gpt;
@@ -445,9 +446,9 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   if (o.cuda_graph) {
     if (!job->placement.cuda) return absl::InvalidArgumentError("--cuda-graph needs CUDA; this rank runs on the CPU");
     job->graph = std::make_unique<CudaGraphStep>(job->device, o.batch_size);
-    job->graph->OnStream([&] { job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options); });
+    job->graph->OnStream([&] { job->dp = DataParallel::Create(job->model, job->dist.pg, sharding, ddp_options); });
   } else {
-    job->dp = DataParallel::Create(o.strategy, job->model, job->dist.pg, ddp_options, std::move(sink), sharding);
+    job->dp = DataParallel::Create(job->model, job->dist.pg, sharding, ddp_options, std::move(sink));
   }
   job->optimizer = MakeOptimizer(o, job->dp->OptimizerParameters());
   job->metrics = std::make_unique<Metrics>(job->rank() == 0 ? o.metrics_file : "");

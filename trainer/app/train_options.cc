@@ -189,17 +189,6 @@ absl::Status ParseProfileSteps(const std::string& text, TrainOptions& o) {
 
 }  // namespace
 
-const char* StrategyName(Strategy strategy) {
-  switch (strategy) {
-    case Strategy::kDdp: return "ddp";
-    case Strategy::kNoShard: return "no_shard";
-    case Strategy::kZero1: return "zero1";
-    case Strategy::kZero2: return "zero2";
-    case Strategy::kFsdp: return "fsdp";
-  }
-  return "?";
-}
-
 absl::Status CheckDeviceBackend(DeviceChoice device, BackendChoice backend) {
   if (backend == BackendChoice::kNccl && device == DeviceChoice::kCpu) {
     return absl::InvalidArgumentError(

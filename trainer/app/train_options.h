@@ -32,7 +32,6 @@ enum class PrecisionChoice { kFp32, kBf16 };  // --param-dtype / --reduce-dtype 
 // caching: large CPU tensors from CachingCpuAllocator (caching_cpu_allocator.h); default: c10's.
 enum class CpuAllocatorChoice { kCaching, kDefault };
 
-const char* StrategyName(Strategy strategy);  // ddp, no_shard, zero1, zero2, fsdp.
 const char* OptimizerName(OptimizerChoice optimizer);
 
 struct TrainOptions {

@@ -40,7 +40,72 @@ class Checkpoint : public torch::autograd::Function<Checkpoint> {
   }
 };
 
+// Carries a TensorsFn from forward to backward.
+struct RunManyHolder : torch::CustomClassHolder {
+  explicit RunManyHolder(TensorsFn fn) : run(std::move(fn)) {}
+  TensorsFn run;
+};
+
+class CheckpointMany : public torch::autograd::Function<CheckpointMany> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
+                                                const torch::Tensor& anchor, c10::intrusive_ptr<RunManyHolder> holder) {
+    (void)anchor;
+    ctx->save_for_backward(inputs.vec());
+    ctx->saved_data["run"] = c10::IValue::make_capsule(holder);
+    return holder->run(inputs.vec());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list inputs = ctx->get_saved_variables();
+    auto holder = c10::static_intrusive_pointer_cast<RunManyHolder>(ctx->saved_data["run"].toCapsule());
+    std::vector<torch::Tensor> xs;
+    for (const auto& input : inputs) {
+      if (!input.defined()) {
+        xs.emplace_back();
+        continue;
+      }
+      torch::Tensor x = input.detach();
+      x.requires_grad_(input.requires_grad());
+      xs.push_back(x);
+    }
+    std::vector<torch::Tensor> outputs;
+    {
+      torch::AutoGradMode enable(true);
+      outputs = holder->run(xs);
+    }
+    torch::autograd::variable_list roots, root_grads;
+    for (size_t i = 0; i < outputs.size() && i < grads.size(); ++i) {
+      if (!grads[i].defined() || !outputs[i].defined() || !outputs[i].requires_grad()) continue;
+      roots.push_back(outputs[i]);
+      root_grads.push_back(grads[i]);
+    }
+    if (!roots.empty()) torch::autograd::backward(roots, root_grads);
+    torch::autograd::variable_list result;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      result.push_back(xs[i].defined() && xs[i].requires_grad() ? xs[i].grad() : torch::Tensor());
+    }
+    result.emplace_back();  // anchor
+    result.emplace_back();  // holder
+    return result;
+  }
+};
+
 }  // namespace
+
+std::vector<torch::Tensor> CheckpointedCall(const std::vector<torch::Tensor>& inputs, TensorsFn run) {
+  if (!torch::GradMode::is_enabled()) return run(inputs);
+  torch::TensorOptions options;
+  for (const auto& input : inputs) {
+    if (input.defined()) {
+      options = input.options();
+      break;
+    }
+  }
+  torch::Tensor anchor = torch::zeros({}, options.dtype(torch::kFloat).requires_grad(true));
+  return CheckpointMany::apply(at::TensorList(inputs), anchor, c10::make_intrusive<RunManyHolder>(std::move(run)));
+}
 
 torch::Tensor CheckpointedCall(const torch::Tensor& input, TensorFn run) {
   if (!torch::GradMode::is_enabled()) return run(input);

@@ -23,6 +23,12 @@ using TensorFn = std::function<torch::Tensor(const torch::Tensor&)>;
 // run(input), checkpointed when grad mode is on; plainly otherwise.
 torch::Tensor CheckpointedCall(const torch::Tensor& input, TensorFn run);
 
+// The same for a function of several tensors returning several (undefined inputs allowed):
+// forward keeps only `inputs`; backward recomputes run(inputs) with grad on and back-propagates
+// the outputs that received a gradient. `run` must capture no tensor but parameters.
+using TensorsFn = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>;
+std::vector<torch::Tensor> CheckpointedCall(const std::vector<torch::Tensor>& inputs, TensorsFn run);
+
 // Checkpoints every child a Classifier runs through CallChild (a plain model, as in the tests;
 // FullyShardedDataParallel checkpoints its units itself).
 class CheckpointEveryChild final : public ChildForwardHooks {

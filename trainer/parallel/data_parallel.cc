@@ -124,45 +124,23 @@ class Fsdp final : public DataParallel {
 
 }  // namespace
 
-namespace {
-
-std::optional<ShardingStrategy> Sharding(Strategy strategy) {
-  switch (strategy) {
-    case Strategy::kDdp: return std::nullopt;
-    case Strategy::kNoShard: return ShardingStrategy::kNoShard;
-    case Strategy::kZero1: return ShardingStrategy::kShardOptimizer;
-    case Strategy::kZero2: return ShardingStrategy::kShardGradOp;
-    case Strategy::kFsdp: break;
-  }
-  return ShardingStrategy::kFullShard;
-}
-
-}  // namespace
-
-std::unique_ptr<ChildSink> DataParallel::ShardingSink(Strategy strategy, c10::intrusive_ptr<c10d::Backend> pg,
-                                                      torch::Device device, const FsdpOptions& sharding_options) {
-  const std::optional<ShardingStrategy> sharding = Sharding(strategy);
-  if (!sharding) return nullptr;
-  FsdpOptions options = sharding_options;
-  options.strategy = *sharding;
+std::unique_ptr<ChildSink> DataParallel::ShardingSink(c10::intrusive_ptr<c10d::Backend> pg, torch::Device device,
+                                                      const FsdpOptions& options) {
+  if (options.strategy == Strategy::kDdp) return nullptr;
   return std::make_unique<FullyShardedDataParallel::Builder>(std::move(pg), options, device);
 }
 
-std::unique_ptr<DataParallel> DataParallel::Create(Strategy strategy, std::shared_ptr<Classifier> model,
-                                                   c10::intrusive_ptr<c10d::Backend> pg, const DdpOptions& ddp_options,
-                                                   std::unique_ptr<ChildSink> sink,
-                                                   const FsdpOptions& sharding_options) {
-  const std::optional<ShardingStrategy> sharding = Sharding(strategy);
-  if (!sharding) {
-    TORCH_CHECK(!sharding_options.activation_checkpointing && !sharding_options.param_dtype,
+std::unique_ptr<DataParallel> DataParallel::Create(std::shared_ptr<Classifier> model,
+                                                   c10::intrusive_ptr<c10d::Backend> pg, const FsdpOptions& options,
+                                                   const DdpOptions& ddp_options, std::unique_ptr<ChildSink> sink) {
+  if (options.strategy == Strategy::kDdp) {
+    TORCH_CHECK(!options.activation_checkpointing && !options.param_dtype,
                 "activation checkpointing and mixed precision need a sharded strategy");
     return std::unique_ptr<DataParallel>(new Ddp(std::move(model), std::move(pg), ddp_options));
   }
   if (auto* built = dynamic_cast<FullyShardedDataParallel::Builder*>(sink.get())) {
     return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(*built)));
   }
-  FsdpOptions options = sharding_options;
-  options.strategy = *sharding;
   return std::unique_ptr<DataParallel>(new Fsdp(std::move(model), std::move(pg), options));
 }
 

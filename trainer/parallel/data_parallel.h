@@ -1,4 +1,5 @@
-// The data-parallel wrapper elrun-train trains through, chosen by --strategy: "ddp" is
+// The data-parallel wrapper elrun-train trains through, chosen by --strategy (one Strategy,
+// strategy.h, in FsdpOptions::strategy): "ddp" is
 // DistributedDataParallel (bucketed all-reduce overlapping backward, ddp.h); "no_shard",
 // "zero1", "zero2" and "fsdp" are FullyShardedDataParallel strategies (fsdp.h). Checkpoints:
 // ddp writes <dir>/checkpoint.pt from rank 0; the sharded strategies write sharded checkpoints
@@ -26,22 +27,21 @@ namespace elrun::trainer {
 
 class DataParallel {
  public:
-  // `ddp_options` apply to Strategy::kDdp. Throws c10::Error when the first collective fails,
-  // when the ranks built different values through the sink, or when ddp is asked for activation
-  // checkpointing or mixed precision. With a `sink` from ShardingSink, the model was built
-  // through it (sharded as it was built) and the sink's options apply. Otherwise `sharding`
-  // applies to the sharded strategies (its `strategy` field is ignored: `strategy` decides):
-  // activation checkpointing, mixed precision.
-  static std::unique_ptr<DataParallel> Create(Strategy strategy, std::shared_ptr<Classifier> model,
-                                              c10::intrusive_ptr<c10d::Backend> pg, const DdpOptions& ddp_options,
-                                              std::unique_ptr<ChildSink> sink = nullptr,
-                                              const FsdpOptions& sharding = {});
-  // For the sharded strategies (no_shard, zero1, zero2, fsdp): a sink for MakeModel that shards
-  // each child as soon as it is built and moves it to `device`, so no rank ever holds the whole
-  // model (FullyShardedDataParallel::Builder); hand it to Create afterwards. nullptr for ddp.
-  // Every rank must seed alike before MakeModel (checked by Create).
-  static std::unique_ptr<ChildSink> ShardingSink(Strategy strategy, c10::intrusive_ptr<c10d::Backend> pg,
-                                                 torch::Device device, const FsdpOptions& sharding = {});
+  // `options.strategy` decides: kDdp is DistributedDataParallel with `ddp_options` (then no other
+  // field of `options` may ask for anything: activation checkpointing and mixed precision are
+  // refused); the others are FullyShardedDataParallel with `options`. With a `sink` from
+  // ShardingSink, the model was built through it (sharded as it was built) and the sink's options
+  // apply. Throws c10::Error when the first collective fails or the ranks built different values
+  // through the sink.
+  static std::unique_ptr<DataParallel> Create(std::shared_ptr<Classifier> model, c10::intrusive_ptr<c10d::Backend> pg,
+                                              const FsdpOptions& options, const DdpOptions& ddp_options = {},
+                                              std::unique_ptr<ChildSink> sink = nullptr);
+  // For the sharded strategies: a sink for MakeModel that shards each child as soon as it is
+  // built and moves it to `device`, so no rank ever holds the whole model
+  // (FullyShardedDataParallel::Builder); hand it to Create afterwards. nullptr for kDdp. Every
+  // rank must seed alike before MakeModel (checked by Create).
+  static std::unique_ptr<ChildSink> ShardingSink(c10::intrusive_ptr<c10d::Backend> pg, torch::Device device,
+                                                 const FsdpOptions& options);
   virtual ~DataParallel() = default;
 
   virtual torch::Tensor Forward(const torch::Tensor& input) = 0;

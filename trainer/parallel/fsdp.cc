@@ -9,26 +9,28 @@
 
 #include "absl/strings/str_cat.h"
 #include "trainer/parallel/activation_checkpoint.h"
+#include "trainer/parallel/fully_shard.h"
 
 namespace elrun::trainer {
 
 struct FullyShardedDataParallel::Unit {
   std::vector<torch::Tensor> params;           // The module's parameters: views of `full`.
   std::vector<int64_t> offsets;                // Of each parameter in `full`.
-  torch::Tensor full;                          // [padded]; kFullShard: lent by the pool while gathered.
-  torch::Tensor shard;                         // [shard_numel]: a view of `full` unless kFullShard.
+  torch::Tensor full;                          // [padded]; kFsdp: lent by the pool while gathered.
+  torch::Tensor shard;                         // [shard_numel]: a view of `full` unless kFsdp.
   torch::Tensor flat_grad;                     // [padded]; the parameters' .grad are views of it; lent by
                                                // the pool while needed when separate_grad.
-  bool separate_shard = false;                 // kFullShard: shard is not a view of full.
-  bool separate_grad = false;                  // kShardGradOp/kFullShard: the gradient shard has its own memory.
-  bool gathered = false;                       // kFullShard: full holds the current parameters.
-  int64_t gathered_version = -1;               // kShardOptimizer/GradOp: full's version after the last gather.
-  bool stale = false;                          // kShardOptimizer/GradOp: a synchronized backward since then.
+  bool separate_shard = false;                 // kFsdp: shard is not a view of full.
+  bool separate_grad = false;                  // kZero2/kFsdp: the gradient shard has its own memory.
+  bool gathered = false;                       // kFsdp: full holds the current parameters.
+  int64_t gathered_version = -1;               // kZero1/kZero2: full's version after the last gather.
+  bool stale = false;                          // kZero1/kZero2: a synchronized backward since then.
   c10::intrusive_ptr<c10d::Work> gather_work;  // A prefetch in flight.
   std::vector<bool> ready;
   size_t pending = 0;
-  bool grad_pending = false;  // flat_grad holds NoSync gradients not reduced yet.
-  int64_t grad_version = -1;  // kShardOptimizer: the gradient shard's version after a reduction.
+  bool grad_pending = false;    // flat_grad holds NoSync gradients not reduced yet.
+  bool backward_begun = false;  // PreBackward ran in this backward.
+  int64_t grad_version = -1;    // kZero1: the gradient shard's version after a reduction.
   ReduceScatterOp reduce_scatter;
   BufferPool::Loan receive;  // The reduce-scatter's receive space while it is active.
   BufferPool::Loan cast;     // flat_grad in the reduce dtype, when that differs, while active.
@@ -55,25 +57,6 @@ torch::Tensor UnbackedFlat(int64_t numel, const torch::TensorOptions& options) {
 }
 
 }  // namespace
-
-absl::StatusOr<ShardingStrategy> ParseShardingStrategy(const std::string& name) {
-  if (name == "ddp" || name == "no_shard") return ShardingStrategy::kNoShard;
-  if (name == "zero1" || name == "shard_optimizer") return ShardingStrategy::kShardOptimizer;
-  if (name == "zero2" || name == "shard_grad_op") return ShardingStrategy::kShardGradOp;
-  if (name == "fsdp" || name == "zero3" || name == "full_shard") return ShardingStrategy::kFullShard;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown sharding strategy '", name, "': expected ddp, zero1, zero2 or fsdp"));
-}
-
-std::string ShardingStrategyName(ShardingStrategy strategy) {
-  switch (strategy) {
-    case ShardingStrategy::kNoShard: return "no_shard";
-    case ShardingStrategy::kShardOptimizer: return "zero1";
-    case ShardingStrategy::kShardGradOp: return "zero2";
-    case ShardingStrategy::kFullShard: return "fsdp";
-  }
-  return "?";
-}
 
 namespace {
 
@@ -114,12 +97,12 @@ uint64_t HashValues(const std::vector<torch::Tensor>& tensors) {
 }  // namespace
 
 // One unit: the parameters become views of a flat buffer, and the shard is kept as the strategy
-// says. The parameters' values are copied once (into the pool's buffer for kFullShard, which is
+// says. The parameters' values are copied once (into the pool's buffer for kFsdp, which is
 // then returned: only the shard stays).
 std::unique_ptr<FullyShardedDataParallel::Unit> FullyShardedDataParallel::MakeUnit(
     BufferPools& pools, const FsdpOptions& fsdp_options, int rank, int n, const std::string& name,
     const NamedParamList& params, FsdpUnitInfo* info_out) {
-  const ShardingStrategy strategy = fsdp_options.strategy;
+  const Strategy strategy = fsdp_options.strategy;
   torch::NoGradGuard no_grad;
   auto unit = std::make_unique<Unit>();
   FsdpUnitInfo info;
@@ -140,17 +123,17 @@ std::unique_ptr<FullyShardedDataParallel::Unit> FullyShardedDataParallel::MakeUn
   }
   const auto compute = options.dtype(fsdp_options.param_dtype.value_or(options.dtype().toScalarType()));
   const bool mixed = compute.dtype() != options.dtype();
-  TORCH_CHECK(!mixed || strategy == ShardingStrategy::kFullShard,
+  TORCH_CHECK(!mixed || strategy == Strategy::kFsdp,
               "FullyShardedDataParallel: mixed precision (param_dtype) needs the full_shard strategy");
-  TORCH_CHECK(!fsdp_options.offload_optimizer || strategy == ShardingStrategy::kFullShard,
+  TORCH_CHECK(!fsdp_options.offload_optimizer || strategy == Strategy::kFsdp,
               "FullyShardedDataParallel: offload_optimizer needs the full_shard strategy");
   const torch::Device master_device = fsdp_options.offload_optimizer ? torch::Device(torch::kCPU) : options.device();
   // (Offload takes this path on the CPU too, where it changes no value: so the CPU tests pin it.)
   const bool separate_master = mixed || fsdp_options.offload_optimizer;
-  // kFullShard's gathered parameters and kShardGradOp/kFullShard's unsharded gradients are lent
+  // kFsdp's gathered parameters and kZero2/kFsdp's unsharded gradients are lent
   // by the pool while needed; the other strategies keep them.
-  const bool pooled_full = strategy == ShardingStrategy::kFullShard;
-  const bool pooled_grad = strategy == ShardingStrategy::kFullShard || strategy == ShardingStrategy::kShardGradOp;
+  const bool pooled_full = strategy == Strategy::kFsdp;
+  const bool pooled_grad = strategy == Strategy::kFsdp || strategy == Strategy::kZero2;
   unit->full = pooled_full ? UnbackedFlat(info.padded, compute) : torch::empty({info.padded}, compute);
   unit->flat_grad = pooled_grad ? UnbackedFlat(info.padded, compute) : torch::zeros({info.padded}, compute);
   // Views are checked against their storage's size when taken: take them while lent.
@@ -178,22 +161,22 @@ std::unique_ptr<FullyShardedDataParallel::Unit> FullyShardedDataParallel::MakeUn
     p.mutable_grad() = unit->flat_grad.narrow(0, unit->offsets[i], p.numel()).view(p.sizes());
   }
   switch (strategy) {
-    case ShardingStrategy::kNoShard:
+    case Strategy::kNoShard:
       unit->shard = unit->full;
       unit->shard.mutable_grad() = unit->flat_grad;
       break;
-    case ShardingStrategy::kShardOptimizer:
+    case Strategy::kZero1:
       unit->shard = unit->full.narrow(0, rank * s, s);
       // Aliases the flat gradient's memory without being an autograd view of it: optimizers'
       // zero_grad() detach_()es gradients, which views refuse.
       unit->shard.mutable_grad() = torch::empty({0}, options).set_(unit->flat_grad.storage(), rank * s, {s}, {1});
       break;
-    case ShardingStrategy::kShardGradOp:
+    case Strategy::kZero2:
       unit->shard = unit->full.narrow(0, rank * s, s);
       unit->shard.mutable_grad() = torch::zeros({s}, options);
       unit->separate_grad = true;
       break;
-    case ShardingStrategy::kFullShard:
+    case Strategy::kFsdp:
       unit->shard = separate_master ? master : unit->full.narrow(0, rank * s, s).clone();
       unit->shard.mutable_grad() = torch::zeros({s}, unit->shard.options());
       unit->separate_shard = true;
@@ -210,20 +193,56 @@ std::unique_ptr<FullyShardedDataParallel::Unit> FullyShardedDataParallel::MakeUn
 }
 
 struct FullyShardedDataParallel::Builder::Built {
-  std::string child;
+  std::string child;              // The Classifier child's name (TakeChild); "" from TakeUnit.
+  const void* wrapper = nullptr;  // The ShardedModule (TakeUnit).
   std::unique_ptr<Unit> unit;
   FsdpUnitInfo info;
   int64_t hash = 0;  // HashValues, 62 bits: its negation fits too (checked with one MAX).
 };
 
+// A unit to be: its name ("" for the root unit) and parameters, or what the builder made of it.
+struct FullyShardedDataParallel::UnitSpec {
+  std::string name;
+  NamedParamList params;
+  Builder::Built* built = nullptr;
+  ShardedModule* wrapper = nullptr;  // Attached once the unit exists (nullptr: a Classifier's child or root).
+  bool root = false;
+};
+
+namespace {
+
+// The trainable parameters of `module` that belong to no ShardedModule below it, named
+// "<prefix>.<parameter>" (just "<parameter>" for an empty prefix); and their count.
+NamedParams OwnUnitParams(const std::string& prefix, torch::nn::Module& module, int64_t* count) {
+  std::set<const void*> nested;
+  for (const auto& m : module.modules(/*include_self=*/false)) {
+    if (dynamic_cast<ShardedModule*>(m.get()) == nullptr) continue;
+    for (const auto& p : m->parameters()) nested.insert(p.unsafeGetTensorImpl());
+  }
+  NamedParams params;
+  *count = 0;
+  for (const auto& p : module.named_parameters()) {
+    if (!p.value().requires_grad() || nested.count(p.value().unsafeGetTensorImpl())) continue;
+    params.emplace_back(prefix.empty() ? p.key() : prefix + "." + p.key(), p.value());
+    *count += p.value().numel();
+  }
+  return params;
+}
+
+}  // namespace
+
 FullyShardedDataParallel::Builder::Builder(c10::intrusive_ptr<c10d::Backend> pg, FsdpOptions options,
                                            torch::Device device)
-    : pg_(std::move(pg)), options_(options), device_(device), pools_(std::make_unique<BufferPools>(device)) {}
+    : pg_(std::move(pg)), options_(options), device_(device), pools_(std::make_unique<BufferPools>(device)) {
+  TORCH_CHECK(options_.strategy != Strategy::kDdp,
+              "FullyShardedDataParallel: kDdp is DistributedDataParallel's strategy (ddp.h), not a sharded one");
+}
 
 FullyShardedDataParallel::Builder::~Builder() = default;
 FullyShardedDataParallel::Builder::Builder(Builder&&) = default;
 
 void FullyShardedDataParallel::Builder::TakeChild(const std::string& name, torch::nn::Module& child) {
+  TORCH_CHECK(pools_ != nullptr, "FullyShardedDataParallel::Builder: used after its model's engine was made");
   int64_t count = 0;
   NamedParamList params = ChildParams(name, child, &count);
   // The wrap policy, as the constructor applies it: smaller children stay whole, for the root unit.
@@ -234,9 +253,39 @@ void FullyShardedDataParallel::Builder::TakeChild(const std::string& name, torch
   built->child = name;
   built->hash = static_cast<int64_t>(HashValues(values) & 0x3fffffffffffffffull);
   child.to(device_);  // One child's parameters at a time on the device (set_data: same tensors).
-  const int n = options_.strategy == ShardingStrategy::kNoShard ? 1 : pg_->getSize();
+  const int n = options_.strategy == Strategy::kNoShard ? 1 : pg_->getSize();
   built->unit = MakeUnit(*pools_, options_, pg_->getRank(), n, name, params, &built->info);
   built_.push_back(std::move(built));
+}
+
+bool FullyShardedDataParallel::Builder::TakeUnit(const ShardedModule& wrapper) {
+  TORCH_CHECK(pools_ != nullptr, "FullyShard: the group's root was already made; wrap every unit before its root");
+  int64_t count = 0;
+  NamedParamList params = OwnUnitParams("", wrapper.wrapped(), &count);
+  if (params.empty()) return false;
+  std::vector<torch::Tensor> values;
+  for (const auto& p : params) values.push_back(p.second);
+  auto built = std::make_unique<Built>();
+  built->wrapper = &wrapper;
+  built->hash = static_cast<int64_t>(HashValues(values) & 0x3fffffffffffffffull);
+  {
+    // This unit's parameters and the buffers of its own modules on the device; not those of units
+    // below it, which are views of their flat buffers already.
+    torch::NoGradGuard no_grad;
+    for (auto& p : params) p.second.set_data(p.second.data().to(device_));
+    std::set<const void*> nested;
+    for (const auto& m : wrapper.wrapped().modules(/*include_self=*/false)) {
+      if (dynamic_cast<ShardedModule*>(m.get()) == nullptr) continue;
+      for (const auto& b : m->buffers()) nested.insert(b.unsafeGetTensorImpl());
+    }
+    for (auto& b : wrapper.wrapped().buffers()) {
+      if (!nested.count(b.unsafeGetTensorImpl())) b.set_data(b.data().to(device_));
+    }
+  }
+  const int n = options_.strategy == Strategy::kNoShard ? 1 : pg_->getSize();
+  built->unit = MakeUnit(*pools_, options_, pg_->getRank(), n, "", params, &built->info);
+  built_.push_back(std::move(built));
+  return true;
 }
 
 FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> module,
@@ -249,15 +298,96 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> m
 
 FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> module, Builder built,
                                                    bool broadcast_all)
-    : module_(std::move(module)),
+    : module_(module),
+      classifier_(module.get()),
       pg_(built.pg_),
       options_(built.options_),
       rank_(pg_->getRank()),
       world_(pg_->getSize()) {
-  const ShardingStrategy strategy = options_.strategy;
-  shards_per_unit_ = strategy == ShardingStrategy::kNoShard ? 1 : world_;
+  std::vector<UnitSpec> specs = PolicyUnits(built);
+  Init(std::move(built), std::move(specs), broadcast_all);
+}
+
+FullyShardedDataParallel::FullyShardedDataParallel(ShardedModule& root, std::shared_ptr<torch::nn::Module> module,
+                                                   Builder built)
+    : module_(std::move(module)),
+      classifier_(nullptr),
+      pg_(built.pg_),
+      options_(built.options_),
+      rank_(pg_->getRank()),
+      world_(pg_->getSize()) {
+  std::vector<UnitSpec> specs = WrappedUnits(built, &root);
+  Init(std::move(built), std::move(specs), /*broadcast_all=*/false);
+  root.Attach(this, -1, /*leaf=*/false);
+}
+
+std::vector<FullyShardedDataParallel::UnitSpec> FullyShardedDataParallel::PolicyUnits(Builder& built) {
   std::map<std::string, Builder::Built*> built_children;
   for (auto& b : built.built_) built_children[b->child] = b.get();
+  // Wrap policy: children with enough parameters are units; the rest is the root unit.
+  std::vector<UnitSpec> specs;
+  std::set<const void*> claimed;
+  for (const auto& child : module_->named_children()) {
+    UnitSpec spec;
+    spec.name = child.key();
+    if (auto b = built_children.find(child.key()); b != built_children.end()) {
+      spec.built = b->second;
+    } else {
+      int64_t count = 0;
+      spec.params = ChildParams(child.key(), *child.value(), &count);
+      if (spec.params.empty() || count < options_.min_unit_params) continue;
+    }
+    for (const auto& p : child.value()->parameters()) claimed.insert(p.unsafeGetTensorImpl());
+    specs.push_back(std::move(spec));
+  }
+  UnitSpec rest;
+  rest.root = true;
+  for (const auto& p : module_->named_parameters()) {
+    if (p.value().requires_grad() && !claimed.count(p.value().unsafeGetTensorImpl())) {
+      rest.params.emplace_back(p.key(), p.value());
+    }
+  }
+  if (!rest.params.empty()) specs.push_back(std::move(rest));
+  return specs;
+}
+
+std::vector<FullyShardedDataParallel::UnitSpec> FullyShardedDataParallel::WrappedUnits(Builder& built,
+                                                                                       ShardedModule* root) {
+  std::map<const void*, Builder::Built*> built_wrappers;
+  for (auto& b : built.built_) {
+    if (b->wrapper != nullptr) built_wrappers[b->wrapper] = b.get();
+  }
+  std::vector<UnitSpec> specs;
+  auto add = [&](const std::string& path, ShardedModule& wrapper, bool is_root) {
+    TORCH_CHECK(wrapper.engine_ == nullptr, "FullyShard: '", path, "' already belongs to another root");
+    UnitSpec spec;
+    spec.name = path;
+    spec.wrapper = &wrapper;
+    spec.root = is_root;
+    if (auto b = built_wrappers.find(&wrapper); b != built_wrappers.end()) {
+      spec.built = b->second;
+      // Named when built without its place in the model: now it has one.
+      for (auto& name : spec.built->info.param_names) name = path.empty() ? name : path + "." + name;
+      spec.built->info.name = path;
+      spec.built->child = path;
+    } else {
+      int64_t count = 0;
+      spec.params = OwnUnitParams(path, wrapper.wrapped(), &count);
+      if (spec.params.empty()) return;  // No parameters of its own: runs plainly.
+    }
+    specs.push_back(std::move(spec));
+  };
+  for (const auto& item : module_->named_modules("", /*include_self=*/false)) {
+    if (auto* wrapper = dynamic_cast<ShardedModule*>(item.value().get())) add(item.key(), *wrapper, false);
+  }
+  if (root != nullptr) add("", *root, true);
+  return specs;
+}
+
+void FullyShardedDataParallel::Init(Builder built, std::vector<UnitSpec> specs, bool broadcast_all) {
+  TORCH_CHECK(options_.strategy != Strategy::kDdp,
+              "FullyShardedDataParallel: kDdp is DistributedDataParallel's strategy (ddp.h), not a sharded one");
+  shards_per_unit_ = options_.strategy == Strategy::kNoShard ? 1 : world_;
 
   // Units built as the model was constructed hold values every rank drew from the same seed:
   // check that with one small all-reduce instead of broadcasting them.
@@ -282,61 +412,62 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> m
                   "' (every rank must seed its generator alike before building the model)");
     }
   }
+  // Everything else is rank 0's: parameters not built (and the frozen ones) and the buffers.
+  std::set<const void*> built_params;
+  for (const auto& spec : specs) {
+    if (spec.built == nullptr) continue;
+    for (const auto& p : spec.built->unit->params) built_params.insert(p.unsafeGetTensorImpl());
+  }
   {
     std::vector<torch::Tensor> state;
-    for (const auto& child : module_->named_children()) {
-      if (built_children.count(child.key())) continue;
-      for (const auto& p : child.value()->parameters()) state.push_back(p);
+    for (const auto& p : module_->parameters()) {
+      if (!built_params.count(p.unsafeGetTensorImpl())) state.push_back(p);
     }
-    for (const auto& p : module_->parameters(/*recurse=*/false)) state.push_back(p);
     for (const auto& b : module_->buffers()) state.push_back(b);
     if (broadcast_all || !state.empty()) BroadcastFromRank0(*pg_, state, &bytes_);
   }
-
-  // Wrap policy: children with enough parameters are units; the rest is the root unit.
-  std::vector<std::pair<std::string, NamedParamList>> groups;
-  std::set<const void*> claimed;
-  for (const auto& child : module_->named_children()) {
-    if (built_children.count(child.key())) {
-      for (const auto& p : child.value()->parameters()) claimed.insert(p.unsafeGetTensorImpl());
-      groups.emplace_back(child.key(), NamedParamList{});
-      continue;
+  TORCH_CHECK(!specs.empty(), "FullyShardedDataParallel: the module has no trainable parameters");
+  // Every trainable parameter in exactly one unit.
+  {
+    std::set<const void*> in_unit;
+    for (const auto& spec : specs) {
+      const auto& params = spec.built ? spec.built->unit->params : std::vector<torch::Tensor>{};
+      for (const auto& p : params) in_unit.insert(p.unsafeGetTensorImpl());
+      for (const auto& p : spec.params) in_unit.insert(p.second.unsafeGetTensorImpl());
     }
-    int64_t count = 0;
-    NamedParamList params = ChildParams(child.key(), *child.value(), &count);
-    if (params.empty() || count < options_.min_unit_params) continue;
-    for (const auto& p : params) claimed.insert(p.second.unsafeGetTensorImpl());
-    groups.emplace_back(child.key(), std::move(params));
-  }
-  NamedParamList rest;
-  for (const auto& p : module_->named_parameters()) {
-    if (p.value().requires_grad() && !claimed.count(p.value().unsafeGetTensorImpl())) {
-      rest.emplace_back(p.key(), p.value());
+    for (const auto& p : module_->named_parameters()) {
+      TORCH_CHECK(!p.value().requires_grad() || in_unit.count(p.value().unsafeGetTensorImpl()),
+                  "FullyShardedDataParallel: parameter '", p.key(), "' is in no unit");
     }
   }
-  if (!rest.empty()) groups.emplace_back("", std::move(rest));
-  TORCH_CHECK(!groups.empty(), "FullyShardedDataParallel: the module has no trainable parameters");
 
   if (built.built_.empty()) {
     // Not built by the builder: the pools are on the device of the module's parameters.
-    pools_ = std::make_unique<BufferPools>(groups.front().second.front().second.device());
+    pools_ = std::make_unique<BufferPools>(specs.front().params.front().second.device());
   } else {
     pools_ = std::move(built.pools_);
   }
-  for (auto& [name, params] : groups) {
+  for (auto& spec : specs) {
     std::unique_ptr<Unit> unit;
     FsdpUnitInfo info;
-    auto b = built_children.find(name);
-    if (b != built_children.end()) {
-      unit = std::move(b->second->unit);
-      info = std::move(b->second->info);
+    if (spec.built != nullptr) {
+      unit = std::move(spec.built->unit);
+      info = std::move(spec.built->info);
     } else {
-      unit = MakeUnit(*pools_, options_, rank_, shards_per_unit_, name, params, &info);
+      unit = MakeUnit(*pools_, options_, rank_, shards_per_unit_, spec.name, spec.params, &info);
     }
-    if (name.empty()) {
-      root_ = static_cast<int>(units_.size());
+    const size_t index = units_.size();
+    if (spec.root) {
+      root_ = static_cast<int>(index);
+    } else if (spec.wrapper != nullptr) {
+      bool leaf = true;
+      for (const auto& m : spec.wrapper->wrapped().modules(/*include_self=*/false)) {
+        if (dynamic_cast<ShardedModule*>(m.get()) != nullptr) leaf = false;
+      }
+      spec.wrapper->Attach(this, static_cast<int64_t>(index), leaf);
+      wrappers_.push_back(spec.wrapper);
     } else {
-      unit_of_child_[name] = units_.size();
+      unit_of_child_[spec.name] = index;
     }
     shards_.push_back(unit->shard);
     infos_.push_back(std::move(info));
@@ -355,12 +486,13 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<Classifier> m
     }
   }
   for (size_t u = 0; u < units_.size(); ++u) last_forward_order_.push_back(u);
-  module_->set_child_hooks(this);
+  if (classifier_ != nullptr) classifier_->set_child_hooks(this);
   UpdatePeak();
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
-  module_->set_child_hooks(nullptr);
+  if (classifier_ != nullptr) classifier_->set_child_hooks(nullptr);
+  for (ShardedModule* wrapper : wrappers_) wrapper->Detach();
   for (auto& unit : units_) {
     if (unit->gather_work) unit->gather_work->wait();
     if (unit->reduce_scatter.active()) unit->reduce_scatter.Finish(unit->shard.grad(), 1.0, true);
@@ -387,7 +519,7 @@ FsdpMemory FullyShardedDataParallel::memory() const {
     }
     if (unit->separate_shard) m.held += Bytes(unit->shard);
     if (unit->separate_grad && unit->shard.grad().defined()) m.held += Bytes(unit->shard.grad());
-    if (options_.strategy != ShardingStrategy::kFullShard) m.held += Bytes(unit->full);
+    if (options_.strategy != Strategy::kFsdp) m.held += Bytes(unit->full);
     if (!unit->separate_grad) m.held += Bytes(unit->flat_grad);
   }
   m.pooled = pools_ ? pools_->bytes() : 0;
@@ -405,14 +537,14 @@ void FullyShardedDataParallel::ResetPeak() {
 void FullyShardedDataParallel::Prefetch(Unit& unit) {
   if (unit.gather_work) return;
   switch (options_.strategy) {
-    case ShardingStrategy::kNoShard: return;
-    case ShardingStrategy::kShardOptimizer:
-    case ShardingStrategy::kShardGradOp:
+    case Strategy::kNoShard: return;
+    case Strategy::kZero1:
+    case Strategy::kZero2:
       // Optimizers may update through .data() (SGD does), which the version counter does not
       // see: regather after every synchronized backward too, when a step is due.
       if (!unit.stale && unit.full._version() == unit.gathered_version) return;
       break;
-    case ShardingStrategy::kFullShard:
+    case Strategy::kFsdp:
       if (unit.gathered) return;
       pools_->For(unit.full).LendTo(unit.full);
       break;
@@ -433,7 +565,7 @@ void FullyShardedDataParallel::Gather(Unit& unit) {
 }
 
 void FullyShardedDataParallel::Reshard(Unit& unit) {
-  if (options_.strategy != ShardingStrategy::kFullShard) return;
+  if (options_.strategy != Strategy::kFsdp) return;
   if (unit.gather_work) {
     unit.gather_work->wait();
     unit.gather_work.reset();
@@ -451,17 +583,19 @@ void FullyShardedDataParallel::PreForward(size_t u) {
   if (at != last_forward_order_.end() && at + 1 != last_forward_order_.end()) Prefetch(*units_[*(at + 1)]);
 }
 
-torch::Tensor FullyShardedDataParallel::PostForward(size_t u, torch::Tensor output) {
-  const bool backward_follows = output.requires_grad();
+void FullyShardedDataParallel::PostForward(size_t u, const std::vector<torch::Tensor>& outputs) {
+  bool backward_follows = false;
+  for (const auto& output : outputs) backward_follows |= output.defined() && output.requires_grad();
   // The root unit's parameters are used all along the forward: keep them until its backward.
   if (static_cast<int>(u) != root_ || !backward_follows) Reshard(*units_[u]);
-  if (backward_follows) {
+  if (!backward_follows) return;
+  for (torch::Tensor output : outputs) {  // (A copy shares the tensor's hooks.)
+    if (!output.defined() || !output.requires_grad()) continue;
     output.register_hook([this, u](const torch::Tensor& grad) {
       PreBackward(u);
       return grad;
     });
   }
-  return output;
 }
 
 void FullyShardedDataParallel::BeforeChild(const std::string& name) {
@@ -478,20 +612,30 @@ torch::Tensor FullyShardedDataParallel::RunChild(const std::string& name, const 
 
 torch::Tensor FullyShardedDataParallel::AfterChild(const std::string& name, torch::Tensor output) {
   auto it = unit_of_child_.find(name);
-  return it == unit_of_child_.end() ? output : PostForward(it->second, std::move(output));
+  if (it != unit_of_child_.end()) PostForward(it->second, {output});
+  return output;
+}
+
+void FullyShardedDataParallel::RootForwardBegin() {
+  forward_order_.clear();
+  if (root_ >= 0) PreForward(root_);
+}
+
+void FullyShardedDataParallel::RootForwardEnd(const std::vector<torch::Tensor>& outputs) {
+  if (root_ >= 0) PostForward(root_, outputs);
+  if (!forward_order_.empty()) last_forward_order_ = forward_order_;
+  UpdatePeak();
 }
 
 torch::Tensor FullyShardedDataParallel::forward(const torch::Tensor& input) {
-  forward_order_.clear();
+  TORCH_CHECK(classifier_ != nullptr, "FullyShardedDataParallel::forward: a root made by FullyShard runs its own");
   // Mixed precision: the model computes in param_dtype; the caller gets its own dtype back.
   const bool cast =
       options_.param_dtype.has_value() && input.is_floating_point() && input.scalar_type() != *options_.param_dtype;
-  if (root_ >= 0) PreForward(root_);
-  torch::Tensor output = module_->forward(cast ? input.to(*options_.param_dtype) : input);
-  if (root_ >= 0) output = PostForward(root_, output);
+  RootForwardBegin();
+  torch::Tensor output = classifier_->forward(cast ? input.to(*options_.param_dtype) : input);
+  RootForwardEnd({output});
   if (cast && output.is_floating_point()) output = output.to(input.scalar_type());
-  if (!forward_order_.empty()) last_forward_order_ = forward_order_;
-  UpdatePeak();
   return output;
 }
 
@@ -513,18 +657,18 @@ void FullyShardedDataParallel::EnsureGradShard(Unit& unit) {
   torch::NoGradGuard no_grad;
   const int64_t s = unit.shard.numel();
   switch (options_.strategy) {
-    case ShardingStrategy::kNoShard:
+    case Strategy::kNoShard:
       unit.flat_grad.zero_();
       unit.shard.mutable_grad() = unit.flat_grad;
       break;
-    case ShardingStrategy::kShardOptimizer:
+    case Strategy::kZero1:
       unit.flat_grad.zero_();
       unit.shard.mutable_grad() =
           torch::empty({0}, unit.flat_grad.options()).set_(unit.flat_grad.storage(), rank_ * s, {s}, {1});
       unit.grad_version = -1;
       break;
-    case ShardingStrategy::kShardGradOp:
-    case ShardingStrategy::kFullShard: unit.shard.mutable_grad() = torch::zeros({s}, unit.shard.options()); break;
+    case Strategy::kZero2:
+    case Strategy::kFsdp: unit.shard.mutable_grad() = torch::zeros({s}, unit.shard.options()); break;
   }
 }
 
@@ -534,8 +678,11 @@ void FullyShardedDataParallel::PreBackward(size_t u) {
     torch::autograd::Engine::get_default_engine().queue_callback([this] { Finalize(); });
   }
   Unit& unit = *units_[u];
+  // Once per backward: a unit with several outputs has a hook on each.
+  if (unit.backward_begun) return;
+  unit.backward_begun = true;
   if (!unit.grad_pending) EnsureGradShard(unit);
-  if (options_.strategy == ShardingStrategy::kShardOptimizer && sync_ && !unit.grad_pending) {
+  if (options_.strategy == Strategy::kZero1 && sync_ && !unit.grad_pending) {
     TORCH_CHECK(unit.shard.grad()._version() != unit.grad_version,
                 "FullyShardedDataParallel(zero1): gradients were not zeroed since the last synchronized "
                 "backward; call zero_grad() or accumulate under NoSync");
@@ -573,7 +720,7 @@ void FullyShardedDataParallel::Reduce(size_t u) {
     pools_->For(unit.flat_grad).LendTo(unit.flat_grad);
     unit.flat_grad.zero_();
   }
-  if (options_.strategy == ShardingStrategy::kNoShard) {
+  if (options_.strategy == Strategy::kNoShard) {
     std::vector<torch::Tensor> tensors{unit.flat_grad};
     unit.all_reduce = pg_->allreduce(tensors);
     if (world_ > 1) bytes_.all_reduce += 2 * Bytes(unit.flat_grad) / world_ * (world_ - 1);
@@ -603,12 +750,12 @@ void FullyShardedDataParallel::FinishReductions(size_t keep) {
     Unit& unit = *units_[in_flight_.front()];
     in_flight_.erase(in_flight_.begin());
     switch (options_.strategy) {
-      case ShardingStrategy::kNoShard:
+      case Strategy::kNoShard:
         unit.all_reduce->wait();
         unit.all_reduce.reset();
         unit.flat_grad.mul_(scale);
         break;
-      case ShardingStrategy::kShardOptimizer: {
+      case Strategy::kZero1: {
         unit.reduce_scatter.Finish(unit.shard.grad(), scale, false);
         ReturnReduceLoans(unit);
         const int64_t s = unit.shard.numel();
@@ -617,8 +764,8 @@ void FullyShardedDataParallel::FinishReductions(size_t keep) {
         unit.grad_version = unit.shard.grad()._version();
         break;
       }
-      case ShardingStrategy::kShardGradOp:
-      case ShardingStrategy::kFullShard:
+      case Strategy::kZero2:
+      case Strategy::kFsdp:
         unit.reduce_scatter.Finish(unit.shard.grad(), scale, true);
         ReturnReduceLoans(unit);
         pools_->For(unit.flat_grad).TakeFrom(unit.flat_grad);
@@ -643,6 +790,7 @@ void FullyShardedDataParallel::Finalize() {
   }
   FinishReductions(0);
   for (auto& unit : units_) {
+    unit->backward_begun = false;
     std::fill(unit->ready.begin(), unit->ready.end(), false);
     unit->pending = unit->params.size();
     // A prefetch started in backward must not outlive the optimizer step that follows.

@@ -95,7 +95,7 @@ TEST_CASE("FSDP with activation checkpointing matches FSDP without, every strate
       std::vector<std::shared_ptr<Classifier>> models{Model(options, 8), Model(options, 8)};
       RunRanks(2, [&](int rank, PG pg) {
         FsdpOptions o;
-        o.strategy = *ParseShardingStrategy(strategy);
+        o.strategy = *ParseStrategy(strategy);
         o.activation_checkpointing = checkpointed == 1;
         FullyShardedDataParallel fsdp(models[rank], pg, o);
         torch::optim::Adam adam(fsdp.parameters(), torch::optim::AdamOptions(0.01));

@@ -100,7 +100,7 @@ Result Train(const Config& c, const std::string& strategy) {
       optimizer = MakeOptimizer(c.optimizer, model->parameters());
     } else {
       FsdpOptions options;
-      options.strategy = *ParseShardingStrategy(strategy);
+      options.strategy = *ParseStrategy(strategy);
       options.min_unit_params = c.min_unit_params;
       options.prefetch = c.prefetch;
       options.param_dtype = c.param_dtype;
@@ -309,7 +309,7 @@ TEST_CASE("Mixed precision: bf16 gathers and compute, fp32 master shards, losses
   std::vector<std::shared_ptr<Classifier>> models{Model("mlp", kMlp, 1), Model("mlp", kMlp, 1)};
   RunRanks(2, [&](int rank, PG pg) {
     FsdpOptions options;
-    options.strategy = ShardingStrategy::kShardGradOp;
+    options.strategy = Strategy::kZero2;
     options.param_dtype = torch::kBFloat16;
     try {
       FullyShardedDataParallel fsdp(models[rank], pg, options);
@@ -410,7 +410,7 @@ TEST_CASE("zero1: synchronized backward passes without zero_grad are refused") {
   auto model = Model("mlp", kMlp, 1);
   RunRanks(1, [&](int, PG pg) {
     FsdpOptions options;
-    options.strategy = ShardingStrategy::kShardOptimizer;
+    options.strategy = Strategy::kZero1;
     FullyShardedDataParallel fsdp(model, pg, options);
     torch::Tensor x = torch::randn({4, 12});
     fsdp.forward(x).sum().backward();
@@ -468,7 +468,7 @@ TEST_CASE("Memory accounting matches the ZeRO formulas for Adam within 5%") {
   const MlpOptions big{256, {256, 256}, 250};
   const int64_t P = 195834;
   for (int world : {2, 3}) {
-    for (const std::string strategy : {"ddp", "zero1", "zero2", "fsdp"}) {
+    for (const std::string strategy : {"no_shard", "zero1", "zero2", "fsdp"}) {
       CAPTURE(world);
       CAPTURE(strategy);
       auto gen = at::detail::createCPUGenerator(7);
@@ -480,7 +480,7 @@ TEST_CASE("Memory accounting matches the ZeRO formulas for Adam within 5%") {
       torch::Tensor x = torch::randn({4, 256}, gen);
       RunRanks(world, [&](int rank, PG pg) {
         FsdpOptions options;
-        options.strategy = *ParseShardingStrategy(strategy);
+        options.strategy = *ParseStrategy(strategy);
         FullyShardedDataParallel fsdp(models[rank], pg, options);
         torch::optim::Adam adam(fsdp.parameters(), torch::optim::AdamOptions(1e-3));
         for (int step = 0; step < 2; ++step) {

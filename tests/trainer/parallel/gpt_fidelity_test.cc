@@ -118,7 +118,7 @@ Result Parallel(const Config& c) {
       optimizer = Optimizer(c.optimizer, model->parameters());
     } else {
       FsdpOptions options;
-      options.strategy = *ParseShardingStrategy(c.strategy);
+      options.strategy = *ParseStrategy(c.strategy);
       options.activation_checkpointing = c.checkpointing;
       options.param_dtype = c.param_dtype;
       if (c.built) {

@@ -51,7 +51,7 @@ Snapshot Run(int world, const std::string& strategy, const std::string& dir, int
   for (int r = 0; r < world; ++r) models.push_back(Model(100 + r));
   RunRanks(world, [&](int rank, PG pg) {
     FsdpOptions options;
-    options.strategy = *ParseShardingStrategy(strategy);
+    options.strategy = *ParseStrategy(strategy);
     FullyShardedDataParallel fsdp(models[rank], pg, options);
     torch::optim::Adam adam(fsdp.parameters(), torch::optim::AdamOptions(0.01));
     TrainProgress progress;
