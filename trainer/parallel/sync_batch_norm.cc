@@ -88,9 +88,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
 
 SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options, c10::intrusive_ptr<c10d::Backend> pg,
                                      std::shared_ptr<ShmAllreduce> shm)
-    : options_(options), pg_(std::move(pg)), shm_(std::move(shm)) {
-  TORCH_CHECK(!shm_ || shm_->Spans(*pg_),
-              "SyncBatchNorm: the shared-memory all-reduce spans other ranks than the process group");
+    : options_(options) {
+  Attach(std::move(pg), std::move(shm));
   const int64_t c = options_.num_features();
   if (options_.affine()) {
     weight = register_parameter("weight", torch::ones({c}));
@@ -103,10 +102,32 @@ SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options,
   }
 }
 
+void SyncBatchNormImpl::Attach(c10::intrusive_ptr<c10d::Backend> pg, std::shared_ptr<ShmAllreduce> shm) {
+  TORCH_CHECK(pg || !shm, "SyncBatchNorm: a shared-memory all-reduce needs its process group");
+  TORCH_CHECK(!shm || shm->Spans(*pg),
+              "SyncBatchNorm: the shared-memory all-reduce spans other ranks than the process group");
+  pg_ = std::move(pg);
+  shm_ = std::move(shm);
+}
+
 torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
   TORCH_CHECK(input.dim() >= 2 && input.size(1) == options_.num_features(), "SyncBatchNorm: expected input [N, ",
               options_.num_features(), ", ...], got ", input.sizes());
   const int64_t c = options_.num_features();
+  if (!pg_) {  // No group (yet): BatchNorm of this process's batch, as torch::nn::BatchNorm.
+    double momentum = 0.0;
+    const bool batch_stats = is_training() || !options_.track_running_stats();
+    if (is_training() && options_.track_running_stats()) {
+      torch::NoGradGuard no_grad;
+      num_batches_tracked += 1;
+      momentum = options_.momentum().has_value() ? *options_.momentum() : 1.0 / num_batches_tracked.item<double>();
+    }
+    const bool track = options_.track_running_stats();
+    return torch::batch_norm(input, options_.affine() ? weight : torch::Tensor(),
+                             options_.affine() ? bias : torch::Tensor(), track ? running_mean : torch::Tensor(),
+                             track ? running_var : torch::Tensor(), batch_stats, momentum, options_.eps(),
+                             at::globalContext().userEnabledCuDNN());
+  }
   if (!is_training() && options_.track_running_stats()) {  // Running stats, no communication.
     if (input.numel() == 0) return input.clone();          // ATen's kernel divides by the batch size.
     return std::get<0>(at::native_batch_norm(input, options_.affine() ? weight : torch::Tensor(),
@@ -184,7 +205,10 @@ int ConvertSyncBatchNorm(torch::nn::Module& module, c10::intrusive_ptr<c10d::Bac
     std::shared_ptr<SyncBatchNormImpl> sync = ConvertOne<torch::nn::BatchNorm1dImpl>(item.value(), pg, shm);
     if (!sync) sync = ConvertOne<torch::nn::BatchNorm2dImpl>(item.value(), pg, shm);
     if (!sync) sync = ConvertOne<torch::nn::BatchNorm3dImpl>(item.value(), pg, shm);
-    if (sync) {
+    if (auto* own = dynamic_cast<SyncBatchNormImpl*>(item.value().get()); own != nullptr && !own->attached()) {
+      own->Attach(pg, shm);  // Declared by the model as a SyncBatchNorm: reached through its member.
+      ++replaced;
+    } else if (sync) {
       module.replace_module(item.key(), sync);
       ++replaced;
     } else {

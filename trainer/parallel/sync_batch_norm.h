@@ -19,9 +19,13 @@ namespace elrun::trainer {
 class SyncBatchNormImpl : public torch::nn::Module {
  public:
   // With `shm` (same ranks as `pg`), the statistics are summed through shared memory instead of
-  // `pg` (shm_allreduce.h): for ranks on one host.
-  SyncBatchNormImpl(const torch::nn::BatchNormOptions& options, c10::intrusive_ptr<c10d::Backend> pg,
-                    std::shared_ptr<ShmAllreduce> shm = nullptr);
+  // `pg` (shm_allreduce.h): for ranks on one host. Without `pg` it is BatchNorm of the local
+  // batch until Attach (or ConvertSyncBatchNorm) gives it a group: a model may declare its norm
+  // layers as SyncBatchNorm and keep calling them through their members.
+  explicit SyncBatchNormImpl(const torch::nn::BatchNormOptions& options, c10::intrusive_ptr<c10d::Backend> pg = nullptr,
+                             std::shared_ptr<ShmAllreduce> shm = nullptr);
+  void Attach(c10::intrusive_ptr<c10d::Backend> pg, std::shared_ptr<ShmAllreduce> shm = nullptr);
+  bool attached() const { return static_cast<bool>(pg_); }
 
   // Input [N, C, ...] for any number of trailing dimensions (BatchNorm1d/2d/3d alike).
   torch::Tensor forward(const torch::Tensor& input);
@@ -33,17 +37,19 @@ class SyncBatchNormImpl : public torch::nn::Module {
 
  private:
   const torch::nn::BatchNormOptions options_;
-  const c10::intrusive_ptr<c10d::Backend> pg_;
-  const std::shared_ptr<ShmAllreduce> shm_;
+  c10::intrusive_ptr<c10d::Backend> pg_;
+  std::shared_ptr<ShmAllreduce> shm_;
 };
 TORCH_MODULE(SyncBatchNorm);
 
-// Replaces every BatchNorm1d/2d/3d in `module`'s tree (its registered children, recursively)
-// with a SyncBatchNorm with the same options, weights and running stats. Call before wrapping
-// with DistributedDataParallel. Returns how many were replaced.
-// C++ modules keep their children in members as well as in the registry: a model must reach
-// its norm layers through the registry at forward time (see ApplyNorm) for the replacement to
-// take effect, as elrun-train's FashionNet (trainer/app/models.h) does. `shm`: see SyncBatchNormImpl.
+// Makes every batch norm in `module`'s tree (its registered children, recursively) synchronised
+// over `pg`: a SyncBatchNorm without a group gets this one (any model: it keeps calling its
+// member), and a BatchNorm1d/2d/3d is replaced by a SyncBatchNorm with the same options, weights
+// and running stats. Call before wrapping with DistributedDataParallel. Returns how many.
+// C++ modules keep their children in members as well as in the registry: a replaced BatchNorm
+// takes effect only where the model reaches its norm layers through the registry at forward
+// time (ApplyNorm), as elrun-train's FashionNet (trainer/app/models.h) does; a model calling
+// typed members declares them as SyncBatchNorm instead. `shm`: see SyncBatchNormImpl.
 int ConvertSyncBatchNorm(torch::nn::Module& module, c10::intrusive_ptr<c10d::Backend> pg,
                          std::shared_ptr<ShmAllreduce> shm = nullptr);
 

@@ -242,5 +242,33 @@ TEST_CASE("ApplyNorm dispatches on the layer's type") {
   });
 }
 
+// A user's module that calls its norm layer through its typed member: declared as a
+// SyncBatchNorm without a group, it is BatchNorm of the local batch; ConvertSyncBatchNorm gives
+// it the group in place, and the same forward then normalises over the union of the batches.
+struct UserNetImpl : torch::nn::Module {
+  UserNetImpl() : bn(register_module("bn", SyncBatchNorm(torch::nn::BatchNormOptions(3)))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return bn->forward(x) * 2; }
+  SyncBatchNorm bn;
+};
+TORCH_MODULE(UserNet);
+
+TEST_CASE("a model's own SyncBatchNorm member: local BatchNorm without a group, synchronised once converted") {
+  torch::Tensor x = torch::randn({8, 3, 2}, at::detail::createCPUGenerator(5));
+  torch::nn::BatchNorm1d reference(torch::nn::BatchNormOptions(3));
+  torch::Tensor expected = reference->forward(x) * 2;
+  UserNet local;
+  CHECK(torch::allclose(local->forward(x), expected, 1e-5, 1e-6));
+  CHECK(torch::allclose(local->bn->running_mean, reference->running_mean, 1e-5, 1e-7));
+  CHECK(torch::allclose(local->bn->running_var, reference->running_var, 1e-5, 1e-7));
+  RunRanks(2, [&](int rank, PG pg) {
+    UserNet net;
+    CHECK(ConvertSyncBatchNorm(*net, pg) == 1);
+    CHECK(net->bn->attached());
+    torch::Tensor out = net->forward(x.narrow(0, rank * 4, 4));
+    CHECK(torch::allclose(out, expected.narrow(0, rank * 4, 4), 1e-5, 1e-6));
+    CHECK(torch::allclose(net->bn->running_var, reference->running_var, 1e-5, 1e-7));
+  });
+}
+
 }  // namespace
 }  // namespace elrun::trainer
