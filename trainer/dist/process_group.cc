@@ -8,6 +8,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
+extern char** environ;
+
 namespace elrun::trainer {
 namespace {
 
@@ -81,6 +83,18 @@ absl::StatusOr<Dist> InitProcessGroup(const DistEnv& env, BackendKind backend, i
   } catch (const std::exception& error) {
     return absl::UnavailableError(absl::StrCat("process group (", BackendName(backend), "): ", error.what()));
   }
+}
+
+absl::StatusOr<Dist> InitProcessGroupFromEnvironment(BackendKind backend, std::chrono::milliseconds timeout) {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const size_t eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  absl::StatusOr<DistEnv> dist_env = ReadDistEnv(env);
+  if (!dist_env.ok()) return dist_env.status();
+  return InitProcessGroup(*dist_env, backend, dist_env->local_rank, timeout);
 }
 
 }  // namespace elrun::trainer

@@ -47,6 +47,10 @@ struct Dist {
 absl::StatusOr<Dist> InitProcessGroup(const DistEnv& env, BackendKind backend, int cuda_device,
                                       std::chrono::milliseconds timeout);
 
+// InitProcessGroup from this process's environment (ReadDistEnv), the CUDA device for kNccl
+// being LOCAL_RANK's: what a worker program started by elrun or torchrun calls first.
+absl::StatusOr<Dist> InitProcessGroupFromEnvironment(BackendKind backend, std::chrono::milliseconds timeout);
+
 // A Gloo backend over `store` whose ranks meet at `hostname`'s address. Throws c10::Error.
 c10::intrusive_ptr<c10d::Backend> MakeGlooBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
                                                   const std::string& hostname, std::chrono::milliseconds timeout);
