@@ -22,6 +22,10 @@ void InsertProgress(c10::impl::GenericDict& dict, const TrainProgress& progress)
   dict.insert("epoch", progress.epoch);
   dict.insert("samples_seen", progress.samples_seen);
   dict.insert("world_size", progress.world_size);
+  if (progress.loss_scale > 0) {
+    dict.insert("loss_scale", progress.loss_scale);
+    dict.insert("loss_scale_growth_tracker", progress.loss_scale_growth_tracker);
+  }
 }
 
 TrainProgress ReadProgress(const c10::impl::GenericDict& dict) {
@@ -30,6 +34,13 @@ TrainProgress ReadProgress(const c10::impl::GenericDict& dict) {
   progress.epoch = dict.at("epoch").toInt();
   progress.samples_seen = dict.at("samples_seen").toInt();
   progress.world_size = dict.at("world_size").toInt();
+  if (dict.contains("loss_scale")) {
+    progress.loss_scale = dict.at("loss_scale").toDouble();
+    progress.loss_scale_growth_tracker = dict.at("loss_scale_growth_tracker").toInt();
+    TORCH_CHECK(progress.loss_scale > 0 && progress.loss_scale_growth_tracker >= 0,
+                "checkpoint: bad loss scale state (", progress.loss_scale, ", ", progress.loss_scale_growth_tracker,
+                ")");
+  }
   return progress;
 }
 

@@ -23,9 +23,14 @@ struct TrainProgress {
   int64_t epoch = 0;         // The epoch in progress.
   int64_t samples_seen = 0;  // Samples of this epoch consumed by all ranks together.
   int64_t world_size = 1;    // The world that wrote it (a restart may have another).
+  // fp16's dynamic loss scale (GradScaler, trainer/optim/grad_scaler.h) and its growth tracker;
+  // 0: none (the keys "loss_scale" and "loss_scale_growth_tracker" are then absent).
+  double loss_scale = 0;
+  int64_t loss_scale_growth_tracker = 0;
 };
 
-// The progress fields of a checkpoint dict ("step", "epoch", "samples_seen", "world_size").
+// The progress fields of a checkpoint dict ("step", "epoch", "samples_seen", "world_size", and
+// the loss scale's when there is one).
 void InsertProgress(c10::impl::GenericDict& dict, const TrainProgress& progress);
 TrainProgress ReadProgress(const c10::impl::GenericDict& dict);  // Throws c10::Error if missing.
 
