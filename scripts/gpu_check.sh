@@ -86,15 +86,21 @@ if run fsdp 300 "$bin/elrun" --standalone --nproc-per-node gpu "$bin/elrun-train
   say "- test accuracy after 200 steps $(field "$rec" test_accuracy), $(field "$rec" samples_per_s) samples/s"
   grep '^memory rank' "$out/fsdp.log" | sed 's/^/    /' | tee -a "$report"
 fi
-# The same with bf16 mixed precision, and with the shards and Adam's state offloaded to CPU
-# memory: accuracy against the fp32 run above, and the caching allocator's peak per rank.
-for variant in "bf16:--param-dtype bf16" "offload:--offload-optimizer"; do
+# The same in bf16 and fp16 (--precision: fsdp gathers in it, ddp runs under autocast; fp16 with
+# dynamic loss scaling), and with the shards and Adam's state offloaded to CPU memory: accuracy
+# against the fp32 run above, fp16's skipped steps, and the caching allocator's peak per rank.
+for variant in "bf16:fsdp:--precision bf16" "fp16:fsdp:--precision fp16" "ddp_bf16:ddp:--precision bf16" \
+    "ddp_fp16:ddp:--precision fp16" "offload:fsdp:--offload-optimizer"; do
   name=${variant%%:*}
+  rest=${variant#*:}
+  strategy=${rest%%:*}
+  flags=${rest#*:}
   # shellcheck disable=SC2086
   if run "fsdp_$name" 300 "$bin/elrun" --standalone --nproc-per-node gpu "$bin/elrun-train" "${data[@]}" --device cuda \
-      --strategy fsdp --optimizer adam --max-steps 200 --report-memory ${variant#*:} --metrics-file "$work/fsdp_$name.jsonl"; then
+      --strategy "$strategy" --optimizer adam --max-steps 200 --report-memory $flags --metrics-file "$work/fsdp_$name.jsonl"; then
     rec=$(end_record "$work/fsdp_$name.jsonl")
-    say "- ${variant#*:}: test accuracy after 200 steps $(field "$rec" test_accuracy), $(field "$rec" samples_per_s) samples/s"
+    say "- --strategy $strategy $flags: test accuracy after 200 steps $(field "$rec" test_accuracy), $(field "$rec" samples_per_s) samples/s"
+    { grep '^fp16:' "$out/fsdp_$name.log" || true; } | sed 's/^/    /' | tee -a "$report"
     grep '^memory rank' "$out/fsdp_$name.log" | sed 's/^/    /' | tee -a "$report"
   fi
 done

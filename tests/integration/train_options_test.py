@@ -164,7 +164,9 @@ class TrainOptionsTest(TrainTestCase):
                 ("device", "tpu", "--device=tpu: expected auto, cpu or cuda"),
                 ("backend", "mpi", "--backend=mpi: expected auto, gloo or nccl"),
                 ("memory_format", "nhwc", "--memory-format=nhwc: expected auto, contiguous or channels-last"),
-                ("profile_steps", "9:3", "--profile-steps 9:3: expected FIRST:END, step numbers with 0 <= FIRST < END")]:
+                ("profile_steps", "9:3", "--profile-steps 9:3: expected FIRST:END, step numbers with 0 <= FIRST < END"),
+                ("precision", "fp8", "--precision=fp8: expected fp32, bf16 or fp16"),
+                ("loss_scale", "0", "--loss-scale=0: expected a number in (0, 1e38]")]:
             command = train_harness.train_command() + train_args(max_steps=1, **{option: value})
             result = subprocess.run(command, capture_output=True, text=True, timeout=60,
                                     env=dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"))

@@ -42,8 +42,10 @@
 #include "trainer/memory/caching_cpu_allocator.h"
 #include "trainer/memory/cuda_memory.h"
 #include "trainer/memory/memory.h"
+#include "trainer/nn/autocast.h"
 #include "trainer/nn/linear_kernel.h"
 #include "trainer/optim/foreach_sgd.h"
+#include "trainer/optim/grad_scaler.h"
 #include "trainer/parallel/data_parallel.h"
 #include "trainer/parallel/sync_batch_norm.h"
 #include "trainer/runtime/cuda_graph_step.h"
@@ -221,6 +223,10 @@ struct Job {
   std::string allreduce = "none";  // How DDP's and SyncBatchNorm's sums travel: shm, gloo, nccl.
   std::unique_ptr<DataParallel> dp;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::vector<torch::Tensor> optimizer_params;  // What the optimizer steps (dp->OptimizerParameters()).
+  // --precision bf16/fp16 with a strategy other than fsdp: forward and loss under autocast in it.
+  std::optional<c10::ScalarType> autocast;
+  std::unique_ptr<GradScaler> scaler;    // --precision fp16.
   std::unique_ptr<CudaGraphStep> graph;  // --cuda-graph.
   std::unique_ptr<DistributedSampler> sampler;
   std::unique_ptr<StepTimes> step_times;
@@ -395,8 +401,21 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   sharding.strategy = o.strategy;
   sharding.activation_checkpointing = o.activation_checkpointing;
   sharding.offload_optimizer = o.offload_optimizer;
-  auto dtype = [](PrecisionChoice p) { return p == PrecisionChoice::kBf16 ? torch::kBFloat16 : torch::kFloat32; };
+  auto dtype = [](PrecisionChoice p) {
+    return p == PrecisionChoice::kBf16   ? torch::kBFloat16
+           : p == PrecisionChoice::kFp16 ? torch::kHalf
+                                         : torch::kFloat32;
+  };
   if (o.param_dtype != PrecisionChoice::kFp32) sharding.param_dtype = dtype(o.param_dtype);
+  // --precision: fsdp gathers and computes in it (FSDP2's MixedPrecisionPolicy); the other
+  // strategies keep whole fp32 parameters and run forward under autocast (torch.autocast).
+  if (o.precision != PrecisionChoice::kFp32) {
+    if (o.strategy == Strategy::kFsdp) {
+      sharding.param_dtype = dtype(o.precision);
+    } else {
+      job->autocast = dtype(o.precision);
+    }
+  }
   if (o.reduce_dtype) sharding.reduce_dtype = dtype(*o.reduce_dtype);
   std::unique_ptr<ChildSink> sink;
   if (!o.sync_bn && !o.cuda_graph) sink = DataParallel::ShardingSink(job->dist.pg, job->device, sharding);
@@ -450,7 +469,13 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   } else {
     job->dp = DataParallel::Create(job->model, job->dist.pg, sharding, ddp_options, std::move(sink));
   }
-  job->optimizer = MakeOptimizer(o, job->dp->OptimizerParameters());
+  job->optimizer_params = job->dp->OptimizerParameters();
+  job->optimizer = MakeOptimizer(o, job->optimizer_params);
+  if (o.precision == PrecisionChoice::kFp16) {
+    GradScalerOptions scaling;
+    scaling.init_scale = o.loss_scale;
+    job->scaler = std::make_unique<GradScaler>(scaling, job->dist.pg);
+  }
   job->metrics = std::make_unique<Metrics>(job->rank() == 0 ? o.metrics_file : "");
 
   job->progress.world_size = job->world();
@@ -458,6 +483,9 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
     auto loaded = job->dp->Load(o.checkpoint_dir, *job->optimizer);
     if (loaded.ok()) {
       job->progress = *loaded;
+      if (job->scaler && job->progress.loss_scale > 0) {
+        job->scaler->Restore(job->progress.loss_scale, job->progress.loss_scale_growth_tracker);
+      }
       if (job->rank() == 0) {
         std::cout << absl::StrFormat("resumed from %s: epoch %d, step %d, sample %d (written by %d ranks, now %d)",
                                      o.checkpoint_dir, job->progress.epoch, job->progress.step,
@@ -474,8 +502,18 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   return job;
 }
 
+// The model's output for `input`, under autocast for --precision bf16/fp16 (but fsdp, whose
+// units compute in it themselves), in fp32.
+torch::Tensor Forward(Job& job, const torch::Tensor& input) {
+  AutocastGuard autocast(job.device.type(), job.autocast);
+  torch::Tensor output = job.dp->Forward(input);
+  return job.autocast && output.is_floating_point() ? output.to(torch::kFloat) : output;
+}
+
 // One optimizer step over `batch` (split into --accum-steps micro-batches; only the last one
-// communicates). Returns the batch's loss.
+// communicates). Returns the batch's loss. --precision fp16: the loss is scaled before backward,
+// the gradients unscaled before clipping, and the step skipped on every rank when any rank's
+// gradients hold an inf or a NaN (GradScaler).
 double TrainStep(Job& job, const std::vector<int64_t>& batch, double lr) {
   const TrainOptions& o = job.o;
   if (job.graph) {
@@ -493,14 +531,19 @@ double TrainStep(Job& job, const std::vector<int64_t>& batch, double lr) {
   torch::Tensor loss_sum;  // Of the micro-batches' losses, each already divided by their count.
   for (int m = 0; m < o.accum_steps; ++m) {
     const int64_t size = m + 1 < o.accum_steps ? micro : images.size(0) - m * micro;
-    torch::Tensor loss = Loss(job.dp->Forward(images.narrow(0, m * micro, size)), labels.narrow(0, m * micro, size));
+    torch::Tensor loss = Loss(Forward(job, images.narrow(0, m * micro, size)), labels.narrow(0, m * micro, size));
     if (o.accum_steps > 1) loss = loss / o.accum_steps;
-    job.dp->Backward(loss, /*synchronize=*/m + 1 == o.accum_steps);
+    job.dp->Backward(job.scaler ? job.scaler->Scale(loss) : loss, /*synchronize=*/m + 1 == o.accum_steps);
     loss_sum = m == 0 ? loss.detach() : loss_sum + loss.detach();
   }
+  if (job.scaler) job.scaler->Unscale(job.optimizer_params);
   if (o.clip_grad_norm > 0) job.dp->ClipGradNorm(o.clip_grad_norm);
   SetLr(*job.optimizer, lr);
-  job.optimizer->step();
+  if (job.scaler) {
+    job.scaler->Step(*job.optimizer, job.optimizer_params);
+  } else {
+    job.optimizer->step();
+  }
   return loss_sum.item<double>();  // On CUDA: waits for the step, so step times are real.
 }
 
@@ -541,7 +584,7 @@ Evaluation Evaluate(Job& job) {
                                          : std::vector<int64_t>(shard.begin() + static_cast<std::ptrdiff_t>(from),
                                                                 shard.begin() + static_cast<std::ptrdiff_t>(to));
     auto [inputs, targets] = Examples(job, /*train=*/false, indices);
-    torch::Tensor logits = job.dp->Forward(inputs);
+    torch::Tensor logits = Forward(job, inputs);
     if (empty) continue;
     if (job.text()) {
       loss_sum += Loss(logits, targets, torch::kSum).item<double>();
@@ -584,7 +627,7 @@ void PrintSample(Job& job) {
   for (int64_t i = 0; i < o.sample_bytes; ++i) {
     const int64_t window = std::min<int64_t>(static_cast<int64_t>(text.size()), o.gpt_context);
     torch::Tensor context = torch::tensor(std::vector<int64_t>(text.end() - window, text.end()), torch::kLong);
-    torch::Tensor logits = job.dp->Forward(context.unsqueeze(0).to(job.device)).select(1, window - 1)[0];
+    torch::Tensor logits = Forward(job, context.unsqueeze(0).to(job.device)).select(1, window - 1)[0];
     torch::Tensor probabilities = torch::softmax(logits.to(torch::kCPU, torch::kFloat), 0);
     text.push_back(torch::multinomial(probabilities, 1, /*replacement=*/false, generator).item<int64_t>());
   }
@@ -663,6 +706,15 @@ void Report(Job& job, LoopStats& loop, const Evaluation& evaluation) {
               << std::endl;
     quality = absl::StrFormat(R"("test_accuracy":%.6f)", evaluation.accuracy);
   }
+  quality += absl::StrFormat(R"(,"precision":"%s")",
+                             PrecisionName(o.precision != PrecisionChoice::kFp32 ? o.precision : o.param_dtype));
+  if (job.scaler) {
+    std::cout << absl::StrFormat("fp16: %d of %d steps skipped for inf/NaN gradients, loss scale %g",
+                                 job.scaler->skipped_steps(), steps, job.scaler->scale())
+              << std::endl;
+    quality +=
+        absl::StrFormat(R"(,"loss_scale":%.17g,"skipped_steps":%d)", job.scaler->scale(), job.scaler->skipped_steps());
+  }
   job.metrics->Write(absl::StrFormat(
       R"({"event":"end",%s,"samples_per_s":%.1f,"steps":%d,"epochs":%d,"seconds":%.2f,)"
       R"("world_size":%d,"strategy":"%s","optimizer":"%s","linear":"%s","allreduce":"%s","device":"%s",)"
@@ -682,6 +734,10 @@ LoopStats RunLoop(Job& job) {
   const std::string& checkpoint = o.checkpoint_dir;
   auto save = [&](bool final) {
     if (checkpoint.empty()) return;
+    if (job.scaler) {
+      progress.loss_scale = job.scaler->scale();
+      progress.loss_scale_growth_tracker = job.scaler->growth_tracker();
+    }
     absl::Status saved = final ? job.dp->Export(checkpoint, *job.optimizer, progress)
                                : job.dp->Save(checkpoint, *job.optimizer, progress);
     if (!saved.ok()) std::cerr << "elrun-train: " << saved.message() << std::endl;

@@ -32,7 +32,7 @@ absl::StatusOr<E> Pick(const std::string& flag, const std::string& text, const C
 struct RawChoices {
   std::string model = "fashionnet", linear = "auto", dataset, lr_schedule = "cosine", optimizer = "sgd",
               strategy = "ddp", allreduce = "auto", device = "auto", backend = "auto", memory_format = "auto",
-              cpu_allocator = "caching", param_dtype = "fp32", reduce_dtype;
+              cpu_allocator = "caching", param_dtype = "fp32", reduce_dtype, precision = "fp32";
 };
 
 // What a captured step cannot hold: each needs a decision on the host or a synchronisation per
@@ -101,6 +101,11 @@ absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
                                            {{"fp32", PrecisionChoice::kFp32}, {"bf16", PrecisionChoice::kBf16}});
   if (!param_dtype.ok()) return param_dtype.status();
   o.param_dtype = *param_dtype;
+  auto precision = Pick<PrecisionChoice>(
+      "precision", raw.precision,
+      {{"fp32", PrecisionChoice::kFp32}, {"bf16", PrecisionChoice::kBf16}, {"fp16", PrecisionChoice::kFp16}});
+  if (!precision.ok()) return precision.status();
+  o.precision = *precision;
   if (!raw.reduce_dtype.empty()) {
     auto reduce_dtype = Pick<PrecisionChoice>("reduce-dtype", raw.reduce_dtype,
                                               {{"fp32", PrecisionChoice::kFp32}, {"bf16", PrecisionChoice::kBf16}});
@@ -138,6 +143,16 @@ absl::Status Resolve(const RawChoices& raw, TrainOptions& o) {
   if (absl::Status s = CheckCudaGraph(o); !s.ok()) return s;
   if ((o.param_dtype != PrecisionChoice::kFp32 || o.reduce_dtype) && o.strategy != Strategy::kFsdp) {
     return absl::InvalidArgumentError("--param-dtype and --reduce-dtype need --strategy fsdp");
+  }
+  if (o.precision != PrecisionChoice::kFp32 && o.param_dtype != PrecisionChoice::kFp32 &&
+      o.precision != o.param_dtype) {
+    return absl::InvalidArgumentError("--precision and --param-dtype disagree: give one of them");
+  }
+  if (o.precision != PrecisionChoice::kFp32 && o.cuda_graph) {
+    return absl::InvalidArgumentError("--precision bf16/fp16 does not run in a --cuda-graph step: drop one of them");
+  }
+  if (!(o.loss_scale > 0) || o.loss_scale > 1e38) {
+    return absl::InvalidArgumentError(absl::StrCat("--loss-scale=", o.loss_scale, ": expected a number in (0, 1e38]"));
   }
   if (o.offload_optimizer && o.strategy != Strategy::kFsdp) {
     return absl::InvalidArgumentError("--offload-optimizer needs --strategy fsdp");
@@ -198,6 +213,15 @@ absl::Status CheckDeviceBackend(DeviceChoice device, BackendChoice backend) {
     return absl::InvalidArgumentError("--backend=gloo with --device cuda: CUDA tensors go through nccl");
   }
   return absl::OkStatus();
+}
+
+const char* PrecisionName(PrecisionChoice precision) {
+  switch (precision) {
+    case PrecisionChoice::kFp32: return "fp32";
+    case PrecisionChoice::kBf16: return "bf16";
+    case PrecisionChoice::kFp16: return "fp16";
+  }
+  return "?";
 }
 
 const char* OptimizerName(OptimizerChoice optimizer) {
@@ -279,6 +303,15 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
   app.add_flag("--activation-checkpointing", o.activation_checkpointing,
                "keep only each unit's (each child layer's or block's) input in forward and recompute the "
                "unit in backward: less activation memory for about one more forward of compute");
+  app.add_option("--precision", raw.precision,
+                 "compute in fp32, bf16 or fp16 with fp32 master weights and optimizer state, any --strategy "
+                 "(fsdp gathers in it, as FSDP2's MixedPrecisionPolicy; the others run forward under autocast, as "
+                 "torch.autocast); fp16 scales the loss dynamically, as torch.amp.GradScaler")
+      ->capture_default_str();
+  app.add_option("--loss-scale", o.loss_scale,
+                 "--precision fp16: the initial loss scale; halved on every step skipped for inf/NaN gradients "
+                 "(on any rank), doubled after 2000 steps without one")
+      ->capture_default_str();
   app.add_option("--param-dtype", raw.param_dtype,
                  "--strategy fsdp: gather and compute in fp32 or bf16 (mixed precision, as PyTorch FSDP's "
                  "param_dtype: the shards, their gradients and Adam's state stay fp32)")

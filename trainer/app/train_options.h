@@ -28,11 +28,16 @@ enum class DeviceChoice { kAuto, kCpu, kCuda };             // auto: CUDA when a
 enum class BackendChoice { kAuto, kGloo, kNccl };           // auto: NCCL for CUDA, Gloo for CPU.
 // auto: channels-last on CPU, contiguous on CUDA (train_main.cc says why).
 enum class MemoryFormatChoice { kAuto, kContiguous, kChannelsLast };
-enum class PrecisionChoice { kFp32, kBf16 };  // --param-dtype / --reduce-dtype fp32|bf16.
+enum class PrecisionChoice {
+  kFp32,
+  kBf16,
+  kFp16
+};  // --precision fp32|bf16|fp16; --param-dtype/--reduce-dtype fp32|bf16.
 // caching: large CPU tensors from CachingCpuAllocator (caching_cpu_allocator.h); default: c10's.
 enum class CpuAllocatorChoice { kCaching, kDefault };
 
 const char* OptimizerName(OptimizerChoice optimizer);
+const char* PrecisionName(PrecisionChoice precision);  // fp32, bf16, fp16.
 
 struct TrainOptions {
   ModelChoice model = ModelChoice::kFashionNet;
@@ -64,6 +69,11 @@ struct TrainOptions {
   int64_t sample_bytes = 200;
   // Recompute each unit's (each child's) forward in backward instead of keeping its activations.
   bool activation_checkpointing = false;
+  // --precision: compute in bf16 or fp16 with fp32 master weights and optimizer state, every
+  // strategy (fsdp: as param_dtype; the others: autocast); fp16 adds dynamic loss scaling from
+  // loss_scale (the initial scale).
+  PrecisionChoice precision = PrecisionChoice::kFp32;
+  double loss_scale = 65536.0;
   // Mixed precision (--strategy fsdp): compute and gather dtype, and the gradients' reduce dtype.
   PrecisionChoice param_dtype = PrecisionChoice::kFp32;
   std::optional<PrecisionChoice> reduce_dtype;  // Unset: param_dtype.
