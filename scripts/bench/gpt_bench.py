@@ -12,10 +12,15 @@ tokens/s and its peak RSS above the baseline <= FSDP2's; elrun ddp >= 1.2 x PyTo
 --compile adds the twin with torch.compile (Inductor's CPU backend; compilation is in the skipped
 steps' time, not in the median).
 
+--workload mlp holds the same cases on fsdp_bench's MLP instead (784-2048x32-10 by default,
+--mlp-hidden, --dataset synthetic; the twin fully_shards each Linear, then the root) and reports
+samples/s; its result goes to docs/results/gpt_bench_mlp.json and gpt_bench_mlp.png.
+
 Writes the result (JSON; --json, default docs/results/gpt_bench.json), prints its markdown report
 (gpt_report.py) on stdout, progress on stderr, and draws a PNG. A failed run fails its case.
 
   /usr/bin/python3 scripts/bench/gpt_bench.py [--runs 3] [--max-steps 15] [--compile]
+  /usr/bin/python3 scripts/bench/gpt_bench.py --workload mlp --batch-size 64 --max-steps 8 --skip 2
 """
 import argparse
 import json
@@ -46,7 +51,11 @@ COMPILE_CASES = ["torch-ddp-compile", "torch-fsdp2-compile"]
 
 
 def model_args(args):
-    return ["--gpt-layers", str(args.layers), "--gpt-width", str(args.width), "--gpt-heads", str(args.heads),
+    if args.workload == "mlp":
+        return ["--model", "mlp", "--mlp-hidden", ",".join(map(str, args.mlp_hidden)), "--batch-size",
+                str(args.batch_size), "--max-steps", str(args.max_steps), "--lr", "0.001", "--weight-decay", "0.1",
+                "--seed", "0", "--threads", "1"]
+    return ["--model", "gpt", "--gpt-layers", str(args.layers), "--gpt-width", str(args.width), "--gpt-heads", str(args.heads),
             "--gpt-context", str(args.context), "--batch-size", str(args.batch_size), "--max-steps",
             str(args.max_steps), "--lr", "0.001", "--weight-decay", "0.1", "--seed", "0", "--threads", "1"]
 
@@ -54,9 +63,10 @@ def model_args(args):
 def command(args, case, steps_file):
     if case.startswith("elrun-"):
         return ([args.elrun_copy, "--standalone", "--nproc-per-node", str(WORLD), "--no-python", args.train_copy,
-                 "--model", "gpt", "--strategy", case.split("-")[1], "--optimizer", "adamw",
-                 "--lr-schedule", "constant", "--log-every", "0", "--eval-samples", "16", "--sample-bytes", "0",
-                 "--report-memory", "--step-times-file", steps_file] + model_args(args))
+                 "--strategy", case.split("-")[1], "--optimizer", "adamw", "--lr-schedule", "constant",
+                 "--log-every", "0", "--report-memory", "--step-times-file", steps_file]
+                + (["--dataset", "synthetic"] if args.workload == "mlp" else ["--eval-samples", "16", "--sample-bytes", "0"])
+                + model_args(args))
     strategy = "fsdp2" if "fsdp2" in case else "ddp"
     return ([PYTHON, TORCHRUN_COMPAT, "--standalone", "--nproc_per_node", str(WORLD), TWIN, "--strategy", strategy,
              "--step-times-file", steps_file] + (["--compile"] if case.endswith("-compile") else [])
@@ -124,7 +134,8 @@ def run_once(args, case, workdir, rnd, env):
     if sorted(memory) != list(range(WORLD)):
         raise RunError(f"memory-json lines of ranks {sorted(memory)}, expected 0..{WORLD - 1}")
     return {"round": rnd, "wall_s": wall, "step_ms": step_ms, "first_steps_ms": [max(s) for s in zip(*ranks)][:args.skip],
-            "tokens_per_s": WORLD * args.batch_size * args.context / (step_ms / 1000),
+            "samples_per_s": WORLD * args.batch_size / (step_ms / 1000),
+            "tokens_per_s": WORLD * args.batch_size * args.context / (step_ms / 1000) if args.workload == "gpt" else None,
             "peak_rss": [memory[r]["peak_rss_bytes"] for r in range(WORLD)],
             "baseline_rss": [memory[r]["baseline_rss_bytes"] for r in range(WORLD)],
             "foreign_cpu": foreign.share, "argv": argv}
@@ -151,7 +162,7 @@ def bench(args, workdir):
             originals = {args.elrun_copy: args.elrun, args.train_copy: args.train}
             commands[case] = [originals.get(a, a).replace(workdir, "$TMPDIR") for a in run.pop("argv")]
             state.samples.append(run)
-            log(f"  {case}: {run['step_ms']:.1f} ms/step, {run['tokens_per_s']:.0f} tokens/s, peak RSS "
+            log(f"  {case}: {run['step_ms']:.1f} ms/step, {run['samples_per_s']:.1f} samples/s, peak RSS "
                 f"{max(run['peak_rss']) / 2**20:.0f} MiB (baseline {max(run['baseline_rss']) / 2**20:.0f})")
     return cases, commands, time.monotonic() - t0
 
@@ -160,6 +171,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--elrun", default=paths.binary("elrun"))
     ap.add_argument("--train", default=paths.binary("elrun-train"))
+    ap.add_argument("--workload", choices=["gpt", "mlp"], default="gpt",
+                    help="the GPT, or fsdp_bench's MLP (default %(default)s)")
+    ap.add_argument("--mlp-hidden", type=lambda text: [int(w) for w in text.split(",")], default=[2048] * 32,
+                    help="--workload mlp: comma-separated hidden widths (default 32 layers of 2048)")
     ap.add_argument("--layers", type=int, default=6, help="GPT blocks (default %(default)s)")
     ap.add_argument("--width", type=int, default=256, help="residual width (default %(default)s)")
     ap.add_argument("--heads", type=int, default=8, help="attention heads (default %(default)s)")
@@ -172,6 +187,11 @@ def main():
     bench_common.add_run_options(ap, timeout=900)
     bench_common.add_output_options(ap, DEFAULT_PNG, bench=BENCH)
     args = ap.parse_args()
+    if args.workload == "mlp":  # Its own result and plot, beside the GPT's.
+        if args.json == results.default_path(BENCH):
+            args.json = results.default_path(BENCH + "_mlp")
+        if args.png == DEFAULT_PNG:
+            args.png = os.path.join(paths.BENCH, BENCH + "_mlp.png")
     if args.max_steps <= args.skip or args.runs < 1 or args.width % args.heads:
         ap.error("need --max-steps > --skip, --runs >= 1 and --heads dividing --width")
     for name, path in (("elrun", args.elrun), ("elrun-train", args.train)):

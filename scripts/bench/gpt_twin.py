@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""gpt_twin.py: elrun-train --model gpt in Python, with PyTorch's own DDP or FSDP2, for
-gpt_bench.py's same-machine comparison. Run it under torchrun of the project's torch 2.11
+"""gpt_twin.py: elrun-train --model gpt (or --model mlp) in Python, with PyTorch's own DDP or
+FSDP2, for gpt_bench.py's same-machine comparison. Run it under torchrun of the project's torch 2.11
 environment (.venv, scripts/setup.sh):
 
   .venv/bin/python3 scripts/elrun_tools/torchrun_compat.py --standalone --nproc_per_node 2 \\
@@ -16,6 +16,10 @@ What it mirrors of trainer/app/gpt.cc and train_main.cc:
   group), to_empty(device="cpu"), then initialised (so its random values differ from elrun's:
   a throughput and memory twin, not a bit-for-bit one). ddp: DistributedDataParallel with its
   defaults (25 MiB buckets). Both on gloo.
+- --model mlp: elrun-train's MLP (Linear layers fc0..fcN, ReLU between, 784 inputs, 10 classes,
+  --mlp-hidden widths) on a synthetic set of 4096 random examples (elrun-train --dataset synthetic
+  has as many; their values differ: a throughput and memory twin), in the sampler's order; fsdp2:
+  fully_shard(layer) for every Linear, then the root.
 - Data: the *.py files directly in the newest /usr/lib/python3.N (or --data-dir), sorted by name,
   every 10th validation, cut into --gpt-context + 1 byte windows overlapping by one byte
   (trainer/data/text_corpus.cc); the order of trainer/data/sampler.cc (fashion_twin's mt19937_64).
@@ -73,7 +77,66 @@ def train_windows(data_dir, context):
     return np.lib.stride_tricks.as_strided(data, shape=(n, context + 1), strides=(context, 1))
 
 
+def build_mlp(args, device):
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    widths = [28 * 28] + args.mlp_hidden + [10]
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            for i, (a, b) in enumerate(zip(widths, widths[1:])):
+                self.add_module("fc%d" % i, nn.Linear(a, b))
+            self.layers = [getattr(self, "fc%d" % i) for i in range(len(widths) - 1)]
+
+        def forward(self, x):
+            for i, layer in enumerate(self.layers):
+                x = layer(x)
+                if i + 1 < len(self.layers):
+                    x = F.relu(x)
+            return x
+
+    def init(model):
+        for layer in model.layers:
+            layer.reset_parameters()
+
+    return wrap(args, device, lambda initialised: Mlp(), lambda model: model.layers, init)
+
+
+def wrap(args, device, make, units, init):
+    """ddp: make(True) on the CPU after torch.manual_seed(--seed), in DistributedDataParallel.
+    fsdp2: make(False) on the meta device, fully_shard on each of units(model), then on the root,
+    materialised on `device` and init(model). --compile: the model (fsdp2: each unit) compiled."""
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(args.seed)
+    if args.strategy == "ddp":
+        model = make(True).to(device)
+        if args.compile:
+            model = torch.compile(model)
+        return model, nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (int(os.environ["WORLD_SIZE"]),))
+    with torch.device("meta"):
+        model = make(False)
+    for unit in units(model):
+        if args.compile:
+            unit.compile()
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device=device)
+    with torch.no_grad():
+        init(model)
+    return model, model
+
+
 def build(args, device):
+    if args.model == "mlp":
+        return build_mlp(args, device)
     import math
 
     import torch
@@ -162,27 +225,8 @@ def build(args, device):
                 x = block(x)
             return self.head.out(self.head.norm(x))
 
-    torch.manual_seed(args.seed)
-    if args.strategy == "ddp":
-        model = Gpt(init=True).to(device)
-        if args.compile:
-            model = torch.compile(model)
-        return model, nn.parallel.DistributedDataParallel(model)
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh(device.type, (int(os.environ["WORLD_SIZE"]),))
-    with torch.device("meta"):
-        model = Gpt(init=False)
-    for block in model.blocks:
-        if args.compile:
-            block.compile()
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    model.to_empty(device=device)
-    with torch.no_grad():
-        model.init_weights()
-    return model, model
+    return wrap(args, device, lambda initialised: Gpt(init=initialised), lambda model: model.blocks,
+                lambda model: model.init_weights())
 
 
 def train(args):
@@ -194,7 +238,13 @@ def train(args):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device("cpu")
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-    windows = train_windows(args.data_dir or default_text_dir(), args.gpt_context)
+    if args.model == "mlp":
+        generator = torch.Generator().manual_seed(args.seed)
+        images = torch.randn(4096, 28 * 28, generator=generator)
+        labels = torch.randint(10, (4096,), generator=generator)
+        windows = images
+    else:
+        windows = train_windows(args.data_dir or default_text_dir(), args.gpt_context)
     baseline = status_bytes("VmRSS:")
     model, wrapped = build(args, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
@@ -206,11 +256,15 @@ def train(args):
     steps = 0
     for batch in batches[:args.max_steps]:
         t0, c0 = time.perf_counter(), time.thread_time()
-        rows = torch.from_numpy(np.ascontiguousarray(windows[batch])).long()
-        inputs, targets = rows[:, :-1], rows[:, 1:]
+        if args.model == "mlp":
+            index = torch.as_tensor(batch, dtype=torch.long)
+            inputs, targets = images[index], labels[index]
+        else:
+            rows = torch.from_numpy(np.ascontiguousarray(windows[batch])).long()
+            inputs, targets = rows[:, :-1], rows[:, 1:]
         optimizer.zero_grad()
         logits = wrapped(inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss = F.cross_entropy(logits.flatten(0, -2), targets.flatten())
         loss.backward()
         last_loss = loss.item()
         optimizer.step()
@@ -226,8 +280,9 @@ def train(args):
                                        "baseline_rss_bytes": baseline},
                                       separators=(",", ":")), flush=True)
     if rank == 0:
-        print(f"done: {steps} steps, {elapsed:.1f} s, {rate:.0f} samples/s, "
-              f"{rate * args.gpt_context:.0f} tokens/s, last loss {last_loss:.4f}", flush=True)
+        tokens = "" if args.model == "mlp" else f"{rate * args.gpt_context:.0f} tokens/s, "
+        print(f"done: {steps} steps, {elapsed:.1f} s, {rate:.0f} samples/s, {tokens}last loss {last_loss:.4f}",
+              flush=True)
         if args.metrics_file:
             with open(args.metrics_file, "a") as f:
                 f.write(json.dumps({"event": "end", "samples_per_s": round(rate, 1), "steps": steps,
@@ -242,6 +297,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--strategy", choices=["ddp", "fsdp2"], default="ddp")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (fsdp2: each block)")
+    ap.add_argument("--model", choices=["gpt", "mlp"], default="gpt")
+    ap.add_argument("--mlp-hidden", type=lambda text: [int(w) for w in text.split(",")], default=[256, 128],
+                    help="--model mlp: comma-separated hidden widths")
     ap.add_argument("--gpt-layers", type=int, default=4)
     ap.add_argument("--gpt-width", type=int, default=128)
     ap.add_argument("--gpt-heads", type=int, default=4)

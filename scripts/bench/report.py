@@ -48,7 +48,15 @@ BENCHMARKS = [
     ("gpt_bench", gpt_report,
      "tokens/s and peak RSS of elrun-train's GPT (ddp, fsdp) against PyTorch's DDP and FSDP2 on the "
      "same model"),
+    ("gpt_bench_mlp", gpt_report,
+     "samples/s and peak RSS of elrun-train's 32 x 2048 MLP (ddp, fsdp) against PyTorch's DDP and FSDP2 "
+     "on the same model (gpt_bench.py --workload mlp)", gpt_report.MLP_TITLE),
 ]
+
+
+def title(module, *override):
+    """A benchmark's heading: its report's TITLE, or the entry's own (one report, two results)."""
+    return override[0] if override else module.TITLE
 
 
 def checkout_relative(text):
@@ -65,7 +73,7 @@ def demote(text):
 def render(results_dir, plots_dir, out_path, note):
     out_dir = os.path.dirname(os.path.abspath(out_path))
     found = {}
-    for bench, _, _ in BENCHMARKS:
+    for bench, *_ in BENCHMARKS:
         path = os.path.join(results_dir, bench + ".json")
         if os.path.exists(path):
             found[bench] = results.read(path)
@@ -87,22 +95,22 @@ def render(results_dir, plots_dir, out_path, note):
         lines += [f"> {note}", ""]
     lines += ["| Benchmark | Measures | Commit | Date (UTC) | Machine | Command |",
               "|---|---|---|---|---|---|"]
-    for bench, module, measures in BENCHMARKS:
+    for bench, module, measures, *override in BENCHMARKS:
         r = found.get(bench)
         if r is None:
-            lines.append(f"| {module.TITLE} | {measures} | — | not run | | |")
+            lines.append(f"| {title(module, *override)} | {measures} | — | not run | | |")
             continue
         dirty = " (+ changes)" if r.get("dirty") else ""
-        lines.append(f"| [{module.TITLE}](#{bench.replace('_', '-')}) | {measures} | "
+        lines.append(f"| [{title(module, *override)}](#{bench.replace('_', '-')}) | {measures} | "
                      f"{r.get('commit', '?')}{dirty} | {r.get('date', '?')} | "
                      f"{r.get('host', {}).get('machine', '?')} | "
                      f"`{shlex.join(r.get('command', []))}` |")
     lines.append("")
-    for bench, module, _ in BENCHMARKS:
+    for bench, module, _, *override in BENCHMARKS:
         r = found.get(bench)
         if r is None:
             continue
-        lines += [f'<a id="{bench.replace("_", "-")}"></a>', "", f"## {module.TITLE}", ""]
+        lines += [f'<a id="{bench.replace("_", "-")}"></a>', "", f"## {title(module, *override)}", ""]
         lines += results.header_lines(r) + [""]
         png = os.path.join(plots_dir, bench + ".png")
         try:
