@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tests/temp_dir.h"
+#include "tests/trainer/batch_norm_reference.h"
 #include "tests/trainer/rank_threads.h"
 #include "trainer/app/models.h"
 #include "trainer/checkpoint/checkpoint.h"
@@ -124,6 +125,49 @@ TEST_CASE("SyncBatchNorm on CUDA equals batch norm over the union of the ranks' 
     CHECK_MESSAGE(out_diff < 1e-4, "output max |difference| ", out_diff);
     CHECK_MESSAGE(grad_diff < 1e-4, "input gradient max |difference| ", grad_diff);
   });
+}
+
+// Issue 33 on CUDA: both memory layouts at a real layer's size against a float64 BatchNorm
+// over the union (batch_norm_reference.h), 1e-5 of the largest value.
+TEST_CASE("SyncBatchNorm on CUDA, NCHW and channels-last, equals a float64 BatchNorm over the union") {
+  const int world = World();
+  const BatchNormCase c;
+  const BatchNormResult expected = BatchNormReference(c, world);
+  for (bool channels_last : {false, true}) {
+    CAPTURE(channels_last);
+    std::vector<BatchNormResult> ranks(world);
+    RunCudaRanks([&](int rank, PG pg) {
+      SyncBatchNorm bn(torch::nn::BatchNormOptions(BatchNormCase::kChannels).momentum(0.1), pg);
+      {
+        torch::NoGradGuard no_grad;
+        bn->weight.copy_(c.gamma);
+        bn->bias.copy_(c.beta);
+      }
+      bn->to(Cuda(rank));
+      torch::Tensor x = c.Input(rank).to(Cuda(rank));
+      if (channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+      x.requires_grad_(true);
+      torch::Tensor y = bn->forward(x);
+      (y * c.LossWeights(rank).to(Cuda(rank))).sum().backward();
+      ranks[rank] = {y.detach().cpu(),      x.grad().cpu(),         bn->weight.grad().cpu(),
+                     bn->bias.grad().cpu(), bn->running_mean.cpu(), bn->running_var.cpu()};
+    });
+    std::vector<torch::Tensor> outs, grads;
+    torch::Tensor grad_weight = torch::zeros({BatchNormCase::kChannels}),
+                  grad_bias = torch::zeros({BatchNormCase::kChannels});
+    for (const BatchNormResult& r : ranks) {
+      outs.push_back(r.out);
+      grads.push_back(r.grad_input);
+      grad_weight += r.grad_weight;
+      grad_bias += r.grad_bias;
+      CHECK(RelativeToLargest(r.running_mean, expected.running_mean) <= 1e-5);
+      CHECK(RelativeToLargest(r.running_var, expected.running_var) <= 1e-5);
+    }
+    CHECK(RelativeToLargest(torch::cat(outs), expected.out) <= 1e-5);
+    CHECK(RelativeToLargest(torch::cat(grads), expected.grad_input) <= 1e-5);
+    CHECK(RelativeToLargest(grad_weight, expected.grad_weight) <= 1e-5);
+    CHECK(RelativeToLargest(grad_bias, expected.grad_bias) <= 1e-5);
+  }
 }
 
 TEST_CASE("FSDP (full shard) on CUDA trains to DDP's parameters") {

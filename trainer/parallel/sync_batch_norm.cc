@@ -13,10 +13,60 @@ std::vector<int64_t> ChannelShape(const torch::Tensor& x) {
   return shape;
 }
 
+// A channels-last input (NHWC, NDHWC) as the [M, C] matrix its memory is, M = N x spatial: a
+// view. Undefined for any other layout (contiguous NCHW included).
+torch::Tensor ChannelRows(const torch::Tensor& x) {
+  const bool rows = (x.dim() == 4 && x.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
+                    (x.dim() == 5 && x.is_contiguous(at::MemoryFormat::ChannelsLast3d));
+  if (!rows || x.is_contiguous() || x.numel() == 0) return {};
+  return x.movedim(1, -1).reshape({-1, x.size(1)});
+}
+
+// This rank's per-channel mean and biased variance, in double. ATen's batch-norm statistics
+// kernel is one fused pass, and exact enough over a contiguous (NCHW) input, where it sums each
+// channel's run with cascaded partial sums; over a channels-last input its CPU kernel keeps one
+// float accumulator per channel through all M rows, which at M = 25,088 (FashionNet's first
+// layer) puts the mean off by ~1e-5 of its value: a visible share of a standard deviation when
+// the mean is large against it (issue 33). Channels-last inputs are therefore reduced over the
+// rows with ATen's sum (cascaded along the rows too), around a first estimate of the mean so
+// the sums that matter are of small numbers: shift = sum(x) / M, d = x - shift,
+// mean = shift + sum(d) / M, var = sum(d^2) / M - (sum(d) / M)^2.
+std::pair<torch::Tensor, torch::Tensor> LocalStats(const torch::Tensor& input) {
+  torch::Tensor rows = ChannelRows(input);
+  if (!rows.defined()) {
+    auto [mean, var] = at::batch_norm_update_stats(input, {}, {}, 0);
+    return {mean.to(torch::kDouble), var.to(torch::kDouble)};
+  }
+  const double m = static_cast<double>(rows.size(0));
+  torch::Tensor shift = rows.sum(0).div_(m);
+  torch::Tensor d = rows - shift;
+  torch::Tensor s1 = d.sum(0).to(torch::kDouble) / m;
+  torch::Tensor s2 = d.mul_(d).sum(0).to(torch::kDouble) / m;
+  return {shift.to(torch::kDouble) + s1, (s2 - s1 * s1).clamp_min(0)};
+}
+
+// This rank's sum(dy) and sum(dy * xhat) per channel, xhat = (x - mean) * invstd: the bias and
+// weight gradients of a batch norm with these statistics. ATen's backward kernel reduces both in
+// one pass; channels-last inputs go over the rows instead, as in LocalStats.
+std::pair<torch::Tensor, torch::Tensor> LocalGradSums(const torch::Tensor& dy, const torch::Tensor& input,
+                                                      const torch::Tensor& weight, const torch::Tensor& mean,
+                                                      const torch::Tensor& invstd) {
+  torch::Tensor rows = ChannelRows(input), dy_rows = ChannelRows(dy);
+  if (!rows.defined() || !dy_rows.defined()) {
+    torch::Tensor sum_dy, sum_dy_xhat;
+    std::tie(std::ignore, sum_dy_xhat, sum_dy) = at::native_batch_norm_backward(
+        dy, input, weight, {}, {}, mean, invstd, /*train=*/true, /*eps=*/0, {false, true, true});
+    return {sum_dy, sum_dy_xhat};
+  }
+  torch::Tensor sum_dy = dy_rows.sum(0);
+  torch::Tensor sum_dy_xhat = (rows - mean).mul_(dy_rows).sum(0).mul_(invstd);
+  return {sum_dy, sum_dy_xhat};
+}
+
 // Normalises with statistics already reduced across ranks; backward reduces across ranks too.
 // Every pass over the activations is one of ATen's fused, vectorised batch-norm kernels or a
-// single broadcast op; the composite version (sums over dims, double copies, one op per term)
-// took several times longer.
+// single broadcast op (channels-last reductions: a few row sums, LocalStats); the composite
+// version (sums over dims, double copies, one op per term) took several times longer.
 class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
  public:
   // `mean` and `var`: the global batch statistics, in the input's type. Without `affine`,
@@ -53,8 +103,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     // one pass. They are summed across ranks in one collective.
     torch::Tensor sum_dy, sum_dy_xhat;
     if (input.numel() > 0) {
-      std::tie(std::ignore, sum_dy_xhat, sum_dy) = at::native_batch_norm_backward(
-          dy, input, weight, {}, {}, mean, invstd, /*train=*/true, /*eps=*/0, {false, true, true});
+      std::tie(sum_dy, sum_dy_xhat) = LocalGradSums(dy, input, weight, mean, invstd);
     } else {
       sum_dy = torch::zeros({channels}, input.options());
       sum_dy_xhat = torch::zeros({channels}, input.options());
@@ -135,14 +184,12 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
                                              /*training=*/false, /*momentum=*/0, options_.eps()));
   }
   // This rank's sums and count, reduced across ranks in one collective: [sum, sum of squares,
-  // count], in double. ATen's statistics kernel gives the local mean and biased variance, one
-  // vectorised pass each, accumulating in double.
+  // count], in double, from the local mean and biased variance (LocalStats).
   const int64_t local_count = c > 0 ? input.numel() / c : 0;
   torch::Tensor stats = torch::zeros({2 * c + 1}, input.options().dtype(torch::kDouble));
   if (local_count > 0) {
     torch::NoGradGuard no_grad;
-    auto [local_mean, local_var] = at::batch_norm_update_stats(input.detach(), {}, {}, 0);
-    torch::Tensor m = local_mean.to(torch::kDouble), v = local_var.to(torch::kDouble);
+    auto [m, v] = LocalStats(input.detach());
     stats.narrow(0, 0, c).copy_(m * local_count);
     stats.narrow(0, c, c).copy_((v + m * m) * local_count);
   }
