@@ -1,8 +1,9 @@
 // FullyShard on a user's own module (fully_shard.h): blocks whose forward takes two tensors and
 // returns a tuple, a root that returns a pair and holds parameters and a buffer of its own.
 // Every sharded strategy on 2 and 3 ranks, with and without activation checkpointing, equals
-// one process training the plain model on the global batch (losses and parameters, 1e-5); the
-// names are the plain model's; fsdp never holds a whole block after wrapping it; sharded
+// one process training the plain model on the global batch (losses and parameters, 1e-5), and so
+// do units nested in a unit, with an evaluation forward between steps; the names are the plain
+// model's; fsdp never holds a whole block after wrapping it; sharded
 // checkpoints of the user module reshard from 2 ranks to 3 and export a consolidated file the
 // plain model loads; bf16 compute stays near fp32; DDP trains the same module.
 // Ranks are threads over a real Gloo group on loopback.
@@ -155,6 +156,96 @@ TEST_CASE("every sharded strategy on a user module equals one process on the glo
         });
       }
     }
+  }
+}
+
+// A unit holding units of its own: a stage of two blocks and a projection. With a group the
+// blocks are wrapped first, then the stage; the stage's unit is its projection alone.
+struct StageImpl : torch::nn::Module {
+  explicit StageImpl(const ShardGroup* group) {
+    for (int i = 0; i < 2; ++i) {
+      auto block = std::make_shared<BlockImpl>(kWidth);
+      blocks.push_back(
+          register_module("block" + std::to_string(i), group ? FullyShard(block, *group) : Sharded<BlockImpl>(block)));
+    }
+    proj = register_module("proj", torch::nn::Linear(kWidth, kWidth));
+  }
+  std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x, const torch::Tensor& gate) {
+    torch::Tensor h = x, aux = torch::zeros({});
+    for (auto& block : blocks) {
+      auto [y, a] = block->forward(h, gate);
+      h = y;
+      aux = aux + a;
+    }
+    return {proj(h), aux};
+  }
+  std::vector<Sharded<BlockImpl>> blocks;
+  torch::nn::Linear proj{nullptr};
+};
+
+struct NestedNetImpl : torch::nn::Module {
+  explicit NestedNetImpl(const ShardGroup* group) {
+    embed = register_module("embed", torch::nn::Linear(kIn, kWidth));
+    auto stage_impl = std::make_shared<StageImpl>(group);
+    stage = register_module("stage", group ? FullyShard(stage_impl, *group) : Sharded<StageImpl>(stage_impl));
+    head = register_module("head", torch::nn::Linear(kWidth, kClasses));
+  }
+  std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x, const torch::Tensor& gate) {
+    auto [h, aux] = stage->forward(embed(x), gate);
+    return {head(h), aux};
+  }
+  torch::nn::Linear embed{nullptr}, head{nullptr};
+  Sharded<StageImpl> stage{nullptr};
+};
+
+std::shared_ptr<NestedNetImpl> BuildNested(const ShardGroup* group) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  torch::manual_seed(13);
+  return std::make_shared<NestedNetImpl>(group);
+}
+
+TEST_CASE("nested units, and an evaluation forward between steps, equal one process") {
+  // The reference: the plain nested model, one process, the global batch; an evaluation forward
+  // (no grad, eval mode) after each step, whose output is kept.
+  auto plain = BuildNested(nullptr);
+  torch::optim::SGD reference_sgd(plain->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  std::vector<torch::Tensor> evaluations;
+  for (int step = 0; step < kSteps; ++step) {
+    Data d = Batch(step);
+    reference_sgd.zero_grad();
+    Loss(plain->forward(d.x, d.gate), d.y).backward();
+    reference_sgd.step();
+    torch::NoGradGuard no_grad;
+    plain->eval();
+    evaluations.push_back(plain->forward(d.x, d.gate).first);
+    plain->train();
+  }
+  for (const char* strategy : {"zero2", "fsdp"}) {
+    CAPTURE(strategy);
+    RunRanks(2, [&](int rank, PG pg) {
+      ShardGroup group(pg, FsdpOptions{*ParseStrategy(strategy)});
+      Sharded<NestedNetImpl> model = FullyShard(BuildNested(&group), group);
+      CHECK(model->fsdp().units().size() == 4);  // Two blocks, the stage's projection, the root.
+      torch::optim::SGD sgd(model->fsdp().parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      for (int step = 0; step < kSteps; ++step) {
+        Data d = Batch(step);
+        auto rows = [&](const torch::Tensor& t) { return t.narrow(0, rank * 6, 6); };
+        sgd.zero_grad();
+        Loss(model->forward(rows(d.x), rows(d.gate)), rows(d.y)).backward();
+        sgd.step();
+        torch::NoGradGuard no_grad;
+        model->eval();
+        CHECK(RelativeDiff(model->forward(rows(d.x), rows(d.gate)).first, rows(evaluations[step])) <= 1e-5);
+        model->train();
+      }
+      const auto full = model->fsdp().FullParameters();
+      for (const auto& p : plain->named_parameters()) {
+        CAPTURE(p.key());
+        REQUIRE(full.count(p.key()) == 1);
+        CHECK(RelativeDiff(full.at(p.key()), p.value().detach()) <= 1e-5);
+      }
+    });
   }
 }
 
