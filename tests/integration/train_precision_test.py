@@ -20,13 +20,16 @@ FP16_LINE = re.compile(r"^fp16: (\d+) of (\d+) steps skipped for inf/NaN gradien
 
 class PrecisionTest(TrainTestCase):
 
-    def gpt_job(self, name, precision, strategy, max_steps=30, **options):
+    def gpt_args(self, name, precision, strategy, max_steps=30, **options):
         settings = dict(model="gpt", dataset=None, sync_bn=None, strategy=strategy, optimizer="adamw",
                         lr=3e-3, weight_decay=0.01, warmup_fraction=0.001, gpt_layers=2, gpt_width=64,
                         gpt_heads=4, gpt_context=64, batch_size=16, eval_samples=128, sample_bytes=0,
                         precision=precision)
         settings.update(options)
-        args = self.fresh_job(name, max_steps=max_steps, **settings)
+        return self.fresh_job(name, max_steps=max_steps, **settings)
+
+    def gpt_job(self, name, precision, strategy, max_steps=30, **options):
+        args = self.gpt_args(name, precision, strategy, max_steps, **options)
         result = self.run_job(["--standalone", "--nproc_per_node", "2"], args,
                               "the %s %s job" % (precision, strategy))
         done = DONE_LINE.search(result.out)
@@ -61,11 +64,7 @@ class PrecisionTest(TrainTestCase):
         self.assertGreater(state["loss_scale_growth_tracker"], 0)  # Finite steps since the last skip.
         self.assertLessEqual(state["loss_scale_growth_tracker"], 30 - skipped)
 
-        args = self.fresh_job("resumed", max_steps=40, model="gpt", dataset=None, sync_bn=None,
-                              strategy="zero2", optimizer="adamw", lr=3e-3, weight_decay=0.01,
-                              warmup_fraction=0.001, gpt_layers=2, gpt_width=64, gpt_heads=4,
-                              gpt_context=64, batch_size=16, eval_samples=128, sample_bytes=0,
-                              precision="fp16", loss_scale=1e8)
+        args = self.gpt_args("resumed", "fp16", "zero2", max_steps=40, loss_scale=1e8)
         args[args.index("--checkpoint-dir") + 1] = self.path("overflow", "checkpoints")
         resumed = self.run_job(["--standalone", "--nproc_per_node", "2"], args, "the resumed fp16 job")
         line = FP16_LINE.search(resumed.out)

@@ -62,13 +62,34 @@ namespace {
 
 using NamedParams = std::vector<std::pair<std::string, torch::Tensor>>;
 
-// The trainable parameters of `child`, named "<child_name>.<parameter>", and their count.
-NamedParams ChildParams(const std::string& child_name, torch::nn::Module& child, int64_t* count) {
+// The ShardedModules below `module` (not itself). None below a Classifier's children.
+std::vector<std::shared_ptr<torch::nn::Module>> NestedWrappers(torch::nn::Module& module) {
+  std::vector<std::shared_ptr<torch::nn::Module>> wrappers;
+  for (const auto& m : module.modules(/*include_self=*/false)) {
+    if (dynamic_cast<ShardedModule*>(m.get()) != nullptr) wrappers.push_back(m);
+  }
+  return wrappers;
+}
+
+// The tensors of the ShardedModules below `module`: `of` gives each one's (parameters() or buffers()).
+template <class Of>
+std::set<const void*> NestedTensors(torch::nn::Module& module, Of of) {
+  std::set<const void*> nested;
+  for (const auto& m : NestedWrappers(module)) {
+    for (const auto& t : of(*m)) nested.insert(t.unsafeGetTensorImpl());
+  }
+  return nested;
+}
+
+// The trainable parameters of `module` that belong to no ShardedModule below it, named
+// "<prefix>.<parameter>" (just "<parameter>" for an empty prefix); and their count.
+NamedParams UnitParams(const std::string& prefix, torch::nn::Module& module, int64_t* count) {
+  const std::set<const void*> nested = NestedTensors(module, [](torch::nn::Module& m) { return m.parameters(); });
   NamedParams params;
   *count = 0;
-  for (const auto& p : child.named_parameters()) {
-    if (!p.value().requires_grad()) continue;
-    params.emplace_back(child_name + "." + p.key(), p.value());
+  for (const auto& p : module.named_parameters()) {
+    if (!p.value().requires_grad() || nested.count(p.value().unsafeGetTensorImpl())) continue;
+    params.emplace_back(prefix.empty() ? p.key() : prefix + "." + p.key(), p.value());
     *count += p.value().numel();
   }
   return params;
@@ -209,28 +230,6 @@ struct FullyShardedDataParallel::UnitSpec {
   bool root = false;
 };
 
-namespace {
-
-// The trainable parameters of `module` that belong to no ShardedModule below it, named
-// "<prefix>.<parameter>" (just "<parameter>" for an empty prefix); and their count.
-NamedParams OwnUnitParams(const std::string& prefix, torch::nn::Module& module, int64_t* count) {
-  std::set<const void*> nested;
-  for (const auto& m : module.modules(/*include_self=*/false)) {
-    if (dynamic_cast<ShardedModule*>(m.get()) == nullptr) continue;
-    for (const auto& p : m->parameters()) nested.insert(p.unsafeGetTensorImpl());
-  }
-  NamedParams params;
-  *count = 0;
-  for (const auto& p : module.named_parameters()) {
-    if (!p.value().requires_grad() || nested.count(p.value().unsafeGetTensorImpl())) continue;
-    params.emplace_back(prefix.empty() ? p.key() : prefix + "." + p.key(), p.value());
-    *count += p.value().numel();
-  }
-  return params;
-}
-
-}  // namespace
-
 FullyShardedDataParallel::Builder::Builder(c10::intrusive_ptr<c10d::Backend> pg, FsdpOptions options,
                                            torch::Device device)
     : pg_(std::move(pg)), options_(options), device_(device), pools_(std::make_unique<BufferPools>(device)) {
@@ -244,15 +243,21 @@ FullyShardedDataParallel::Builder::Builder(Builder&&) = default;
 void FullyShardedDataParallel::Builder::TakeChild(const std::string& name, torch::nn::Module& child) {
   TORCH_CHECK(pools_ != nullptr, "FullyShardedDataParallel::Builder: used after its model's engine was made");
   int64_t count = 0;
-  NamedParamList params = ChildParams(name, child, &count);
+  NamedParamList params = UnitParams(name, child, &count);
   // The wrap policy, as the constructor applies it: smaller children stay whole, for the root unit.
   if (params.empty() || count < options_.min_unit_params) return;
-  std::vector<torch::Tensor> values;
-  for (const auto& p : params) values.push_back(p.second);
   auto built = std::make_unique<Built>();
   built->child = name;
-  built->hash = static_cast<int64_t>(HashValues(values) & 0x3fffffffffffffffull);
-  child.to(device_);  // One child's parameters at a time on the device (set_data: same tensors).
+  // One child's parameters at a time on the device (set_data: same tensors).
+  Build(std::move(built), name, params, [&] { child.to(device_); });
+}
+
+void FullyShardedDataParallel::Builder::Build(std::unique_ptr<Built> built, const std::string& name,
+                                              const NamedParamList& params, const std::function<void()>& to_device) {
+  std::vector<torch::Tensor> values;
+  for (const auto& p : params) values.push_back(p.second);
+  built->hash = static_cast<int64_t>(HashValues(values) & 0x3fffffffffffffffull);  // On the CPU, before moving.
+  to_device();
   const int n = options_.strategy == Strategy::kNoShard ? 1 : pg_->getSize();
   built->unit = MakeUnit(*pools_, options_, pg_->getRank(), n, name, params, &built->info);
   built_.push_back(std::move(built));
@@ -261,30 +266,21 @@ void FullyShardedDataParallel::Builder::TakeChild(const std::string& name, torch
 bool FullyShardedDataParallel::Builder::TakeUnit(const ShardedModule& wrapper) {
   TORCH_CHECK(pools_ != nullptr, "FullyShard: the group's root was already made; wrap every unit before its root");
   int64_t count = 0;
-  NamedParamList params = OwnUnitParams("", wrapper.wrapped(), &count);
+  NamedParamList params = UnitParams("", wrapper.wrapped(), &count);
   if (params.empty()) return false;
-  std::vector<torch::Tensor> values;
-  for (const auto& p : params) values.push_back(p.second);
   auto built = std::make_unique<Built>();
   built->wrapper = &wrapper;
-  built->hash = static_cast<int64_t>(HashValues(values) & 0x3fffffffffffffffull);
-  {
+  Build(std::move(built), "", params, [&] {
     // This unit's parameters and the buffers of its own modules on the device; not those of units
     // below it, which are views of their flat buffers already.
     torch::NoGradGuard no_grad;
-    for (auto& p : params) p.second.set_data(p.second.data().to(device_));
-    std::set<const void*> nested;
-    for (const auto& m : wrapper.wrapped().modules(/*include_self=*/false)) {
-      if (dynamic_cast<ShardedModule*>(m.get()) == nullptr) continue;
-      for (const auto& b : m->buffers()) nested.insert(b.unsafeGetTensorImpl());
-    }
+    for (const auto& p : params) p.second.set_data(p.second.data().to(device_));
+    const std::set<const void*> nested =
+        NestedTensors(wrapper.wrapped(), [](torch::nn::Module& m) { return m.buffers(); });
     for (auto& b : wrapper.wrapped().buffers()) {
       if (!nested.count(b.unsafeGetTensorImpl())) b.set_data(b.data().to(device_));
     }
-  }
-  const int n = options_.strategy == Strategy::kNoShard ? 1 : pg_->getSize();
-  built->unit = MakeUnit(*pools_, options_, pg_->getRank(), n, "", params, &built->info);
-  built_.push_back(std::move(built));
+  });
   return true;
 }
 
@@ -334,7 +330,7 @@ std::vector<FullyShardedDataParallel::UnitSpec> FullyShardedDataParallel::Policy
       spec.built = b->second;
     } else {
       int64_t count = 0;
-      spec.params = ChildParams(child.key(), *child.value(), &count);
+      spec.params = UnitParams(child.key(), *child.value(), &count);
       if (spec.params.empty() || count < options_.min_unit_params) continue;
     }
     for (const auto& p : child.value()->parameters()) claimed.insert(p.unsafeGetTensorImpl());
@@ -372,7 +368,7 @@ std::vector<FullyShardedDataParallel::UnitSpec> FullyShardedDataParallel::Wrappe
       spec.built->child = path;
     } else {
       int64_t count = 0;
-      spec.params = OwnUnitParams(path, wrapper.wrapped(), &count);
+      spec.params = UnitParams(path, wrapper.wrapped(), &count);
       if (spec.params.empty()) return;  // No parameters of its own: runs plainly.
     }
     specs.push_back(std::move(spec));
@@ -460,11 +456,7 @@ void FullyShardedDataParallel::Init(Builder built, std::vector<UnitSpec> specs, 
     if (spec.root) {
       root_ = static_cast<int>(index);
     } else if (spec.wrapper != nullptr) {
-      bool leaf = true;
-      for (const auto& m : spec.wrapper->wrapped().modules(/*include_self=*/false)) {
-        if (dynamic_cast<ShardedModule*>(m.get()) != nullptr) leaf = false;
-      }
-      spec.wrapper->Attach(this, static_cast<int64_t>(index), leaf);
+      spec.wrapper->Attach(this, static_cast<int64_t>(index), /*leaf=*/NestedWrappers(spec.wrapper->wrapped()).empty());
       wrappers_.push_back(spec.wrapper);
     } else {
       unit_of_child_[spec.name] = index;

@@ -37,6 +37,7 @@
 #define ELRUN_TRAINER_PARALLEL_FSDP_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -100,6 +101,8 @@ struct FsdpMemory {
 };
 
 class FullyShardedDataParallel : private ChildForwardHooks {
+  using NamedParamList = std::vector<std::pair<std::string, torch::Tensor>>;  // Full names.
+
  public:
   // Builds the units while the model is constructed, so no rank ever holds the whole model: pass
   // it as MakeModel's ChildSink, then the model and the builder to the constructor. Each child
@@ -123,6 +126,9 @@ class FullyShardedDataParallel : private ChildForwardHooks {
    private:
     friend class FullyShardedDataParallel;
     struct Built;
+    // Hashes the values of `params` (on the CPU), runs `to_device`, and makes them `built`'s unit.
+    void Build(std::unique_ptr<Built> built, const std::string& name, const NamedParamList& params,
+               const std::function<void()>& to_device);
     c10::intrusive_ptr<c10d::Backend> pg_;
     FsdpOptions options_;
     torch::Device device_;
@@ -184,7 +190,6 @@ class FullyShardedDataParallel : private ChildForwardHooks {
   friend class ShardedModule;
   struct Unit;
   struct UnitSpec;
-  using NamedParamList = std::vector<std::pair<std::string, torch::Tensor>>;
   FullyShardedDataParallel(std::shared_ptr<Classifier> module, Builder built, bool broadcast_all);
   // The wrap policy over a Classifier's children.
   std::vector<UnitSpec> PolicyUnits(Builder& built);

@@ -39,8 +39,8 @@ bool ShardedModule::Attached() {
   if (engine_ != nullptr) return true;
   if (builder_ == nullptr) return false;
   // The outermost wrapper of a group, used first: the root. Its engine takes the group's build.
+  // (Its constructor attaches this wrapper, which lets go of the group's builder.)
   owned_ = std::make_unique<FullyShardedDataParallel>(*this, wrapped_, std::move(*builder_));
-  builder_.reset();
   return true;
 }
 

@@ -65,12 +65,15 @@ struct NetImpl : torch::nn::Module {
 };
 
 // The default generator is global and the ranks are threads: seed and build atomically.
-std::shared_ptr<NetImpl> BuildNet(const ShardGroup* group) {
+template <class Net>
+std::shared_ptr<Net> Build(const ShardGroup* group, uint64_t seed) {
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
-  torch::manual_seed(11);
-  return std::make_shared<NetImpl>(group);
+  torch::manual_seed(seed);
+  return std::make_shared<Net>(group);
 }
+
+std::shared_ptr<NetImpl> BuildNet(const ShardGroup* group) { return Build<NetImpl>(group, 11); }
 
 struct Data {
   torch::Tensor x, gate, y;
@@ -112,12 +115,18 @@ double RelativeDiff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>() / std::max(1e-12, b.abs().max().item<double>());
 }
 
-// This rank's rows of the global batch, its loss, the mean over ranks of the local losses.
-double StepSharded(Sharded<NetImpl>& model, torch::optim::Optimizer& optimizer, int step, int rank, int world,
-                   c10d::Backend& pg) {
-  Data d = Batch(step);
+// This rank's rows of the global batch.
+torch::Tensor Rows(const torch::Tensor& t, int rank, int world) {
   const int64_t per = kGlobalBatch / world;
-  auto rows = [&](const torch::Tensor& t) { return t.narrow(0, rank * per, per); };
+  return t.narrow(0, rank * per, per);
+}
+
+// One step of `model` (a root made by FullyShard, or a plain model under DDP) on this rank's rows
+// of the global batch; the mean over ranks of the local losses.
+template <class Model>
+double StepRank(Model& model, torch::optim::Optimizer& optimizer, int step, int rank, int world, c10d::Backend& pg) {
+  Data d = Batch(step);
+  auto rows = [&](const torch::Tensor& t) { return Rows(t, rank, world); };
   optimizer.zero_grad();
   torch::Tensor loss = Loss(model->forward(rows(d.x), rows(d.gate)), rows(d.y));
   loss.backward();
@@ -143,7 +152,7 @@ TEST_CASE("every sharded strategy on a user module equals one process on the glo
           Sharded<NetImpl> model = FullyShard(BuildNet(&group), group);
           torch::optim::SGD sgd(model->fsdp().parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
           for (int step = 0; step < kSteps; ++step) {
-            const double loss = StepSharded(model, sgd, step, rank, world, *pg);
+            const double loss = StepRank(model, sgd, step, rank, world, *pg);
             CHECK(std::abs(loss - reference.losses[step]) <= 1e-5 * std::abs(reference.losses[step]));
           }
           const auto full = model->fsdp().FullParameters();
@@ -198,12 +207,7 @@ struct NestedNetImpl : torch::nn::Module {
   Sharded<StageImpl> stage{nullptr};
 };
 
-std::shared_ptr<NestedNetImpl> BuildNested(const ShardGroup* group) {
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
-  torch::manual_seed(13);
-  return std::make_shared<NestedNetImpl>(group);
-}
+std::shared_ptr<NestedNetImpl> BuildNested(const ShardGroup* group) { return Build<NestedNetImpl>(group, 13); }
 
 TEST_CASE("nested units, and an evaluation forward between steps, equal one process") {
   // The reference: the plain nested model, one process, the global batch; an evaluation forward
@@ -229,11 +233,9 @@ TEST_CASE("nested units, and an evaluation forward between steps, equal one proc
       CHECK(model->fsdp().units().size() == 4);  // Two blocks, the stage's projection, the root.
       torch::optim::SGD sgd(model->fsdp().parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
       for (int step = 0; step < kSteps; ++step) {
+        StepRank(model, sgd, step, rank, 2, *pg);
         Data d = Batch(step);
-        auto rows = [&](const torch::Tensor& t) { return t.narrow(0, rank * 6, 6); };
-        sgd.zero_grad();
-        Loss(model->forward(rows(d.x), rows(d.gate)), rows(d.y)).backward();
-        sgd.step();
+        auto rows = [&](const torch::Tensor& t) { return Rows(t, rank, 2); };
         torch::NoGradGuard no_grad;
         model->eval();
         CHECK(RelativeDiff(model->forward(rows(d.x), rows(d.gate)).first, rows(evaluations[step])) <= 1e-5);
@@ -286,7 +288,7 @@ TEST_CASE("sharded checkpoints of a user module reshard from 2 ranks to 3 and ex
     ShardGroup group(pg, FsdpOptions{Strategy::kFsdp});
     Sharded<NetImpl> model = FullyShard(BuildNet(&group), group);
     torch::optim::SGD sgd(model->fsdp().parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-    for (int step = 0; step < 2; ++step) StepSharded(model, sgd, step, rank, 2, *pg);
+    for (int step = 0; step < 2; ++step) StepRank(model, sgd, step, rank, 2, *pg);
     TrainProgress progress;
     progress.step = 2;
     progress.world_size = 2;
@@ -336,7 +338,7 @@ TEST_CASE("bf16 compute on a user module stays near fp32 and returns fp32") {
     const bool fp32_shards = model->fsdp().parameters().front().scalar_type() == torch::kFloat32;
     CHECK(fp32_shards);
     for (int step = 0; step < kSteps; ++step) {
-      const double loss = StepSharded(model, sgd, step, rank, 2, *pg);
+      const double loss = StepRank(model, sgd, step, rank, 2, *pg);
       CHECK(std::abs(loss - reference.losses[step]) <= 2e-2 * std::abs(reference.losses[step]));
     }
   });
@@ -348,13 +350,7 @@ TEST_CASE("DistributedDataParallel trains the same user module as one process") 
     auto net = BuildNet(nullptr);
     DistributedDataParallel ddp(net, pg);
     torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-    for (int step = 0; step < kSteps; ++step) {
-      Data d = Batch(step);
-      auto rows = [&](const torch::Tensor& t) { return t.narrow(0, rank * 6, 6); };
-      sgd.zero_grad();
-      Loss(net->forward(rows(d.x), rows(d.gate)), rows(d.y)).backward();
-      sgd.step();
-    }
+    for (int step = 0; step < kSteps; ++step) StepRank(net, sgd, step, rank, 2, *pg);
     for (const auto& p : net->named_parameters()) {
       CAPTURE(p.key());
       CHECK(RelativeDiff(p.value().detach(), reference.params.at(p.key())) <= 1e-5);
