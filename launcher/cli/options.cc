@@ -12,6 +12,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "launcher/cli/slurm_env.h"
+#include "launcher/inject/fault_plan.h"
 #include "launcher/os/numa_binding.h"
 
 namespace elrun {
@@ -88,6 +89,12 @@ constexpr OptionDef kOptions[] = {
      "torchrun's LogsSpecs plugin; none: elrun's logs follow torchrun's default layout."},
     {"numa-binding", "", false, "MODE", "",
      "Bind each worker's CPUs and memory near its GPU: node, socket, exclusive or core-complex."},
+    {"report-file", "", false, "PATH", "",
+     "At the end, write this node's goodput report (JSON: wall time, time lost per fault, steps redone) here."},
+    {"inject-faults", "", false, "PLAN", "",
+     "For experiments: kill or stop this node's workers (or elrun) on purpose, e.g. "
+     "kill-worker@20-40s,stop-worker:1@step100,kill-worker@every30s (see docs/operations.md)."},
+    {"inject-seed", "", false, "N", "0", "Seed of --inject-faults' draws: a plan and a seed give the same faults."},
 };
 
 // torchrun's comma_separated_list: "a,b" -> {a, b}; ",," is a literal comma; "" -> {}.
@@ -207,6 +214,16 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest, 
   spec->duplicate_stdout_filters = ParseFilterList(r["duplicate-stdout-filters"]);
   spec->duplicate_stderr_filters = ParseFilterList(r["duplicate-stderr-filters"]);
   spec->virtual_local_rank = r.Flag("virtual-local-rank");
+  spec->report_file = r["report-file"];
+  spec->inject_faults = r["inject-faults"];
+  if (!spec->inject_faults.empty()) {
+    if (absl::Status plan = ParseFaultPlan(spec->inject_faults).status(); !plan.ok()) {
+      return Invalid(r, "inject-faults", plan);
+    }
+  }
+  if (!absl::SimpleAtoi(r["inject-seed"], &spec->inject_seed)) {
+    return Invalid(r, "inject-seed", absl::InvalidArgumentError("expected an integer from 0 to 2^64-1"));
+  }
 #undef ELRUN_ASSIGN_OR_INVALID
 
   // torchrun's Python plugins: their defaults are what elrun does; others cannot be loaded.

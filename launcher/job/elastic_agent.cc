@@ -245,6 +245,10 @@ void ElasticAgent::OnRoundStarted(const v1::RoundStarted& round) {
   supervisor_ = std::make_unique<Supervisor>(
       SupervisorOptions{0, spec_.shutdown_timeout}, &table_, &clock_,
       [this, node, attempt, restart_count](int, int) { return builder_.BuildFor(attempt, restart_count, node); });
+  if (on_fault_) {
+    supervisor_->OnFailure(
+        [this](const WorkerFailure& failure) { on_fault_("worker failed", DescribeFirstFailure({failure})); });
+  }
   phase_ = Phase::kRunning;
   supervisor_->Start();
   CheckSupervisor();
@@ -253,6 +257,10 @@ void ElasticAgent::OnRoundStarted(const v1::RoundStarted& round) {
 void ElasticAgent::OnRoundEnded(const v1::RoundEnded& ended) {
   spdlog::warn("round {} ended ({}: {}); stopping the workers and rejoining", ended.round(), ReasonName(ended.reason()),
                rdzv::EscapeForConsole(ended.detail()));
+  if (on_fault_) {
+    on_fault_("new round", absl::StrCat("round ", ended.round(), " ended: ", ReasonName(ended.reason()), ": ",
+                                        rdzv::EscapeForConsole(ended.detail())));
+  }
   if (phase_ == Phase::kRunning) {
     phase_ = Phase::kStoppingForRound;
     supervisor_->Stop();

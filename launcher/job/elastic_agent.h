@@ -63,6 +63,12 @@ class ElasticAgent {
     on_job_pace_ = std::move(on_job_pace);
   }
 
+  // Told of each fault this node sees, as (kind, detail): a worker of its own that failed, a new
+  // round. For the goodput report.
+  void SetFaultSink(std::function<void(const std::string&, const std::string&)> on_fault) {
+    on_fault_ = std::move(on_fault);
+  }
+
   // One message from the coordinator, in the order received.
   void OnMessage(const rdzv::v1::CoordinatorMessage& message);
   // The session ended (the coordinator refused this node, died, or went silent).
@@ -132,6 +138,7 @@ class ElasticAgent {
   std::chrono::steady_clock::time_point next_pace_;
   std::function<std::vector<rdzv::v1::RankPace>()> paces_;
   std::function<void(const rdzv::v1::JobPace&)> on_job_pace_;
+  std::function<void(const std::string&, const std::string&)> on_fault_;
   std::chrono::steady_clock::time_point join_deadline_;
 };
 

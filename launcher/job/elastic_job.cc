@@ -228,6 +228,7 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
   ElasticAgent agent(spec, rdzv, rt.table(), clock, session, builder, *master_addr, node_id, PortReservation::Take);
   agent_ptr = &agent;
   rt.OnWatchdogSignal([&agent](int pid, const std::string& why) { agent.OnWorkerSignalled(pid, why); });
+  agent.SetFaultSink([&rt](const std::string& kind, const std::string& detail) { rt.NoteFault(kind, detail); });
   if (HeartbeatServer* heartbeat = rt.heartbeat(); heartbeat != nullptr && spec.straggler_factor) {
     ShareStragglerPaces(agent, heartbeat);
   }
@@ -236,6 +237,7 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
     return kExitJobFailed;
   }
   const int code = agent.exit_code();
+  rt.ReportGoodput();
   if (code == kExitJobFailed) ReportFailedJob(spec, env, agent);
   channel->reset();  // Leave the rendezvous.
   if (*server) CloseCoordinator(**server, spec, rdzv);

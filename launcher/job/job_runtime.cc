@@ -13,6 +13,9 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "launcher/inject/fault_plan.h"
+#include "launcher/os/atomic_file.h"
+#include "launcher/os/clock.h"
 #include "launcher/os/host_info.h"
 #include "launcher/spec/value_parsers.h"
 
@@ -84,7 +87,15 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(const JobSpec& sp
                                                                const std::map<std::string, std::string>& env,
                                                                std::string run_id, ExitHandler on_exit) {
   std::unique_ptr<JobRuntime> runtime(new JobRuntime());
+  if (!spec.report_file.empty()) {
+    // Fail before the job runs, not after it: the report's directory must take a file.
+    absl::Status writable = WriteFileAtomically(spec.report_file, "{}\n");
+    if (!writable.ok()) return absl::InvalidArgumentError(absl::StrCat("--report-file: ", writable.message()));
+  }
   runtime->run_id_ = std::move(run_id);
+  runtime->goodput_ = std::make_unique<GoodputTracker>(MonotonicSeconds());
+  runtime->report_file_ = spec.report_file;
+  runtime->injecting_ = !spec.inject_faults.empty();
   if (!spec.numa_binding.empty()) {
     auto bindings = PlanWorkerBinding(spec, env);
     if (!bindings.ok()) return bindings.status();
@@ -131,7 +142,7 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(const JobSpec& sp
     runtime->guardian_->RemoveOnDeath(runtime->file_timer_->path());  // Even after a kill -9.
   }
   const HeartbeatLimits limits{spec.worker_timeout_s, spec.worker_start_timeout_s, spec.straggler_factor};
-  if (limits.any()) {
+  if (limits.any() || !spec.report_file.empty() || !spec.inject_faults.empty()) {
     std::string fifo = absl::StrCat(TempDir(env), "/elrun_heartbeat_", RandomRunId());
     JobRuntime* self = runtime.get();
     auto server = HeartbeatServer::Start(
@@ -148,6 +159,43 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(const JobSpec& sp
     if (!server.ok()) return server.status();
     runtime->heartbeat_ = *std::move(server);
     runtime->guardian_->RemoveOnDeath(runtime->heartbeat_->path());
+    runtime->heartbeat_->OnBeat([self](int64_t step) {
+      const int64_t before = self->goodput_->step();
+      self->goodput_->OnBeat(step, MonotonicSeconds());
+      if (self->injector_ && self->goodput_->step() > before) self->injector_->OnStep();
+    });
+    runtime->heartbeat_->OnHangFound(
+        [self](const std::string& what, double since) { self->NoteFault("hang", what, since); });
+  }
+  if (!spec.inject_faults.empty()) {
+    if (spec.inject_faults.find("stop-worker") != std::string::npos && !spec.worker_timeout_s) {
+      spdlog::warn("--inject-faults stop-worker without --worker-timeout: nothing will notice the stopped worker");
+    }
+    JobRuntime* self = runtime.get();
+    FaultInjector::Hooks hooks;
+    hooks.workers = [self] {
+      std::vector<std::pair<int, int>> workers;
+      for (const auto& w : self->table_->Workers()) workers.emplace_back(w.pid, w.local_rank);
+      return workers;
+    };
+    hooks.signal = [self](int pid, int signo, bool group) {
+      if (group) {
+        self->table_->SignalGroup(pid, signo);
+      } else if (self->table_->HasWorker(pid)) {  // Unreaped: the pid is still that worker's.
+        ::kill(pid, signo);
+      }
+    };
+    hooks.note = [self](int pid, const std::string& why) {
+      if (self->on_watchdog_signal_) self->on_watchdog_signal_(pid, why);
+    };
+    hooks.on_fault = [self](const std::string& kind, const std::string& detail) { self->NoteFault(kind, detail); };
+    const double start = MonotonicSeconds();
+    hooks.now = [start] { return MonotonicSeconds() - start; };
+    hooks.step = [self] { return self->goodput_->step(); };
+    auto injector = FaultInjector::Start(
+        runtime->loop_.get(), FaultSchedule(*ParseFaultPlan(spec.inject_faults), spec.inject_seed), std::move(hooks));
+    if (!injector.ok()) return injector.status();
+    runtime->injector_ = *std::move(injector);
   }
   return runtime;
 }
@@ -158,6 +206,20 @@ std::optional<int> JobRuntime::WorkerGroupOf(int pid) const {
   return std::nullopt;
 }
 
+void JobRuntime::NoteFault(const std::string& kind, const std::string& detail, std::optional<double> at) {
+  goodput_->OnFault(kind, detail, at.value_or(MonotonicSeconds()));
+}
+
+void JobRuntime::ReportGoodput() {
+  GoodputReport report = goodput_->Report(MonotonicSeconds());
+  spdlog::log(report.faults.empty() && !injecting_ ? spdlog::level::info : spdlog::level::warn, "{}", report.Summary());
+  if (report_file_.empty()) return;
+  std::string json = report.Json(HostName(), run_id_);
+  json += "\n";
+  absl::Status written = WriteFileAtomically(report_file_, json);
+  if (!written.ok()) spdlog::warn("--report-file: {}", std::string(written.message()));
+}
+
 void JobRuntime::PrepareBuilder(AttemptBuilder& builder) const {
   builder.BindWorkers(bindings_);
   if (file_timer_) builder.SetWorkerEnv("TORCHELASTIC_TIMER_FILE", file_timer_->path());
@@ -165,6 +227,7 @@ void JobRuntime::PrepareBuilder(AttemptBuilder& builder) const {
 }
 
 JobRuntime::~JobRuntime() {
+  injector_.reset();
   if (heartbeat_) {
     // Shown by default when the job had stragglers, else with LOGLEVEL=INFO.
     std::string summary = heartbeat_->PaceSummary();

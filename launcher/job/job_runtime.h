@@ -12,11 +12,13 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "launcher/inject/fault_injector.h"
 #include "launcher/job/supervisor.h"
 #include "launcher/os/event_loop.h"
 #include "launcher/os/guardian.h"
 #include "launcher/os/numa_binding.h"
 #include "launcher/os/posix_process_table.h"
+#include "launcher/report/goodput.h"
 #include "launcher/spec/job_spec.h"
 #include "launcher/watchdog/file_timer.h"
 #include "launcher/watchdog/heartbeat.h"
@@ -46,8 +48,8 @@ class JobRuntime {
   PosixProcessTable& table() { return *table_; }
   const LogLayout& layout() const { return *layout_; }
   const std::string& run_id() const { return run_id_; }
-  // The progress heartbeats' server; null without --worker-timeout, --worker-start-timeout or
-  // --straggler-factor.
+  // The progress heartbeats' server; null with --straggler-factor 0 and none of --worker-timeout,
+  // --worker-start-timeout, --report-file, --inject-faults.
   HeartbeatServer* heartbeat() { return heartbeat_.get(); }
   // Gives `builder` what this runtime adds to every worker: --numa-binding's CPUs and memory
   // node, TORCHELASTIC_TIMER_FILE when the FileTimer watchdog runs, and ELRUN_HEARTBEAT_FILE
@@ -60,6 +62,12 @@ class JobRuntime {
   void OnWatchdogSignal(std::function<void(int pid, const std::string& why)> handler) {
     on_watchdog_signal_ = std::move(handler);
   }
+
+  // A fault for the goodput report (goodput.h): what kind, one line of detail, and when it
+  // happened (CLOCK_MONOTONIC seconds; unset: now). Part of the open fault if one is open.
+  void NoteFault(const std::string& kind, const std::string& detail, std::optional<double> at = std::nullopt);
+  // At the job's end: the goodput line (a warning after faults, else at INFO) and --report-file.
+  void ReportGoodput();
 
   // Calls `on_signal` for each handled signal that arrives.
   absl::Status HandleSignals(std::function<void(int signo)> on_signal);
@@ -86,6 +94,10 @@ class JobRuntime {
   std::unique_ptr<FileTimerServer> file_timer_;
   std::unique_ptr<HeartbeatServer> heartbeat_;
   std::function<void(int pid, const std::string& why)> on_watchdog_signal_;
+  std::unique_ptr<GoodputTracker> goodput_;
+  std::string report_file_;
+  bool injecting_ = false;
+  std::unique_ptr<FaultInjector> injector_;  // After what its hooks reach: destroyed first.
 };
 
 }  // namespace elrun

@@ -45,6 +45,8 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
                      DescribeFirstFailure(failures), supervisor_ptr->restart_count() + 1, spec.max_restarts);
       });
   supervisor_ptr = &supervisor;
+  supervisor.OnFailure(
+      [&rt](const WorkerFailure& failure) { rt.NoteFault("worker failed", DescribeFirstFailure({failure})); });
   rt.OnWatchdogSignal([&supervisor](int pid, const std::string& why) { supervisor.NoteSignalled(pid, why); });
 
   absl::Status status = rt.HandleSignals([&](int signo) { supervisor.OnSignal(signo); });
@@ -63,6 +65,7 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
     PrintError(std::string(status.message()));
     return kExitJobFailed;
   }
+  rt.ReportGoodput();
   if (supervisor.exit_code() == kExitJobFailed) {
     PrintFailureReport(spec, supervisor, run_id, builder.node().group_rank, env);
   }

@@ -66,6 +66,7 @@ void Supervisor::RecordFailure(int local_rank, int pid, ExitStatus status, std::
     failure.cause = std::move(cause->second);
     causes_.erase(cause);
   }
+  if (state_ == State::kRunning && on_failure_) on_failure_(failure);
   failures_.push_back(std::move(failure));
 }
 

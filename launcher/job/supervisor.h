@@ -45,6 +45,10 @@ class Supervisor {
   Supervisor(SupervisorOptions options, ProcessTable* table, const Clock* clock, AttemptPreparer prepare,
              AttemptObserver on_restart = nullptr);
 
+  // Told of each failure that ends an attempt, when it is seen (not of the workers elrun then
+  // stops): for the goodput report.
+  void OnFailure(std::function<void(const WorkerFailure&)> on_failure) { on_failure_ = std::move(on_failure); }
+
   // Starts attempt 0.
   void Start();
 
@@ -89,6 +93,7 @@ class Supervisor {
   const Clock* const clock_;
   const AttemptPreparer prepare_;
   const AttemptObserver on_restart_;
+  std::function<void(const WorkerFailure&)> on_failure_;
 
   State state_ = State::kRunning;
   StopReason stop_reason_ = StopReason::kFailure;

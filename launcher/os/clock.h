@@ -21,6 +21,12 @@ class RealClock : public Clock {
   std::chrono::system_clock::time_point WallNow() const override { return std::chrono::system_clock::now(); }
 };
 
+// Seconds of CLOCK_MONOTONIC, the clock of heartbeats and the goodput report (std::steady_clock
+// is CLOCK_MONOTONIC on Linux).
+inline double MonotonicSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 }  // namespace elrun
 
 #endif  // ELRUN_LAUNCHER_OS_CLOCK_H_

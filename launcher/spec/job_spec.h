@@ -5,6 +5,7 @@
 #define ELRUN_LAUNCHER_SPEC_JOB_SPEC_H_
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
@@ -56,6 +57,11 @@ struct JobSpec {
   std::optional<double> worker_start_timeout_s;
   std::optional<double> straggler_factor;  // Also opens the heartbeat channel.
   std::vector<int> signals_to_handle;
+
+  // Goodput and experiments.
+  std::string report_file;    // --report-file: the goodput report's JSON; empty: none.
+  std::string inject_faults;  // --inject-faults plan (fault_plan.h), validated; empty: none.
+  uint64_t inject_seed = 0;
 
   // Logs.
   std::string log_dir;  // Empty: a fresh directory under $TMPDIR.

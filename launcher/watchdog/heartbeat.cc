@@ -130,7 +130,7 @@ std::vector<Hung> HeartbeatTable::TakeHung(double now) {
       continue;
     }
     w.reported = true;
-    hung.push_back({group, w.stack_signal, std::move(why)});
+    hung.push_back({group, w.stack_signal, std::move(why), w.last_beat.value_or(w.started)});
   }
   return hung;
 }
@@ -225,6 +225,7 @@ void HeartbeatServer::OnLine(const std::string& line) {
     return;
   }
   table_.Record(*group, *beat, MonotonicSeconds());
+  if (on_beat_) on_beat_(beat->step);
 }
 
 void HeartbeatServer::OnTick() {
@@ -252,6 +253,7 @@ void HeartbeatServer::OnTick() {
                   hung.stack_signal
                       ? absl::StrCat("; asking for its stacks (signal ", hung.stack_signal, "), then killing it")
                       : std::string("; killing it"));
+    if (on_hang_found_) on_hang_found_(absl::StrCat(Name(hung.group), ": ", hung.why), hung.since);
     if (hung.stack_signal) ::kill(hung.group, hung.stack_signal);
     dying_[hung.group] = {now + (hung.stack_signal ? kStackGrace : 0.0), std::move(hung.why)};
   }

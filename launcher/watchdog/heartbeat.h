@@ -79,6 +79,7 @@ struct Hung {
   int group = 0;
   int stack_signal = 0;
   std::string why;
+  double since = 0;  // Its last beat, or its start when it never beat: when progress stopped.
 };
 
 class HeartbeatTable {
@@ -140,6 +141,13 @@ class HeartbeatServer {
 
   const std::string& path() const { return fifo_->path(); }
 
+  // Called with each valid beat's step, after the beat was recorded.
+  void OnBeat(std::function<void(int64_t step)> on_beat) { on_beat_ = std::move(on_beat); }
+  // Called when a worker is judged hung (before its stack signal and kill), with who it is, why,
+  // and when its progress stopped (seconds of CLOCK_MONOTONIC).
+  void OnHangFound(std::function<void(const std::string& what, double since)> on_hang) {
+    on_hang_found_ = std::move(on_hang);
+  }
   // This node's workers that have a pace: (global rank, median step ms), for the rendezvous.
   std::vector<std::pair<int, double>> RankPaces() const;
   // The job's pace as the rendezvous computed it: the median over `ranks` ranks and the job's
@@ -174,6 +182,8 @@ class HeartbeatServer {
   const GroupOf group_of_;
   const Groups groups_;
   const OnHung on_hung_;
+  std::function<void(int64_t)> on_beat_;
+  std::function<void(const std::string&, double)> on_hang_found_;
   int timer_fd_ = -1;
   std::map<int, std::pair<double, std::string>> dying_;  // Group -> (kill time, why).
   std::map<int, Worker> known_;                          // Every worker seen, by group.
