@@ -55,7 +55,12 @@ constexpr OptionDef kOptions[] = {
     {"max-restarts", "", false, "N", "0", "Restarts of the worker group after a failure."},
     {"monitor-interval", "", false, "SECONDS", "0.1",
      "Accepted for torchrun compatibility; elrun sees exits at once, without polling."},
-    {"start-method", "", false, "METHOD", "spawn", "spawn, fork or forkserver (accepted; workers are exec'd)."},
+    {"start-method", "", false, "METHOD", "spawn",
+     "spawn or fork: workers are exec'd; forkserver: Python workers are forked from a server that has imported "
+     "torch (and --preload) once, so a restart skips the import."},
+    {"preload", "", false, "MOD,...", "", "With --start-method forkserver: modules the server imports besides torch."},
+    {"auto-heartbeat", "", true, "", "0",
+     "Beat for Python workers that do not: after each step of their first optimizer (torch's global step hook)."},
     {"role", "", false, "NAME", "default", "Role name of these workers (ROLE_NAME, log prefixes)."},
     {"log-dir", "", false, "DIR", "",
      "Base directory of <run_id>/attempt_<n>/<local_rank>/ logs; default: a new temp dir."},
@@ -215,6 +220,13 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest, 
   spec->duplicate_stderr_filters = ParseFilterList(r["duplicate-stderr-filters"]);
   spec->virtual_local_rank = r.Flag("virtual-local-rank");
   spec->report_file = r["report-file"];
+  spec->auto_heartbeat = r.Flag("auto-heartbeat");
+  for (const std::string& module : ParseFilterList(r["preload"])) {
+    bool valid = !module.empty() && module.size() <= 200;
+    for (char c : module) valid = valid && (absl::ascii_isalnum(c) || c == '_' || c == '.');
+    if (!valid) return Invalid(r, "preload", absl::InvalidArgumentError("expected Python module names, MOD,..."));
+    spec->preload.push_back(module);
+  }
   spec->inject_faults = r["inject-faults"];
   if (!spec->inject_faults.empty()) {
     if (absl::Status plan = ParseFaultPlan(spec->inject_faults).status(); !plan.ok()) {

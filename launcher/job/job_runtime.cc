@@ -18,6 +18,7 @@
 #include "launcher/os/clock.h"
 #include "launcher/os/host_info.h"
 #include "launcher/spec/value_parsers.h"
+#include "launcher/worker/entrypoint.h"
 
 namespace elrun {
 namespace {
@@ -125,6 +126,28 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(const JobSpec& sp
   runtime->loop_ = *std::move(loop);
   runtime->table_ = std::make_unique<PosixProcessTable>(runtime->loop_.get(), runtime->guardian_.get(),
                                                         spec.signals_to_handle, std::move(on_exit));
+  const bool python = RunsPython(spec);
+  if (spec.start_method == "forkserver" && !python) {
+    spdlog::warn("--start-method forkserver applies to Python workers; these are exec'd");
+  }
+  runtime->fork_server_ = spec.start_method == "forkserver" && python;
+  runtime->auto_heartbeat_ = spec.auto_heartbeat && python;
+  if (runtime->fork_server_ || runtime->auto_heartbeat_) {
+    auto dir = PythonDir::Create(TempDir(env), *runtime->guardian_);
+    if (!dir.ok()) return dir.status();
+    runtime->python_dir_ = *std::move(dir);
+    if (auto it = env.find("PYTHONPATH"); it != env.end()) runtime->user_pythonpath_ = it->second;
+  }
+  if (runtime->fork_server_) {
+    ForkServerOptions options;
+    options.script = runtime->python_dir_->forkserver();
+    // torch and what its first distributed use imports lazily (DDP's constructor alone pulls in
+    // torch._dynamo: ~1 s here).
+    options.preload = {"torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "torch.optim"};
+    options.preload.insert(options.preload.end(), spec.preload.begin(), spec.preload.end());
+    absl::Status enabled = runtime->table_->EnableForkServer(std::move(options));
+    if (!enabled.ok()) return enabled;
+  }
   auto enabled = env.find("TORCHELASTIC_ENABLE_FILE_TIMER");
   if (enabled != env.end() && enabled->second == "1") {
     auto path = env.find("TORCHELASTIC_TIMER_FILE");
@@ -142,7 +165,7 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(const JobSpec& sp
     runtime->guardian_->RemoveOnDeath(runtime->file_timer_->path());  // Even after a kill -9.
   }
   const HeartbeatLimits limits{spec.worker_timeout_s, spec.worker_start_timeout_s, spec.straggler_factor};
-  if (limits.any() || !spec.report_file.empty() || !spec.inject_faults.empty()) {
+  if (limits.any() || !spec.report_file.empty() || !spec.inject_faults.empty() || runtime->auto_heartbeat_) {
     std::string fifo = absl::StrCat(TempDir(env), "/elrun_heartbeat_", RandomRunId());
     JobRuntime* self = runtime.get();
     auto server = HeartbeatServer::Start(
@@ -159,9 +182,9 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(const JobSpec& sp
     if (!server.ok()) return server.status();
     runtime->heartbeat_ = *std::move(server);
     runtime->guardian_->RemoveOnDeath(runtime->heartbeat_->path());
-    runtime->heartbeat_->OnBeat([self](int64_t step) {
+    runtime->heartbeat_->OnBeat([self](int64_t step, int group) {
       const int64_t before = self->goodput_->step();
-      self->goodput_->OnBeat(step, MonotonicSeconds());
+      self->goodput_->OnBeat(step, MonotonicSeconds(), group);
       if (self->injector_ && self->goodput_->step() > before) self->injector_->OnStep();
     });
     runtime->heartbeat_->OnHangFound(
@@ -224,6 +247,14 @@ void JobRuntime::PrepareBuilder(AttemptBuilder& builder) const {
   builder.BindWorkers(bindings_);
   if (file_timer_) builder.SetWorkerEnv("TORCHELASTIC_TIMER_FILE", file_timer_->path());
   if (heartbeat_) builder.SetWorkerEnv("ELRUN_HEARTBEAT_FILE", heartbeat_->path());
+  if (fork_server_) builder.ForkFromServer();
+  if (auto_heartbeat_) {
+    builder.SetWorkerEnv("ELRUN_AUTO_HEARTBEAT", "1");
+    if (!fork_server_) {  // Exec'd: sitecustomize installs the hook (launcher/python/site).
+      builder.SetWorkerEnv("PYTHONPATH", python_dir_->site() + (user_pythonpath_ ? ":" + *user_pythonpath_ : ""));
+      if (user_pythonpath_) builder.SetWorkerEnv("ELRUN_USER_PYTHONPATH", *user_pythonpath_);
+    }
+  }
 }
 
 JobRuntime::~JobRuntime() {

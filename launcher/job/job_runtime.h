@@ -24,6 +24,7 @@
 #include "launcher/watchdog/heartbeat.h"
 #include "launcher/worker/attempt_builder.h"
 #include "launcher/worker/log_layout.h"
+#include "launcher/worker/python_dir.h"
 
 namespace elrun {
 
@@ -94,6 +95,10 @@ class JobRuntime {
   std::unique_ptr<FileTimerServer> file_timer_;
   std::unique_ptr<HeartbeatServer> heartbeat_;
   std::function<void(int pid, const std::string& why)> on_watchdog_signal_;
+  std::unique_ptr<PythonDir> python_dir_;  // --start-method forkserver, --auto-heartbeat.
+  bool fork_server_ = false;
+  bool auto_heartbeat_ = false;
+  std::optional<std::string> user_pythonpath_;
   std::unique_ptr<GoodputTracker> goodput_;
   std::string report_file_;
   bool injecting_ = false;

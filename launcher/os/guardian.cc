@@ -54,7 +54,10 @@ namespace {
     }
   }
   for (int pgid : groups) ::kill(-pgid, SIGKILL);
-  for (const std::string& path : paths) ::unlink(path.c_str());
+  // Reverse order: what a directory holds sorts after it, so it goes first.
+  for (auto path = paths.rbegin(); path != paths.rend(); ++path) {
+    if (::unlink(path->c_str()) != 0) ::rmdir(path->c_str());
+  }
   ::_exit(0);
 }
 

@@ -41,8 +41,9 @@ class Guardian : public GroupRegistry {
   // unregisters. The guardian reads every record before the EOF of the launcher's death.
   void Unregister(int pgid) override;
   int fd() const override { return write_fd_; }
-  // `path` (a FIFO elrun made) is unlinked when the launcher dies; a clean exit removes it
-  // first. False for a path the record cannot carry (empty, a newline, over 4000 bytes).
+  // `path` (a FIFO, file or directory elrun made) is removed when the launcher dies, a directory
+  // after what it holds; a clean exit removes it first. False for a path the record cannot carry (empty, a newline,
+  // over 4000 bytes).
   bool RemoveOnDeath(const std::string& path);
 
   int pid() const { return pid_; }

@@ -16,8 +16,11 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <vector>
+
+#include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
 #include "launcher/os/numa_binding.h"
@@ -216,19 +219,15 @@ PosixProcessTable::~PosixProcessTable() {
   }
 }
 
-absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
-  auto out = OpenStream(launch.out);
-  if (!out.ok()) return out.status();
-  auto err = OpenStream(launch.err);
-  if (!err.ok()) return err.status();
+absl::StatusOr<int> PosixProcessTable::CloneWorker(const WorkerLaunch& launch, int out_fd, int err_fd) {
   std::vector<char*> argv = CStrings(launch.argv);
   std::vector<char*> envp = CStrings(launch.env);
 
   ChildArgs args{::getpid(),
                  argv.data(),
                  envp.data(),
-                 out->child.get(),
-                 err->child.get(),
+                 out_fd,
+                 err_fd,
                  guardian_->fd(),
                  forwarded_signals_.data(),
                  forwarded_signals_.size(),
@@ -262,8 +261,6 @@ absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
   // The child has exec'd or exited by now. Its own setpgid ran first; this one is a no-op
   // unless that failed.
   ::setpgid(pid, pid);
-  out->child.reset();
-  err->child.reset();
   if (args.exec_errno != 0 || args.bind_errno != 0) {
     siginfo_t info{};
     ::waitid(P_PID, pid, &info, WEXITED | WNOWAIT);
@@ -276,6 +273,77 @@ absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
     }
     return absl::FailedPreconditionError(
         absl::StrCat("cannot execute ", launch.argv[0], ": ", std::strerror(args.exec_errno)));
+  }
+  return pid;
+}
+
+absl::Status PosixProcessTable::EnableForkServer(ForkServerOptions options) {
+  if (::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--start-method forkserver: PR_SET_CHILD_SUBREAPER: ", std::strerror(errno)));
+  }
+  fork_server_options_ = std::move(options);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> PosixProcessTable::ForkFromServer(const WorkerLaunch& launch, int out_fd, int err_fd) {
+  for (int tries = 0;; ++tries) {
+    if (!fork_server_) {
+      ForkServerOptions options = *fork_server_options_;
+      options.python = launch.argv[0];
+      options.env = launch.env;
+      options.guardian_fd = guardian_->fd();
+      auto started = ForkServer::Start(options);
+      if (!started.ok()) return started.status();
+      fork_server_ = *std::move(started);
+    }
+    auto pid = fork_server_->Spawn(launch, forwarded_signals_, out_fd, err_fd);
+    if (pid.ok() || pid.status().code() != absl::StatusCode::kUnavailable || tries > 0) return pid;
+    spdlog::warn("{}; starting the forkserver again", std::string(pid.status().message()));
+    fork_server_.reset();
+    ReapStrays();
+  }
+}
+
+void PosixProcessTable::ReapStrays() {
+  // Orphans re-parented to elrun (a subreaper with --start-method forkserver): a worker's
+  // children, a forkserver's middle process. Workers are reaped by OnExit.
+  DIR* tasks = ::opendir("/proc/self/task");
+  if (tasks == nullptr) return;
+  std::vector<int> children;
+  while (const dirent* task = ::readdir(tasks)) {
+    if (task->d_name[0] == '.') continue;
+    std::ifstream list(absl::StrCat("/proc/self/task/", task->d_name, "/children"));
+    for (int pid = 0; list >> pid;) children.push_back(pid);
+  }
+  ::closedir(tasks);
+  for (int pid : children) {
+    if (workers_.count(pid) > 0 || (fork_server_ && pid == fork_server_->pid())) continue;
+    siginfo_t info{};
+    ::waitid(P_PID, pid, &info, WEXITED | WNOHANG);
+  }
+}
+
+absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
+  auto out = OpenStream(launch.out);
+  if (!out.ok()) return out.status();
+  auto err = OpenStream(launch.err);
+  if (!err.ok()) return err.status();
+  pid_t pid = -1;
+  if (launch.fork_from_server && fork_server_options_) {
+    ReapStrays();
+    auto forked = ForkFromServer(launch, out->child.get(), err->child.get());
+    if (!forked.ok()) return forked.status();
+    pid = *forked;
+    ::setpgid(pid, pid);  // The worker does it first thing too; whichever runs first wins.
+    out->child.reset();
+    err->child.reset();
+  } else {
+    auto started = CloneWorker(launch, out->child.get(), err->child.get());
+    if (!started.ok()) return started.status();
+    pid = *started;
+    out->child.reset();
+    err->child.reset();
   }
 
   Worker worker;
@@ -333,6 +401,7 @@ void PosixProcessTable::OnExit(int pid) {
   ::waitid(P_PID, pid, &info, WEXITED);
   Forget(it->second);
   workers_.erase(it);
+  if (fork_server_options_) ReapStrays();
   on_exit_(pid, StatusFrom(info));
 }
 

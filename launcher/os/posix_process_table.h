@@ -10,9 +10,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "launcher/os/event_loop.h"
+#include "launcher/os/fork_server.h"
 #include "launcher/os/guardian.h"
 #include "launcher/os/output_pump.h"
 #include "launcher/os/process_table.h"
@@ -38,6 +40,11 @@ class PosixProcessTable : public ProcessTable {
   ~PosixProcessTable() override;
 
   absl::StatusOr<int> Spawn(const WorkerLaunch& launch) override;
+  // --start-method forkserver: launches marked fork_from_server are forked from a ForkServer
+  // (fork_server.h), started at the first of them with its interpreter and environment, and
+  // started again once if it died. Makes elrun a child subreaper, so forked workers are its
+  // children; orphans that re-parents to elrun are reaped at each worker's exit and spawn.
+  absl::Status EnableForkServer(ForkServerOptions options);
   void SignalGroup(int pid, int signo) override;
   // True while `pid` is a worker of this table that has not been reaped (its group's id).
   bool HasWorker(int pid) const { return workers_.count(pid) > 0; }
@@ -62,6 +69,9 @@ class PosixProcessTable : public ProcessTable {
   };
 
   void OnExit(int pid);
+  absl::StatusOr<int> CloneWorker(const WorkerLaunch& launch, int out_fd, int err_fd);
+  absl::StatusOr<int> ForkFromServer(const WorkerLaunch& launch, int out_fd, int err_fd);
+  void ReapStrays();
   void Forget(Worker& worker);  // Stops watching a reaped worker.
 
   EventLoop* const loop_;
@@ -69,6 +79,8 @@ class PosixProcessTable : public ProcessTable {
   const std::vector<int> forwarded_signals_;
   const ExitCallback on_exit_;
   std::map<int, Worker> workers_;  // By pid; unreaped workers only.
+  std::optional<ForkServerOptions> fork_server_options_;
+  std::unique_ptr<ForkServer> fork_server_;
 };
 
 }  // namespace elrun

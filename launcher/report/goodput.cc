@@ -12,11 +12,13 @@ namespace elrun {
 
 double FaultCost::lost_s() const { return recovered_at_s.value_or(end_s) - at_s; }
 
-void GoodputTracker::OnBeat(int64_t step, double now) {
+void GoodputTracker::OnBeat(int64_t step, double now, int worker) {
   ++beats_;
   if (!first_beat_) first_beat_ = now;
+  const bool new_worker = beaten_.insert(worker).second;
   if (open_) {
     FaultCost& fault = faults_[*open_];
+    if (!fault.resumed_at_s && (new_worker || step > fault.step_before)) fault.resumed_at_s = now - start_;
     if (step > fault.step_before) {
       fault.recovered_at_s = now - start_;
       if (first_step_after_) fault.steps_redone = std::max<int64_t>(0, fault.step_before - *first_step_after_ + 1);
@@ -139,6 +141,7 @@ std::string GoodputReport::Json(const std::string& host, const std::string& run_
     ff["recovered"] = Value();
     ff["recovered"].set_bool_value(f.recovered_at_s.has_value());
     ff["recovery_s"] = f.recovered_at_s ? Number(f.lost_s()) : Null();
+    ff["resume_s"] = f.resumed_at_s ? Number(*f.resumed_at_s - f.at_s) : Null();
     ff["steps_redone"] = Number(static_cast<double>(f.steps_redone));
     *list.add_values()->mutable_struct_value() = std::move(fault);
   }

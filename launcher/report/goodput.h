@@ -6,6 +6,8 @@
 // The job's step is the highest step any worker of this node has beaten (its high-water mark).
 // A fault opens at the moment it happened (for a hang: the hung worker's last beat) and closes
 // at the first beat past the high-water mark it found; the steps beaten in between were redone.
+// The first beat after it from a worker that had not beaten before it (a restarted one), or the
+// recovering beat if sooner, is when the job was stepping again (resume_s in the JSON).
 // A fault seen while another is open (the group restart that follows a kill, the round that
 // follows a failure) is part of the open one. Time lost is the union of the faults' windows;
 // a fault still open at the end counts to the end. Goodput is
@@ -19,6 +21,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,6 +32,7 @@ struct FaultCost {
   std::string detail;                    // One line: what was seen, and what followed while it was open.
   double at_s = 0;                       // Since the job's start.
   int64_t step_before = -1;              // The high-water step when it happened; -1: none yet.
+  std::optional<double> resumed_at_s;    // The first beat after it, whatever its step: stepping again.
   std::optional<double> recovered_at_s;  // The first beat past step_before; unset: never.
   int64_t steps_redone = 0;
   double lost_s() const;  // recovered_at_s - at_s, or up to the end when never recovered.
@@ -55,8 +59,8 @@ class GoodputTracker {
  public:
   explicit GoodputTracker(double start_s) : start_(start_s) {}
 
-  // A beat of any worker of this node at `now`.
-  void OnBeat(int64_t step, double now);
+  // A beat of worker `worker` (any id unique to one worker process) of this node at `now`.
+  void OnBeat(int64_t step, double now, int worker);
   // A fault that happened at `at` (<= now). Part of the open fault when one is open.
   void OnFault(const std::string& kind, const std::string& detail, double at);
   // The highest step beaten so far; -1 before any beat.
@@ -72,6 +76,7 @@ class GoodputTracker {
   std::vector<FaultCost> faults_;
   std::optional<size_t> open_;               // Index into faults_.
   std::optional<int64_t> first_step_after_;  // The first step beaten while open_ is open.
+  std::set<int> beaten_;                     // The workers that have beaten.
 };
 
 }  // namespace elrun

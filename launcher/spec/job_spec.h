@@ -48,8 +48,10 @@ struct JobSpec {
 
   // Supervision.
   int max_restarts = 0;
-  double monitor_interval_s = 0.1;  // Accepted for torchrun compatibility; exits are event-driven.
-  std::string start_method = "spawn";
+  double monitor_interval_s = 0.1;     // Accepted for torchrun compatibility; exits are event-driven.
+  std::string start_method = "spawn";  // forkserver: Python workers forked from a server (fork_server.h).
+  std::vector<std::string> preload;    // Modules the forkserver imports besides torch.
+  bool auto_heartbeat = false;         // --auto-heartbeat: Python workers beat per optimizer step.
   std::string role = "default";
   std::chrono::milliseconds shutdown_timeout{30000};
   // Progress heartbeats (heartbeat.h): seconds without a beat once beating, and before the first.

@@ -36,6 +36,9 @@ struct WorkerLaunch {
   // -1: inherited from elrun.
   std::vector<int> cpus;
   int memory_node = -1;
+  // --start-method forkserver and a Python entrypoint: forked from the forkserver (argv is still
+  // what an exec would run; the server reads the script and its arguments from it).
+  bool fork_from_server = false;
 };
 
 }  // namespace elrun

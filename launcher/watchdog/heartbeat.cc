@@ -225,7 +225,7 @@ void HeartbeatServer::OnLine(const std::string& line) {
     return;
   }
   table_.Record(*group, *beat, MonotonicSeconds());
-  if (on_beat_) on_beat_(beat->step);
+  if (on_beat_) on_beat_(beat->step, *group);
 }
 
 void HeartbeatServer::OnTick() {

@@ -141,8 +141,8 @@ class HeartbeatServer {
 
   const std::string& path() const { return fifo_->path(); }
 
-  // Called with each valid beat's step, after the beat was recorded.
-  void OnBeat(std::function<void(int64_t step)> on_beat) { on_beat_ = std::move(on_beat); }
+  // Called with each valid beat's step and its worker's group, after the beat was recorded.
+  void OnBeat(std::function<void(int64_t step, int group)> on_beat) { on_beat_ = std::move(on_beat); }
   // Called when a worker is judged hung (before its stack signal and kill), with who it is, why,
   // and when its progress stopped (seconds of CLOCK_MONOTONIC).
   void OnHangFound(std::function<void(const std::string& what, double since)> on_hang) {
@@ -182,7 +182,7 @@ class HeartbeatServer {
   const GroupOf group_of_;
   const Groups groups_;
   const OnHung on_hung_;
-  std::function<void(int64_t)> on_beat_;
+  std::function<void(int64_t, int)> on_beat_;
   std::function<void(const std::string&, double)> on_hang_found_;
   int timer_fd_ = -1;
   std::map<int, std::pair<double, std::string>> dying_;  // Group -> (kill time, why).

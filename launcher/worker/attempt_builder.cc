@@ -67,6 +67,7 @@ absl::StatusOr<std::vector<WorkerLaunch>> AttemptBuilder::BuildFor(int attempt, 
     launch.out = routes.out;
     launch.err = routes.err;
     launch.console_prefix = ConsolePrefix(spec_, launch.rank, local_rank);
+    launch.fork_from_server = fork_from_server_;
     launches.push_back(std::move(launch));
   }
   return launches;

@@ -41,6 +41,9 @@ class AttemptBuilder {
   // Sets `name`=`value` in every worker's environment of later attempts, over elrun's own.
   void SetWorkerEnv(const std::string& name, const std::string& value) { extra_env_[name] = value; }
 
+  // Marks every later launch to be forked from the forkserver (--start-method forkserver).
+  void ForkFromServer() { fork_from_server_ = true; }
+
   // Where this node's workers find the store in the current attempt.
   const NodeAssignment& node() const { return node_; }
 
@@ -60,6 +63,7 @@ class AttemptBuilder {
   std::optional<PortReservation> held_port_;  // The current attempt's MASTER_PORT, if picked.
   std::vector<CpuBinding> bindings_;
   std::map<std::string, std::string> extra_env_;
+  bool fork_from_server_ = false;
 };
 
 }  // namespace elrun

@@ -105,6 +105,11 @@ absl::StatusOr<std::vector<std::string>> ResolveEntrypoint(const JobSpec& spec,
   return argv;
 }
 
+bool RunsPython(const JobSpec& spec) {
+  if (spec.no_python) return false;
+  return spec.module || spec.run_path || !IsElf(spec.training_script);
+}
+
 std::vector<std::string> SubstituteLocalRank(const std::vector<std::string>& argv, int local_rank) {
   std::vector<std::string> out = argv;
   std::string rank = std::to_string(local_rank);

@@ -21,6 +21,9 @@ namespace elrun {
 absl::StatusOr<std::vector<std::string>> ResolveEntrypoint(const JobSpec& spec,
                                                            const std::map<std::string, std::string>& env);
 
+// True when the workers run Python (not --no-python, not a compiled binary given as the script).
+bool RunsPython(const JobSpec& spec);
+
 // argv for one worker: every "${local_rank}" in the arguments (not argv[0]) replaced.
 std::vector<std::string> SubstituteLocalRank(const std::vector<std::string>& argv, int local_rank);
 

@@ -67,6 +67,29 @@ TEST_CASE("stragglers are judged by default at 1.5; 0 turns it off") {
   CHECK(ErrorOf({"--straggler-factor=-2", "t.py"}).rfind("--straggler-factor=-2:", 0) == 0);
 }
 
+TEST_CASE("the forkserver, auto heartbeats, the goodput report and fault injection") {
+  JobSpec plain = MustParse({"x.py"});
+  CHECK(plain.start_method == "spawn");
+  CHECK(plain.preload.empty());
+  CHECK_FALSE(plain.auto_heartbeat);
+  CHECK(plain.report_file.empty());
+  CHECK(plain.inject_faults.empty());
+  CHECK(plain.inject_seed == 0);
+  JobSpec spec = MustParse({"--start-method", "forkserver", "--preload", "numpy,my_pkg.models", "--auto-heartbeat",
+                            "--report-file", "/tmp/r.json", "--inject-faults", "kill-worker@5s", "--inject-seed",
+                            "18446744073709551615", "x.py"});
+  CHECK(spec.start_method == "forkserver");
+  CHECK(spec.preload == std::vector<std::string>{"numpy", "my_pkg.models"});
+  CHECK(spec.auto_heartbeat);
+  CHECK(spec.report_file == "/tmp/r.json");
+  CHECK(spec.inject_faults == "kill-worker@5s");
+  CHECK(spec.inject_seed == 18446744073709551615ull);
+  CHECK(MustParse({"x.py"}, FakeEnv{{{"PET_AUTO_HEARTBEAT", "1"}}}).auto_heartbeat);
+  CHECK(ErrorOf({"--preload", "os;rm", "x.py"}).find("--preload=os;rm: expected Python module names") == 0);
+  CHECK(ErrorOf({"--inject-faults", "kill@1s", "x.py"}).find("--inject-faults=kill@1s: 'kill@1s': unknown kind") == 0);
+  CHECK(ErrorOf({"--inject-seed", "x", "x.py"}).find("--inject-seed=x: expected an integer") == 0);
+}
+
 TEST_CASE("--numa-binding takes torchrun's four modes, under both spellings and PET_NUMA_BINDING") {
   CHECK(MustParse({"x.py"}).numa_binding.empty());
   CHECK(MustParse({"--numa-binding", "node", "x.py"}).numa_binding == "node");
