@@ -22,6 +22,7 @@ import gpt_report  # noqa: E402
 import launcher_report  # noqa: E402
 import rdzv_report  # noqa: E402
 import rdzv_scale_report  # noqa: E402
+import recovery_report  # noqa: E402
 import scaling_report  # noqa: E402
 import train_report  # noqa: E402
 
@@ -30,6 +31,9 @@ BENCHMARKS = [
     ("launcher_bench", launcher_report,
      "start-to-exit wall time, the wall time one failure + restart adds, and the launcher's peak "
      "RSS: elrun against torchrun"),
+    ("recovery_bench", recovery_report,
+     "what one `kill -9` of a worker costs a Python PyTorch DDP job: kill to stepping again and to passing "
+     "the step reached, elrun (exec'd workers, --start-method forkserver) against torchrun"),
     ("rdzv_bench", rdzv_report,
      "rendezvous formation of N agents and recovery after `kill -9` of one of 4: elrun's gRPC "
      "rendezvous (daemon and embedded) against torchrun's c10d"),

@@ -1,0 +1,62 @@
+"""The recovery benchmark's report, from its result (docs/results/recovery_bench.json): per
+launcher and worker count, the median (min-max) time from a worker's kill -9 to the job stepping
+again and to passing the step it had reached, against the issue's targets, and the bar chart."""
+import statistics
+
+from elrun_tools.bench import fmt, report_head, verdict
+from elrun_tools.plots import pyplot, save_figure
+
+TITLE = "Recovery: kill -9 of a worker in a Python DDP job, elrun (exec, forkserver) vs torchrun"
+TARGET_RESUME_S = {2: 0.5, 8: 1.0}  # issue 30: kill to stepping again, forkserver.
+
+
+def summary(case, key):
+    xs = [run[key] for run in case["runs"]]
+    if not xs:
+        return None
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def cell(s):
+    return "failed" if s is None else f"{fmt(s[0], 2)} ({fmt(s[1], 2)}-{fmt(s[2], 2)})"
+
+
+def markdown(result):
+    o = result["options"]
+    how = (f"- **job**: tests/integration/workers/torch_ddp_resume.py, Gloo DDP, AdamW, a checkpoint every "
+           f"{o['every']} steps, {int(o['pause'] * 1000)} ms sleep per step, --max-restarts 1; kill -9 of local "
+           f"rank 1 when the job reached step {o['kill_at']}; beats read by the benchmark from its own FIFO for "
+           f"every launcher (elrun --straggler-factor 0)")
+    lines = report_head(TITLE, list(result["machine"].items()), how, "see the command")
+    lines += ["| workers | launcher | runs | kill to stepping again, s (median, min-max) | kill to past the step "
+              "reached, s | target (forkserver) |",
+              "|---|---|---|---|---|---|"]
+    for case in result["cases"]:
+        resume = summary(case, "resume_s")
+        target = ""
+        if "forkserver" in case["launcher"] and case["nproc"] in TARGET_RESUME_S:
+            t = TARGET_RESUME_S[case["nproc"]]
+            target = f"<= {t} s: {verdict(resume[0], t) if resume else 'NO'}"
+        failed = f" ({len(case['errors'])} failed)" if case["errors"] else ""
+        lines.append(f"| {case['nproc']} | {case['launcher']} | {len(case['runs'])}{failed} | {cell(resume)} | "
+                     f"{cell(summary(case, 'recovery_s'))} | {target} |")
+    lines += ["", f"Elapsed: {fmt(result['elapsed_s'], 0)} s."]
+    return "\n".join(lines)
+
+
+def plot_result(result, path):
+    plt = pyplot()
+    cases = [c for c in result["cases"] if c["runs"]]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels = [f"{c['launcher']}\n{c['nproc']} workers" for c in cases]
+    values = [summary(c, "resume_s")[0] for c in cases]
+    bars = ax.bar(range(len(cases)), values, color=["#4c72b0" if "forkserver" in c["launcher"] else
+                                                     "#dd8452" if "torchrun" in c["launcher"] else "#55a868"
+                                                     for c in cases])
+    for bar, value in zip(bars, values):
+        ax.text(bar.get_x() + bar.get_width() / 2, value, f"{value:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(cases)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("kill -9 to stepping again, s (median)")
+    ax.set_title("One worker killed in a Python DDP job")
+    save_figure(fig, path)
