@@ -42,6 +42,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,13 +69,14 @@ class Agent:
     def __init__(self, soak, node):
         self.node = node
         self.lines = []  # (monotonic time, stream, text)
+        self.report_file = os.path.join(soak.workdir, "goodput_node%d.json" % node)  # elrun's own measure.
         args = soak.args
         argv = [soak.elrun, "--nnodes", "%d:%d" % (args.min_nodes, args.max_nodes), "--nproc-per-node", "1",
                 "--rdzv-backend", args.rdzv_backend, "--rdzv-endpoint", soak.endpoint, "--rdzv-id", soak.run_id,
                 "--local-addr", "127.0.0.%d" % node, "--max-restarts", "1000", "--worker-timeout",
                 str(args.worker_timeout), "--shutdown-timeout", "5",
                 "--rdzv-conf", "join_timeout=60,last_call_timeout=2,heartbeat_timeout=3",
-                "--no-python", soak.train,
+                "--report-file", self.report_file, "--no-python", soak.train,
                 "--epochs", str(args.epochs), "--batch-size", "64", "--threads", "1",
                 "--lr-schedule", "cosine", "--seed", "0", "--log-every", str(LOG_EVERY), "--collective-timeout", "20",
                 "--checkpoint-dir", soak.checkpoints, "--checkpoint-every", str(args.checkpoint_every)]
@@ -106,6 +108,7 @@ class Soak:
         self.tag = "%s-%d-%s" % (label, os.getpid(), int(time.time()))
         self.env = dict(procs.clean_env(), **{TAG_VAR: self.tag})
         self.env["TMPDIR"] = workdir
+        self.workdir = workdir
         self.checkpoints = os.path.join(workdir, "checkpoints")
         self.run_id = "soak-%s" % label
         self.agents = []
@@ -355,6 +358,17 @@ def run(args, label, with_chaos):
     result["progress"] = soak.progress()
     per_fault, checks = analyse(soak, args)
     result["per_fault"] = per_fault
+    # elrun's own goodput report (--report-file) of every node that exited 0: what elrun measured
+    # from its workers' heartbeats, beside the soak's measure from rank 0's log above.
+    result["goodput"] = {}
+    for agent in soak.agents:
+        if agent.proc.returncode != 0:
+            continue
+        try:
+            with open(agent.report_file) as f:
+                result["goodput"][agent.node] = json.load(f)
+        except (OSError, ValueError) as error:
+            checks.append("node %d exited 0 without its --report-file: %s" % (agent.node, error))
     killed = {int(f["target"].split()[1]) for f in soak.faults if f["kind"] == "kill9_agent"}
     bad_exits = {n: rc for n, rc in result["exit_codes"].items() if n not in killed and rc != 0}
     if not result["finished"]:
@@ -424,6 +438,12 @@ def report(args, chaos_result, reference):
                    % (acc, ref, delta, verdict, args.accuracy_points))
         if verdict != "within":
             chaos_result["checks"].append("accuracy %+.2f points from the uninterrupted run" % delta)
+    for node, g in sorted(chaos_result.get("goodput", {}).items()):
+        lost = [f["recovery_s"] for f in g["faults"] if f["recovery_s"] is not None]
+        out.append("- elrun's goodput report, node %s: goodput %s of %.1f s, %d faults seen, %.1f s lost (median "
+                   "%s s per recovered fault)" % (node, "-" if g["goodput"] is None else "%.1f%%" % (100 * g["goodput"]),
+                                                  g["wall_s"], len(g["faults"]), g["lost_s"],
+                                                  "-" if not lost else "%.2f" % statistics.median(lost)))
     out += ["", "| # | t (s) | fault | target | step | resumed at | steps redone | time lost (s) |",
             "|---:|---:|---|---|---:|---:|---:|---:|"]
     for i, f in enumerate(chaos_result["per_fault"]):

@@ -255,6 +255,12 @@ void JobRuntime::PrepareBuilder(AttemptBuilder& builder) const {
       if (user_pythonpath_) builder.SetWorkerEnv("ELRUN_USER_PYTHONPATH", *user_pythonpath_);
     }
   }
+  // Now that the builder has everything: the server imports torch while the job forms.
+  if (fork_server_) {
+    if (absl::Status started = table_->PrestartForkServer(builder.Preview()); !started.ok()) {
+      spdlog::warn("{}; trying again at the first worker", std::string(started.message()));
+    }
+  }
 }
 
 JobRuntime::~JobRuntime() {

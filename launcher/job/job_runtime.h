@@ -53,8 +53,10 @@ class JobRuntime {
   // --worker-start-timeout, --report-file, --inject-faults.
   HeartbeatServer* heartbeat() { return heartbeat_.get(); }
   // Gives `builder` what this runtime adds to every worker: --numa-binding's CPUs and memory
-  // node, TORCHELASTIC_TIMER_FILE when the FileTimer watchdog runs, and ELRUN_HEARTBEAT_FILE
-  // with --worker-timeout, --worker-start-timeout or --straggler-factor.
+  // node, TORCHELASTIC_TIMER_FILE when the FileTimer watchdog runs, ELRUN_HEARTBEAT_FILE when
+  // the heartbeat channel is open, --auto-heartbeat's variables and the forkserver mark; with
+  // --start-method forkserver it then starts the server with the builder's environment, so that
+  // the server imports torch while the job forms. Call once, before the first attempt.
   void PrepareBuilder(AttemptBuilder& builder) const;
 
   // Called when the FileTimer watchdog (TORCHELASTIC_ENABLE_FILE_TIMER=1) signals a process of

@@ -93,7 +93,7 @@ std::string Field(const Struct& answer, const std::string& name) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ForkServer>> ForkServer::Start(const ForkServerOptions& options) {
+absl::StatusOr<std::unique_ptr<ForkServer>> ForkServer::Launch(const ForkServerOptions& options) {
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
     return absl::InternalError(absl::StrCat("socketpair: ", std::strerror(errno)));
@@ -134,11 +134,17 @@ absl::StatusOr<std::unique_ptr<ForkServer>> ForkServer::Start(const ForkServerOp
   }
   server->pid_ = pid;
   server->guardian_fd_ = options.guardian_fd;
+  server->ready_timeout_ = options.ready_timeout;
   // Killed with the workers if elrun dies; the server also leaves at its socket's EOF.
   std::string record = absl::StrCat("+", pid, "\n");
   ssize_t ignored = ::write(options.guardian_fd, record.data(), record.size());
   (void)ignored;
-  auto line = server->ReadLine(options.ready_timeout);
+  return server;
+}
+
+absl::Status ForkServer::WaitReady() {
+  if (ready_) return absl::OkStatus();
+  auto line = ReadLine(ready_timeout_);
   if (!line.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("--start-method forkserver: the server did not get ready: ", line.status().message()));
@@ -148,7 +154,8 @@ absl::StatusOr<std::unique_ptr<ForkServer>> ForkServer::Start(const ForkServerOp
   if (!Field(*answer, "error").empty()) {
     return absl::FailedPreconditionError(absl::StrCat("--start-method forkserver: ", Field(*answer, "error")));
   }
-  return server;
+  ready_ = true;
+  return absl::OkStatus();
 }
 
 ForkServer::~ForkServer() {

@@ -27,10 +27,13 @@ struct ForkServerOptions {
 
 class ForkServer {
  public:
-  // Starts the server in its own process group (so a terminal's ^C reaches only elrun) and
-  // waits until it has imported its modules and found forking safe. An error (one line) when it
-  // cannot start, did not get ready in time, or refused (CUDA initialised, threads running).
-  static absl::StatusOr<std::unique_ptr<ForkServer>> Start(const ForkServerOptions& options);
+  // Starts the server in its own process group (so a terminal's ^C reaches only elrun), without
+  // waiting for it: it imports its modules while elrun goes on (the rendezvous, say).
+  static absl::StatusOr<std::unique_ptr<ForkServer>> Launch(const ForkServerOptions& options);
+  // Waits until the server has imported its modules and found forking safe (at once when it
+  // already said so). An error (one line) when it did not get ready within the options'
+  // ready_timeout or refused (CUDA initialised, threads running).
+  absl::Status WaitReady();
   // SIGKILLs the server and reaps it. Its workers live on (they are elrun's).
   ~ForkServer();
   ForkServer(const ForkServer&) = delete;
@@ -47,6 +50,8 @@ class ForkServer {
   // One JSON line from the server, or an error after `timeout`.
   absl::StatusOr<std::string> ReadLine(std::chrono::milliseconds timeout);
 
+  std::chrono::seconds ready_timeout_{300};
+  bool ready_ = false;
   int pid_ = -1;
   int socket_ = -1;
   int guardian_fd_ = -1;

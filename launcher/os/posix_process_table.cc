@@ -286,16 +286,24 @@ absl::Status PosixProcessTable::EnableForkServer(ForkServerOptions options) {
   return absl::OkStatus();
 }
 
+absl::Status PosixProcessTable::PrestartForkServer(const WorkerLaunch& like) {
+  if (!fork_server_options_ || fork_server_) return absl::OkStatus();
+  ForkServerOptions options = *fork_server_options_;
+  options.python = like.argv[0];
+  options.env = like.env;
+  options.guardian_fd = guardian_->fd();
+  auto launched = ForkServer::Launch(options);
+  if (!launched.ok()) return launched.status();
+  fork_server_ = *std::move(launched);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> PosixProcessTable::ForkFromServer(const WorkerLaunch& launch, int out_fd, int err_fd) {
   for (int tries = 0;; ++tries) {
-    if (!fork_server_) {
-      ForkServerOptions options = *fork_server_options_;
-      options.python = launch.argv[0];
-      options.env = launch.env;
-      options.guardian_fd = guardian_->fd();
-      auto started = ForkServer::Start(options);
-      if (!started.ok()) return started.status();
-      fork_server_ = *std::move(started);
+    if (absl::Status started = PrestartForkServer(launch); !started.ok()) return started;
+    if (absl::Status ready = fork_server_->WaitReady(); !ready.ok()) {
+      fork_server_.reset();
+      return ready;
     }
     auto pid = fork_server_->Spawn(launch, forwarded_signals_, out_fd, err_fd);
     if (pid.ok() || pid.status().code() != absl::StatusCode::kUnavailable || tries > 0) return pid;

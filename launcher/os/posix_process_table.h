@@ -45,6 +45,10 @@ class PosixProcessTable : public ProcessTable {
   // started again once if it died. Makes elrun a child subreaper, so forked workers are its
   // children; orphans that re-parents to elrun are reaped at each worker's exit and spawn.
   absl::Status EnableForkServer(ForkServerOptions options);
+  // Starts the forkserver now, with `like`'s interpreter and environment (a worker's, before the
+  // first attempt), so that it imports torch while elrun goes on; no effect when one runs. On an
+  // error the first spawn tries again.
+  absl::Status PrestartForkServer(const WorkerLaunch& like);
   void SignalGroup(int pid, int signo) override;
   // True while `pid` is a worker of this table that has not been reaped (its group's id).
   bool HasWorker(int pid) const { return workers_.count(pid) > 0; }

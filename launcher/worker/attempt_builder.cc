@@ -33,6 +33,16 @@ absl::StatusOr<NodeAssignment> AttemptBuilder::Assign() {
   return StaticAssignment(spec_, addr, port);
 }
 
+WorkerLaunch AttemptBuilder::Preview() const {
+  std::map<std::string, std::string> merged = parent_env_;
+  for (const auto& [name, value] : extra_env_) merged[name] = value;
+  WorkerLaunch launch;
+  launch.argv = SubstituteLocalRank(argv_template_, 0);
+  launch.env = BuildWorkerEnv(spec_, StaticAssignment(spec_, "127.0.0.1", kTorchrunDefaultMasterPort),
+                              AttemptEnv{run_id_, 0}, 0, "", merged);
+  return launch;
+}
+
 absl::StatusOr<std::vector<WorkerLaunch>> AttemptBuilder::Build(int attempt, int restart_count) {
   auto node = Assign();
   if (!node.ok()) return node.status();

@@ -41,6 +41,10 @@ class AttemptBuilder {
   // Sets `name`=`value` in every worker's environment of later attempts, over elrun's own.
   void SetWorkerEnv(const std::string& name, const std::string& value) { extra_env_[name] = value; }
 
+  // What local rank 0 of the first attempt will run (argv, environment with a placeholder
+  // assignment); nothing is made on disk. For a forkserver started before the first attempt.
+  WorkerLaunch Preview() const;
+
   // Marks every later launch to be forked from the forkserver (--start-method forkserver).
   void ForkFromServer() { fork_from_server_ = true; }
 

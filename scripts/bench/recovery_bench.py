@@ -145,7 +145,8 @@ def main():
                     log(f"{name} x{nproc} run {i}: resume {sample['resume_s']:.3f} s, "
                         f"recovery {sample['recovery_s']:.3f} s")
                 except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:
-                    case["errors"].append(str(error)[-500:])
+                    text = str(error)
+                    case["errors"].append(text if len(text) <= 800 else text[:300] + " ... " + text[-500:])
                     log(f"{name} x{nproc} run {i}: {str(error)[:300]}")
         for case in group:
             del case["argv"]
