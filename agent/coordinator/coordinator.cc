@@ -1,6 +1,7 @@
 #include "agent/coordinator/coordinator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -182,6 +183,7 @@ absl::Status Coordinator::HandleMessage(SessionId id, const v1::AgentMessage& me
   if (message.has_heartbeat()) return absl::OkStatus();
   if (message.has_workers_ended()) return HandleWorkersEnded(*job, node, message.workers_ended());
   if (message.has_paces()) return HandlePaces(id, *job, node, message.paces());
+  if (message.has_progress()) return HandleProgress(*job, node, message.progress());
   return absl::InvalidArgumentError("empty message");
 }
 
@@ -284,6 +286,20 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
     waiting.mutable_waiting()->set_nodes_joined(Count(*job, NodeState::kPending));
     Send(id, waiting);
   }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::HandleProgress(Job& job, Node& node, const v1::Progress& progress) {
+  // Only shown, never acted on; still checked, as everything from the network.
+  const bool finite =
+      std::isfinite(progress.goodput()) && std::isfinite(progress.lost_s()) && std::isfinite(progress.wall_s());
+  if (!finite || !(progress.goodput() == -1 || (progress.goodput() >= 0 && progress.goodput() <= 1)) ||
+      progress.step() < -1 || progress.step() > (int64_t{1} << 53) || progress.lost_s() < 0 || progress.wall_s() < 0 ||
+      progress.lost_s() > 1e9 || progress.wall_s() > 1e9 || progress.faults() < 0 || progress.faults() > 1000000) {
+    return absl::InvalidArgumentError("progress outside its ranges");
+  }
+  if (progress.round() > job.round) return absl::InvalidArgumentError("progress about a round not started");
+  node.progress = progress;
   return absl::OkStatus();
 }
 
@@ -689,8 +705,8 @@ CoordinatorSnapshot Coordinator::Snapshot() const {
       return a_placed ? a->group_rank < b->group_rank : a->join_order < b->join_order;
     });
     for (const Node* node : nodes) {
-      status.nodes.push_back(
-          {node->node_id, kStates[static_cast<int>(node->state)], node->group_rank, node->nproc, node->master_addr});
+      status.nodes.push_back({node->node_id, kStates[static_cast<int>(node->state)], node->group_rank, node->nproc,
+                              node->master_addr, node->progress});
     }
     snapshot.jobs.push_back(std::move(status));
   }

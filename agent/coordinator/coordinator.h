@@ -71,6 +71,7 @@ struct NodeStatus {
   int group_rank = -1;
   int nproc = 0;
   std::string master_addr;
+  std::optional<v1::Progress> progress;  // Its last Progress report, validated; unset: none yet.
 };
 
 struct JobStatus {
@@ -154,8 +155,9 @@ class Coordinator {
     bool succeeded = false;
     uint64_t join_order = 0;
     TimePoint last_seen;
-    int rank_offset = 0;              // Of the round it is active in.
-    std::vector<v1::RankPace> paces;  // Its workers' last reported paces, this round.
+    int rank_offset = 0;                   // Of the round it is active in.
+    std::vector<v1::RankPace> paces;       // Its workers' last reported paces, this round.
+    std::optional<v1::Progress> progress;  // Its last goodput report, any round.
   };
 
   struct Job {
@@ -204,6 +206,7 @@ class Coordinator {
                           std::optional<bool> signature_valid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandleWorkersEnded(Job& job, Node& node, const v1::WorkersEnded& ended)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status HandleProgress(Job& job, Node& node, const v1::Progress& progress) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandlePaces(SessionId id, Job& job, Node& node, const v1::Paces& paces)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompleteRound(Job& job, TimePoint now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -10,8 +10,8 @@ namespace elrun::rdzv {
 
 // 2: JobSettings.close_timeout_ms. 3: Challenge/Welcome, the token proven, never sent.
 // 4: each run bound to its first node's run key (Join.run_key, Join.run_signature).
-// 5: Paces and JobPace (stragglers judged across nodes).
-inline constexpr uint32_t kProtocolVersion = 5;
+// 5: Paces and JobPace (stragglers judged across nodes). 6: Progress (each node's goodput).
+inline constexpr uint32_t kProtocolVersion = 6;
 
 }  // namespace elrun::rdzv
 

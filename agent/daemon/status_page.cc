@@ -23,6 +23,32 @@ void Metric(std::string* out, const char* name, const char* type, const char* he
   absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
 }
 
+// A Prometheus label value: backslash, double quote and newline escaped; other control bytes
+// and invalid UTF-8 (agents' words) as U+FFFD.
+std::string LabelValue(absl::string_view text) {
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    unsigned char c = static_cast<unsigned char>(text[i]);
+    size_t length = Utf8Length(text, i);
+    if (length == 0 || (length == 1 && (c < 0x20 || c == 0x7f) && c != '\n')) {
+      out += "\xef\xbf\xbd";
+      i += length == 0 ? 1 : length;
+      continue;
+    }
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+    } else {
+      out.append(text.data() + i, length);
+    }
+    i += length;
+  }
+  return out;
+}
+
+// The JSON number, or null.
+std::string NumberOrNull(bool known, double value) { return known ? absl::StrCat(value) : "null"; }
+
 }  // namespace
 
 std::string JsonString(absl::string_view text) {
@@ -80,6 +106,27 @@ std::string MetricsText(const CoordinatorSnapshot& snapshot, const GateCounts& g
   for (const auto& [reason, n] : evictions) {
     absl::StrAppend(&out, "elrun_rdzv_evictions_total{reason=\"", reason, "\"} ", n, "\n");
   }
+  Metric(&out, "elrun_rdzv_node_goodput", "gauge",
+         "Each node's goodput so far (its elrun's measure from the heartbeats), 0 to 1; absent until known.");
+  for (const JobStatus& job : snapshot.jobs) {
+    for (const NodeStatus& node : job.nodes) {
+      if (!node.progress || node.progress->goodput() < 0) continue;
+      absl::StrAppend(&out, "elrun_rdzv_node_goodput{run_id=\"", LabelValue(job.run_id), "\",node_id=\"",
+                      LabelValue(node.node_id), "\"} ", node.progress->goodput(), "\n");
+    }
+  }
+  Metric(&out, "elrun_rdzv_node_step", "gauge", "The highest step each node's workers reached; absent before a beat.");
+  Metric(&out, "elrun_rdzv_node_time_lost_seconds", "gauge", "Time each node lost to faults so far.");
+  for (const JobStatus& job : snapshot.jobs) {
+    for (const NodeStatus& node : job.nodes) {
+      if (!node.progress) continue;
+      const std::string labels =
+          absl::StrCat("{run_id=\"", LabelValue(job.run_id), "\",node_id=\"", LabelValue(node.node_id), "\"} ");
+      if (node.progress->step() >= 0)
+        absl::StrAppend(&out, "elrun_rdzv_node_step", labels, node.progress->step(), "\n");
+      absl::StrAppend(&out, "elrun_rdzv_node_time_lost_seconds", labels, node.progress->lost_s(), "\n");
+    }
+  }
   Metric(&out, "elrun_rdzv_refused_total", "counter", "Agent messages refused, by status.");
   std::map<std::string, uint64_t> refused{
       {"unauthenticated", 0}, {"permission_denied", 0}, {"invalid_argument", 0}, {"failed_precondition", 0}};
@@ -109,7 +156,12 @@ std::string StatusJson(const CoordinatorSnapshot& snapshot) {
       const NodeStatus& node = job.nodes[n];
       absl::StrAppend(&out, n ? ", " : "", "{\"node_id\": ", JsonString(node.node_id),
                       ", \"state\": ", JsonString(node.state), ", \"group_rank\": ", node.group_rank,
-                      ", \"nproc\": ", node.nproc, ", \"master_addr\": ", JsonString(node.master_addr), "}");
+                      ", \"nproc\": ", node.nproc, ", \"master_addr\": ", JsonString(node.master_addr));
+      const v1::Progress* p = node.progress ? &*node.progress : nullptr;
+      absl::StrAppend(&out, ", \"step\": ", p && p->step() >= 0 ? absl::StrCat(p->step()) : "null",
+                      ", \"goodput\": ", NumberOrNull(p && p->goodput() >= 0, p ? p->goodput() : 0),
+                      ", \"lost_s\": ", NumberOrNull(p, p ? p->lost_s() : 0),
+                      ", \"faults\": ", p ? absl::StrCat(p->faults()) : "null", "}");
     }
     out += "]}";
   }
@@ -160,13 +212,19 @@ function render(status) {
     if (job.last_failure) section.append(el("p", "last failure: " + job.last_failure, "failure"));
     const table = el("table");
     const head = el("tr");
-    for (const h of ["group rank", "node", "state", "workers", "address"]) head.append(el("th", h));
+    for (const h of ["group rank", "node", "state", "workers", "address", "step", "goodput", "lost (s)",
+                     "faults"]) head.append(el("th", h));
     table.append(head);
     for (const node of job.nodes) {
       const row = el("tr");
       row.className = "node";
+      const known = (v, f) => v === null ? "-" : f(v);
       for (const v of [node.group_rank >= 0 ? node.group_rank : "-", node.node_id, node.state,
-                       node.nproc, node.master_addr]) row.append(el("td", v));
+                       node.nproc, node.master_addr, known(node.step, s => s),
+                       known(node.goodput, g => (100 * g).toFixed(1) + "%"),
+                       known(node.lost_s, l => l.toFixed(2)), known(node.faults, f => f)]) {
+        row.append(el("td", v));
+      }
       table.append(row);
     }
     section.append(table);

@@ -119,13 +119,21 @@ void ElasticAgent::OnDeadline() {
     heartbeat.mutable_heartbeat();
     session_.Send(heartbeat);
     next_heartbeat_ = now + rdzv_.heartbeat_interval;
-    if (paces_ && phase_ == Phase::kRunning && now >= next_pace_) {
+    if ((paces_ || progress_) && phase_ == Phase::kRunning && now >= next_pace_) {
       next_pace_ = now + kPaceInterval;
-      v1::AgentMessage message;
-      v1::Paces* paces = message.mutable_paces();
-      paces->set_round(round_);
-      for (v1::RankPace& pace : paces_()) *paces->add_ranks() = std::move(pace);
-      if (paces->ranks_size() > 0) session_.Send(message);
+      if (paces_) {
+        v1::AgentMessage message;
+        v1::Paces* paces = message.mutable_paces();
+        paces->set_round(round_);
+        for (v1::RankPace& pace : paces_()) *paces->add_ranks() = std::move(pace);
+        if (paces->ranks_size() > 0) session_.Send(message);
+      }
+      if (progress_) {
+        v1::AgentMessage message;
+        *message.mutable_progress() = progress_();
+        message.mutable_progress()->set_round(round_);
+        session_.Send(message);
+      }
     }
   }
   if (phase_ == Phase::kJoining && now >= join_deadline_ && !exit_code_) {

@@ -63,6 +63,10 @@ class ElasticAgent {
     on_job_pace_ = std::move(on_job_pace);
   }
 
+  // While a round runs, every kPaceInterval (at a heartbeat) the agent sends `progress()` (this
+  // node's goodput so far; the round is filled in), for the coordinator's status page.
+  void SetProgressSource(std::function<rdzv::v1::Progress()> progress) { progress_ = std::move(progress); }
+
   // Told of each fault this node sees, as (kind, detail): a worker of its own that failed, a new
   // round. For the goodput report.
   void SetFaultSink(std::function<void(const std::string&, const std::string&)> on_fault) {
@@ -139,6 +143,7 @@ class ElasticAgent {
   std::function<std::vector<rdzv::v1::RankPace>()> paces_;
   std::function<void(const rdzv::v1::JobPace&)> on_job_pace_;
   std::function<void(const std::string&, const std::string&)> on_fault_;
+  std::function<rdzv::v1::Progress()> progress_;
   std::chrono::steady_clock::time_point join_deadline_;
 };
 

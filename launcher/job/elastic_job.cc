@@ -6,6 +6,7 @@
 
 #include <grpc/support/log.h>
 
+#include <algorithm>
 #include <optional>
 
 #include <spdlog/spdlog.h>
@@ -231,6 +232,19 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
   agent.SetFaultSink([&rt](const std::string& kind, const std::string& detail) { rt.NoteFault(kind, detail); });
   if (HeartbeatServer* heartbeat = rt.heartbeat(); heartbeat != nullptr && spec.straggler_factor) {
     ShareStragglerPaces(agent, heartbeat);
+  }
+  if (rt.heartbeat() != nullptr && spec.rdzv_backend != "etcd-v3") {
+    // Goodput for elrun-rdzv's status page and metrics; not into etcd's log, where no page reads it.
+    agent.SetProgressSource([&rt] {
+      GoodputReport report = rt.GoodputNow();
+      v1::Progress progress;
+      progress.set_step(report.step);
+      progress.set_goodput(report.goodput().value_or(-1));
+      progress.set_lost_s(report.lost_s);
+      progress.set_faults(static_cast<int32_t>(std::min<size_t>(report.faults.size(), 1000000)));
+      progress.set_wall_s(report.wall_s);
+      return progress;
+    });
   }
   if (absl::Status status = RunAgent(rt, agent, **channel); !status.ok()) {
     PrintError(std::string(status.message()));

@@ -233,6 +233,8 @@ void JobRuntime::NoteFault(const std::string& kind, const std::string& detail, s
   goodput_->OnFault(kind, detail, at.value_or(MonotonicSeconds()));
 }
 
+GoodputReport JobRuntime::GoodputNow() const { return goodput_->Report(MonotonicSeconds()); }
+
 void JobRuntime::ReportGoodput() {
   GoodputReport report = goodput_->Report(MonotonicSeconds());
   spdlog::log(report.faults.empty() && !injecting_ ? spdlog::level::info : spdlog::level::warn, "{}", report.Summary());

@@ -71,6 +71,8 @@ class JobRuntime {
   void NoteFault(const std::string& kind, const std::string& detail, std::optional<double> at = std::nullopt);
   // At the job's end: the goodput line (a warning after faults, else at INFO) and --report-file.
   void ReportGoodput();
+  // The goodput report so far.
+  GoodputReport GoodputNow() const;
 
   // Calls `on_signal` for each handled signal that arrives.
   absl::Status HandleSignals(std::function<void(int signo)> on_signal);

@@ -1,9 +1,12 @@
 """elrun-rdzv's --http-listen: Prometheus metrics read with a real HTTP client, and the live
 status page rendered by a real headless browser (Debian's chromium), both behind the daemon's
-token, while a two-node job runs and after one of its workers fails and restarts."""
+token, while a two-node job runs and after one of its workers fails and restarts; each node's
+goodput (from its workers' heartbeats) in the status and the metrics."""
+import json
 import re
 import shutil
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -16,6 +19,9 @@ BROWSER_TIMEOUT_S = 90
 # Attempt 0: node 1's local rank 0 fails once the others run; later attempts are held (GATED).
 FAIL_ONCE = ('if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$NODE" = 1 ] && [ "$LOCAL_RANK" = 0 ]; '
              'then exit 3; fi; ' + rdzv_harness.GATED)
+# Beats steps 0..4 (the progress heartbeat's line format), then waits for its release.
+BEAT_5 = ('for i in 0 1 2 3 4; do echo "$$ $i 5.0" > "$ELRUN_HEARTBEAT_FILE"; done; ' + rdzv_harness.GATED)
+PROGRESS_TIMEOUT_S = 20  # Agents send their progress every 2 s.
 
 
 @harness.elrun_only("elrun-rdzv's status page")
@@ -74,6 +80,32 @@ class StatusTest(RdzvTestCase):
         self.assertEqual(m['elrun_rdzv_jobs_ended_total{result="succeeded"}'], 1)
         self.stop_daemon(daemon)
 
+    def test_each_nodes_goodput_is_in_the_status_and_the_metrics(self):
+        daemon = self.start_status_daemon()
+        agents = [self.start_agent(node, daemon.port, nnodes=2, nproc=2, rule=BEAT_5,
+                                   env={"ELRUN_RDZV_TOKEN": TOKEN}) for node in (1, 2)]
+        self.pump(lambda: len(self.ready.lines) >= 4, "the 4 workers", rdzv_harness.ROUND_TIMEOUT_S, agents)
+        deadline = time.monotonic() + PROGRESS_TIMEOUT_S
+        nodes = []
+        while time.monotonic() < deadline:  # Bounded: the agents report every 2 s.
+            _, _, body = self.get(daemon.http + "/status.json")
+            nodes = json.loads(body)["jobs"][0]["nodes"]
+            if all(n["step"] == 4 and n["goodput"] is not None for n in nodes):
+                break
+            time.sleep(0.2)
+        self.assertEqual([n["step"] for n in nodes], [4, 4], nodes)
+        for node in nodes:
+            self.assertGreater(node["goodput"], 0)
+            self.assertLessEqual(node["goodput"], 1)
+            self.assertEqual((node["lost_s"], node["faults"]), (0, 0))
+        _, _, text = self.get(daemon.http + "/metrics")
+        samples = re.findall(r'^elrun_rdzv_node_step\{run_id="job",node_id="[^"]+"\} (\S+)$', text, re.M)
+        self.assertEqual(samples, ["4", "4"], text)
+        self.assertEqual(len(re.findall(r"^elrun_rdzv_node_goodput\{", text, re.M)), 2)
+        self.release(4)
+        self.assertAllExit(agents, 0)
+        self.stop_daemon(daemon)
+
     def test_the_status_page_renders_the_job_live_in_a_browser(self):
         browser = shutil.which("chromium")
         self.assertIsNotNone(browser, "chromium is not installed: run scripts/setup.sh")
@@ -96,7 +128,7 @@ class StatusTest(RdzvTestCase):
         self.assertIn("last failure: node ", dom)
         self.assertIn("local_rank 0", dom)
         rows = re.findall(r'<tr class="node"><td>(\d+)</td><td>([^<]+)</td><td>active</td><td>2</td>'
-                          r'<td>(127\.0\.0\.\d)</td></tr>', dom)
+                          r'<td>(127\.0\.0\.\d)</td><td>-</td><td>-</td><td>[0-9.]+</td><td>\d+</td></tr>', dom)
         self.assertEqual([r[0] for r in rows], ["0", "1"], "expected both nodes by group rank\n" + dom[-3000:])
         self.assertEqual(sorted(r[2] for r in rows), ["127.0.0.1", "127.0.0.2"])
         # Without the token the page loads but its data does not.

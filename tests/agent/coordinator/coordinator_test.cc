@@ -434,6 +434,47 @@ TEST_CASE("paces: each report is answered with the job's median over every activ
   CHECK(paces(1, {{offset0, 10}}, round).code() == absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("progress reports are kept per node for the status page; malformed ones are refused") {
+  Harness h;
+  REQUIRE(h.Join(0, 1).ok());
+  REQUIRE(h.Join(1, 1).ok());
+  const uint64_t round = h.Started(0).round();
+  h.Clear();
+  auto send = [&](int n, auto fill) {
+    v1::AgentMessage m;
+    v1::Progress* p = m.mutable_progress();
+    p->set_round(round);
+    p->set_step(120);
+    p->set_goodput(0.95);
+    p->set_lost_s(1.5);
+    p->set_faults(2);
+    p->set_wall_s(60);
+    fill(*p);
+    return h.Send(n, m).code();
+  };
+  CHECK(send(0, [](v1::Progress&) {}) == absl::StatusCode::kOk);
+  CHECK(send(1, [](v1::Progress& p) { p.set_goodput(-1), p.set_step(-1); }) == absl::StatusCode::kOk);
+  CoordinatorSnapshot snapshot = h.coordinator.Snapshot();
+  REQUIRE(snapshot.jobs.size() == 1);
+  int seen = 0;
+  for (const NodeStatus& node : snapshot.jobs[0].nodes) {
+    REQUIRE(node.progress.has_value());
+    seen += node.progress->step() == 120 && node.progress->goodput() == doctest::Approx(0.95) &&
+            node.progress->faults() == 2;
+    seen += node.progress->step() == -1 && node.progress->goodput() == -1;
+  }
+  CHECK(seen == 2);
+  CHECK(h.Sink(0).messages.empty());  // Shown, never answered or acted on.
+  CHECK(h.Sink(1).messages.empty());
+  for (auto bad : std::vector<std::function<void(v1::Progress&)>>{
+           [](v1::Progress& p) { p.set_goodput(1.5); }, [](v1::Progress& p) { p.set_goodput(std::nan("")); },
+           [](v1::Progress& p) { p.set_goodput(-0.5); }, [](v1::Progress& p) { p.set_step(-2); },
+           [](v1::Progress& p) { p.set_lost_s(-1); }, [](v1::Progress& p) { p.set_wall_s(1e300); },
+           [](v1::Progress& p) { p.set_faults(-1); }, [](v1::Progress& p) { p.set_round(p.round() + 1); }}) {
+    CHECK(send(0, bad) == absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_CASE("malformed paces are refused") {
   Harness h;
   REQUIRE(h.Join(0, 1).ok());

@@ -22,8 +22,13 @@ CoordinatorSnapshot Sample() {
   job.settings.set_min_nodes(1);
   job.settings.set_max_nodes(2);
   job.last_failure = "node a: \"boom\"\n<script>alert(1)</script>";
-  job.nodes.push_back({"node-a", "active", 0, 2, "10.0.0.1"});
-  job.nodes.push_back({"node-b", "wait_listed", -1, 1, "10.0.0.2"});
+  v1::Progress progress;
+  progress.set_step(120);
+  progress.set_goodput(0.5);
+  progress.set_lost_s(2.25);
+  progress.set_faults(1);
+  job.nodes.push_back({"node-a", "active", 0, 2, "10.0.0.1", progress});
+  job.nodes.push_back({"node-b", "wait_listed", -1, 1, "10.0.0.2", std::nullopt});
   s.jobs.push_back(job);
   return s;
 }
@@ -45,8 +50,9 @@ TEST_CASE("the status JSON holds every job and node, escaped") {
         "\"restarts\": 1, \"max_restarts\": 3, \"min_nodes\": 1, \"max_nodes\": 2, \"last_failure\": "
         "\"node a: \\\"boom\\\"\\u000a\\u003cscript\\u003ealert(1)\\u003c/script\\u003e\", \"nodes\": "
         "[{\"node_id\": \"node-a\", \"state\": \"active\", \"group_rank\": 0, \"nproc\": 2, \"master_addr\": "
-        "\"10.0.0.1\"}, {\"node_id\": \"node-b\", \"state\": \"wait_listed\", \"group_rank\": -1, \"nproc\": 1, "
-        "\"master_addr\": \"10.0.0.2\"}]}]}");
+        "\"10.0.0.1\", \"step\": 120, \"goodput\": 0.5, \"lost_s\": 2.25, \"faults\": 1}, {\"node_id\": \"node-b\", "
+        "\"state\": \"wait_listed\", \"group_rank\": -1, \"nproc\": 1, \"master_addr\": \"10.0.0.2\", \"step\": null, "
+        "\"goodput\": null, \"lost_s\": null, \"faults\": null}]}]}");
   CHECK(StatusJson(CoordinatorSnapshot{}) == "{\"sessions\": 0, \"jobs\": []}");
 }
 
@@ -56,17 +62,27 @@ TEST_CASE("metrics in Prometheus text format, every label present even at zero")
   gate.admitted = 7;
   gate.refused = 1;
   std::string text = MetricsText(Sample(), gate);
-  for (const char* line : {"# TYPE elrun_rdzv_jobs gauge\n", "elrun_rdzv_jobs{phase=\"running\"} 1\n",
-                           "elrun_rdzv_jobs{phase=\"done\"} 0\n", "elrun_rdzv_nodes{state=\"active\"} 1\n",
-                           "elrun_rdzv_nodes{state=\"wait_listed\"} 1\n", "elrun_rdzv_sessions 3\n",
-                           "# TYPE elrun_rdzv_rounds_started_total counter\n", "elrun_rdzv_rounds_started_total 4\n",
-                           "elrun_rdzv_restarts_total 1\n", "elrun_rdzv_node_losses_total 0\n",
+  for (const char* line : {"# TYPE elrun_rdzv_jobs gauge\n",
+                           "elrun_rdzv_jobs{phase=\"running\"} 1\n",
+                           "elrun_rdzv_jobs{phase=\"done\"} 0\n",
+                           "elrun_rdzv_nodes{state=\"active\"} 1\n",
+                           "elrun_rdzv_nodes{state=\"wait_listed\"} 1\n",
+                           "elrun_rdzv_sessions 3\n",
+                           "# TYPE elrun_rdzv_rounds_started_total counter\n",
+                           "elrun_rdzv_rounds_started_total 4\n",
+                           "elrun_rdzv_restarts_total 1\n",
+                           "elrun_rdzv_node_losses_total 0\n",
                            "elrun_rdzv_evictions_total{reason=\"no_heartbeat\"} 1\n",
                            "elrun_rdzv_evictions_total{reason=\"job_ended\"} 0\n",
                            "elrun_rdzv_refused_total{reason=\"unauthenticated\"} 2\n",
                            "elrun_rdzv_refused_total{reason=\"permission_denied\"} 0\n",
-                           "elrun_rdzv_connections_open 2\n", "elrun_rdzv_connections_total{result=\"admitted\"} 7\n",
-                           "elrun_rdzv_connections_total{result=\"refused\"} 1\n"}) {
+                           "elrun_rdzv_connections_open 2\n",
+                           "elrun_rdzv_connections_total{result=\"admitted\"} 7\n",
+                           "elrun_rdzv_connections_total{result=\"refused\"} 1\n",
+                           "# TYPE elrun_rdzv_node_goodput gauge\n",
+                           "elrun_rdzv_node_goodput{run_id=\"job\",node_id=\"node-a\"} 0.5\n",
+                           "elrun_rdzv_node_step{run_id=\"job\",node_id=\"node-a\"} 120\n",
+                           "elrun_rdzv_node_time_lost_seconds{run_id=\"job\",node_id=\"node-a\"} 2.25\n"}) {
     CHECK_MESSAGE(text.find(line) != std::string::npos, line);
   }
   // Every sample line: a metric name, optional labels, a number.
@@ -78,6 +94,16 @@ TEST_CASE("metrics in Prometheus text format, every label present even at zero")
     CHECK_MESSAGE(line.rfind("elrun_rdzv_", 0) == 0, line);
     CHECK_MESSAGE(line.find(' ') != std::string::npos, line);
   }
+}
+
+TEST_CASE("label values from agents are escaped; nodes without a known goodput have no goodput sample") {
+  CoordinatorSnapshot s = Sample();
+  s.jobs[0].run_id = "a\"b\\c\nd\x01\xff";
+  std::string text = MetricsText(s, GateCounts{});
+  CHECK(text.find(
+            "elrun_rdzv_node_goodput{run_id=\"a\\\"b\\\\c\\nd\xef\xbf\xbd\xef\xbf\xbd\",node_id=\"node-a\"} 0.5\n") !=
+        std::string::npos);
+  CHECK(text.find("node-b") == std::string::npos);
 }
 
 TEST_CASE("the page inserts agent text only as text") {

@@ -156,6 +156,50 @@ TEST_CASE("heartbeats every heartbeat_interval once joined") {
   CHECK(f.session.sent[1].has_heartbeat());
 }
 
+TEST_CASE("while a round runs the node's goodput goes with a heartbeat every pace interval, and a fault is told") {
+  Fixture f;
+  std::vector<std::pair<std::string, std::string>> faults;
+  f.agent.SetFaultSink([&](const std::string& kind, const std::string& detail) { faults.emplace_back(kind, detail); });
+  f.agent.SetProgressSource([] {
+    v1::Progress progress;
+    progress.set_step(41);
+    progress.set_goodput(0.97);
+    return progress;
+  });
+  f.Handshake();
+  auto progress_sent = [&] {
+    int n = 0;
+    for (const v1::AgentMessage& m : f.session.sent) n += m.has_progress();
+    return n;
+  };
+  f.clock.Advance(ElasticAgent::kPaceInterval);
+  f.agent.OnDeadline();
+  CHECK(progress_sent() == 0);  // No round yet.
+  f.Send(f.Round(3));
+  f.clock.Advance(ElasticAgent::kPaceInterval);
+  f.agent.OnDeadline();
+  REQUIRE(progress_sent() == 1);
+  const v1::Progress& sent = f.session.sent.back().progress();
+  CHECK(sent.round() == 3);
+  CHECK(sent.step() == 41);
+  CHECK(sent.goodput() == doctest::Approx(0.97));
+  // A worker of this node fails: the fault is told once, with its description.
+  int pid = *f.table.alive().begin();
+  f.table.Exit(pid);
+  f.agent.OnWorkerExit(pid, ExitStatus::Exited(3));
+  REQUIRE(faults.size() == 1);
+  CHECK(faults[0].first == "worker failed");
+  CHECK(faults[0].second.find("exit code 3") != std::string::npos);
+  v1::CoordinatorMessage ended;
+  ended.mutable_round_ended()->set_round(3);
+  ended.mutable_round_ended()->set_reason(v1::RoundEnded::NODE_LOST);
+  ended.mutable_round_ended()->set_detail("node b: no heartbeat");
+  f.Send(ended);
+  REQUIRE(faults.size() == 2);
+  CHECK(faults[1].first == "new round");
+  CHECK(faults[1].second == "round 3 ended: a node was lost: node b: no heartbeat");
+}
+
 TEST_CASE("a coordinator that cannot prove the token is left before any worker starts") {
   Fixture f;
   f.Handshake(/*prove=*/false);
