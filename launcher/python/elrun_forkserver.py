@@ -264,8 +264,11 @@ def _run_script(argv):
         sys.path[0] = os.getcwd()
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
         return 0
-    if args[:1] == ["-c"]:  # --run-path's bootstrap: runpy.run_path of the script.
-        args = args[2:]
+    if args[:1] == ["-c"]:  # --run-path's bootstrap, as it runs: runpy.run_path of the script.
+        sys.argv = args[2:]
+        sys.path[0] = ""  # python -c's.
+        runpy.run_path(sys.argv[0], run_name="__main__")
+        return 0
     script = args[0]
     sys.argv = list(args)
     sys.path[0] = os.path.dirname(os.path.realpath(script))

@@ -45,12 +45,12 @@ def comm(pid):
 @harness.elrun_only("torchrun runs its workers with multiprocessing's spawn only for functions")
 class ForkserverTest(ElrunTestCase):
 
-    def probe(self, method, code, extra=(), nproc=1):
+    def probe(self, method, code, extra=(), nproc=1, entry="probe.py"):
         script = self.path("probe.py")
         with open(script, "w") as f:
             f.write(PROBE)
         return self.elrun(["--nproc-per-node", str(nproc), "--start-method", method] + list(extra) +
-                          ["probe.py", code])
+                          [entry, code])
 
     def probe_lines(self, result):
         return re.findall(r"^probe .*$", result.out, re.M)
@@ -63,6 +63,12 @@ class ForkserverTest(ElrunTestCase):
         strip = lambda line: re.sub(r"pid=\d+ ppid=\d+ pgid=\d+ torch=\w+ ", "", line)  # noqa: E731
         self.assertEqual([strip(l) for l in self.probe_lines(forked)],
                          [strip(l) for l in self.probe_lines(spawned)])
+        for extra, entry in ((["--run-path"], "probe.py"), (["-m"], "probe")):  # runpy's ways, also alike.
+            spawned = self.probe("spawn", "0", extra=extra, entry=entry)
+            via_server = self.probe("forkserver", "0", extra=extra, entry=entry)
+            self.assertExit(via_server, 0)
+            self.assertEqual([strip(l) for l in self.probe_lines(via_server)],
+                             [strip(l) for l in self.probe_lines(spawned)], extra)
         (line,) = self.probe_lines(forked)
         self.assertIn("torch=True", line)  # Imported by the server, before the script.
         self.assertIn("file=%s argv=['probe.py', '0'] cwd=%s" % (self.path("probe.py"), self.tmp), line)
