@@ -162,6 +162,12 @@ ForkServer::~ForkServer() {
   if (socket_ >= 0) ::close(socket_);
   if (pid_ > 0) {
     ::kill(-pid_, SIGKILL);
+    siginfo_t info{};
+    ::waitid(P_PID, pid_, &info, WEXITED | WNOWAIT);
+    // Unregistered while the zombie still holds the group id, as workers are (guardian.h).
+    std::string record = absl::StrCat("-", pid_, "\n");
+    ssize_t ignored = ::write(guardian_fd_, record.data(), record.size());
+    (void)ignored;
     ::waitpid(pid_, nullptr, 0);
   }
 }
