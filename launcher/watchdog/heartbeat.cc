@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -23,6 +24,16 @@ namespace elrun {
 namespace {
 
 constexpr size_t kMaxLine = 256;
+
+// True when `pid` is stopped (SIGSTOP, or a tracer holds it): a stopped process cannot act on
+// the stack signal, so there is nothing to wait for.
+bool IsStopped(int pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'T' || line[close + 2] == 't');
+}
 
 double MonotonicSeconds() {
   timespec now{};
@@ -249,6 +260,11 @@ void HeartbeatServer::OnTick() {
         job_median_ms_ ? absl::StrCat(" over ", job_ranks_, " ranks") : std::string(), *limits_.straggler_factor);
   }
   for (Hung& hung : table_.TakeHung(now)) {
+    if (IsStopped(hung.group)) {
+      // SIGSTOP (or a debugger): no stacks will come; the grace would only add to the cost.
+      hung.stack_signal = 0;
+      absl::StrAppend(&hung.why, "; it is stopped (SIGSTOP or a tracer), so no stacks");
+    }
     spdlog::error("{}: {}{}", Name(hung.group), hung.why,
                   hung.stack_signal
                       ? absl::StrCat("; asking for its stacks (signal ", hung.stack_signal, "), then killing it")

@@ -10,7 +10,8 @@
 // beat(step) in one line. <stack signal>, when present, is a signal the worker handles by
 // printing its stacks (SIGUSR1 in both). A worker is hung when, after its first beat, none came
 // for --worker-timeout, or, before it, --worker-start-timeout passed since elrun first saw it.
-// elrun then logs the rank and since when, sends the stack signal if the worker named one,
+// elrun then logs the rank and since when, sends the stack signal if the worker named one and
+// is not stopped (a SIGSTOPped process cannot print its stacks: it is killed at once),
 // and after kStackGrace kills the worker's group with the cause "no progress for N s"; the
 // failure restarts the group within --max-restarts like any other. Workers that never beat
 // are judged only by --worker-start-timeout, so without it scripts that do not beat are never
