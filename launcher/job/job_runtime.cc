@@ -236,7 +236,7 @@ void JobRuntime::NoteFault(const std::string& kind, const std::string& detail, s
 GoodputReport JobRuntime::GoodputNow() const { return goodput_->Report(MonotonicSeconds()); }
 
 void JobRuntime::ReportGoodput() {
-  GoodputReport report = goodput_->Report(MonotonicSeconds());
+  GoodputReport report = GoodputNow();
   spdlog::log(report.faults.empty() && !injecting_ ? spdlog::level::info : spdlog::level::warn, "{}", report.Summary());
   if (report_file_.empty()) return;
   std::string json = report.Json(HostName(), run_id_);

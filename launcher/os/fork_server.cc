@@ -16,40 +16,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "launcher/spec/json_value.h"
 
 namespace elrun {
 namespace {
 
 using google::protobuf::Struct;
-using google::protobuf::Value;
+using json::Number;
+using json::NumberList;
+using json::Text;
+using json::TextList;
 
 constexpr std::chrono::milliseconds kSpawnTimeout{30000};
 constexpr size_t kMaxLine = 64 * 1024;
-
-Value Text(const std::string& text) {
-  Value value;
-  value.set_string_value(text);
-  return value;
-}
-
-Value Number(double number) {
-  Value value;
-  value.set_number_value(number);
-  return value;
-}
-
-Value TextList(const std::vector<std::string>& items) {
-  Value value;
-  for (const std::string& item : items) *value.mutable_list_value()->add_values() = Text(item);
-  return value;
-}
-
-Value NumberList(const std::vector<int>& items) {
-  Value value;
-  auto* list = value.mutable_list_value();
-  for (int item : items) *list->add_values() = Number(item);
-  return value;
-}
 
 // Sends all of `data` with `fds` attached to its first bytes.
 absl::Status SendWithFds(int socket, const std::string& data, const std::vector<int>& fds) {

@@ -344,15 +344,13 @@ absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
     if (!forked.ok()) return forked.status();
     pid = *forked;
     ::setpgid(pid, pid);  // The worker does it first thing too; whichever runs first wins.
-    out->child.reset();
-    err->child.reset();
   } else {
     auto started = CloneWorker(launch, out->child.get(), err->child.get());
     if (!started.ok()) return started.status();
     pid = *started;
-    out->child.reset();
-    err->child.reset();
   }
+  out->child.reset();  // The worker holds its own copies now.
+  err->child.reset();
 
   Worker worker;
   worker.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));

@@ -197,7 +197,7 @@ def _serve(sock):
             return job
 
 
-def _become_worker(request, fds, server_fd):
+def _become_worker(request, fds):
     """In the forked worker: what elrun's exec path does before execve (see the module doc)."""
     os.setpgid(0, 0)
     elrun = request["elrun_pid"]
@@ -354,7 +354,7 @@ def main():
     request, fds = job
     sock.detach()  # Its descriptor is closed with the others below; the object must not own it.
     try:
-        _become_worker(request, fds, server_fd)
+        _become_worker(request, fds)
     except BaseException:
         traceback.print_exc()
         os._exit(127)

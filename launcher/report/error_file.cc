@@ -9,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "launcher/spec/json_value.h"
 
 namespace elrun {
 namespace {
@@ -77,11 +78,7 @@ absl::StatusOr<std::string> ToJson(const Struct& root) {
   return json;
 }
 
-Value Text(const std::string& text) {
-  Value value;
-  value.set_string_value(text);
-  return value;
-}
+using json::Text;
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "launcher/spec/json_value.h"
 
 namespace elrun {
 
@@ -93,30 +94,11 @@ std::string GoodputReport::Summary() const {
   return absl::StrCat(line, ")");
 }
 
-namespace {
-
 using google::protobuf::Struct;
-using google::protobuf::Value;
-
-Value Number(double v) {
-  Value value;
-  value.set_number_value(v);
-  return value;
-}
-
-Value Text(const std::string& text) {
-  Value value;
-  value.set_string_value(text);
-  return value;
-}
-
-Value Null() {
-  Value value;
-  value.set_null_value(google::protobuf::NULL_VALUE);
-  return value;
-}
-
-}  // namespace
+using json::Bool;
+using json::Null;
+using json::Number;
+using json::Text;
 
 std::string GoodputReport::Json(const std::string& host, const std::string& run_id) const {
   Struct root;
@@ -138,8 +120,7 @@ std::string GoodputReport::Json(const std::string& host, const std::string& run_
     ff["detail"] = Text(f.detail);
     ff["at_s"] = Number(f.at_s);
     ff["step_before"] = Number(static_cast<double>(f.step_before));
-    ff["recovered"] = Value();
-    ff["recovered"].set_bool_value(f.recovered_at_s.has_value());
+    ff["recovered"] = Bool(f.recovered_at_s.has_value());
     ff["recovery_s"] = f.recovered_at_s ? Number(f.lost_s()) : Null();
     ff["resume_s"] = f.resumed_at_s ? Number(*f.resumed_at_s - f.at_s) : Null();
     ff["steps_redone"] = Number(static_cast<double>(f.steps_redone));

@@ -75,7 +75,7 @@ class GoodputTracker {
   std::optional<double> first_beat_;
   std::vector<FaultCost> faults_;
   std::optional<size_t> open_;               // Index into faults_.
-  std::optional<int64_t> first_step_after_;  // The first step beaten while open_ is open.
+  std::optional<int64_t> first_step_after_;  // The lowest step beaten while open_ is open.
   std::set<int> beaten_;                     // The workers that have beaten.
 };
 

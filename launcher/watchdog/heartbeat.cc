@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "launcher/os/clock.h"
 #include "launcher/os/host_info.h"
 
 namespace elrun {
@@ -33,12 +34,6 @@ bool IsStopped(int pid) {
   if (!std::getline(stat, line)) return false;
   size_t close = line.rfind(')');
   return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'T' || line[close + 2] == 't');
-}
-
-double MonotonicSeconds() {
-  timespec now{};
-  ::clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) / 1e9;
 }
 
 }  // namespace
