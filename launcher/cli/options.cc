@@ -61,6 +61,9 @@ constexpr OptionDef kOptions[] = {
     {"preload", "", false, "MOD,...", "", "With --start-method forkserver: modules the server imports besides torch."},
     {"auto-heartbeat", "", true, "", "0",
      "Beat for Python workers that do not: after each step of their first optimizer (torch's global step hook)."},
+    {"keep-survivors", "", true, "", "0",
+     "Restart only a failed worker; workers that can (elrun-train's ddp) regroup in place with the job's live "
+     "state, not its checkpoint. Single-node jobs; the group restarts where a worker cannot."},
     {"role", "", false, "NAME", "default", "Role name of these workers (ROLE_NAME, log prefixes)."},
     {"log-dir", "", false, "DIR", "",
      "Base directory of <run_id>/attempt_<n>/<local_rank>/ logs; default: a new temp dir."},
@@ -221,6 +224,7 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest, 
   spec->virtual_local_rank = r.Flag("virtual-local-rank");
   spec->report_file = r["report-file"];
   spec->auto_heartbeat = r.Flag("auto-heartbeat");
+  spec->keep_survivors = r.Flag("keep-survivors");
   for (const std::string& module : ParseFilterList(r["preload"])) {
     bool valid = !module.empty() && module.size() <= 200;
     for (char c : module) valid = valid && (absl::ascii_isalnum(c) || c == '_' || c == '.');

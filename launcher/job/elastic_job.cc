@@ -194,6 +194,11 @@ void CloseCoordinator(rdzv::CoordinatorServer& server, const JobSpec& spec, cons
 int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>& env,
                   const std::vector<std::string>& argv_template, const RdzvSettings& rdzv) {
   RouteGrpcLogs();
+  if (spec.keep_survivors) {
+    spdlog::warn(
+        "--keep-survivors applies to single-node jobs for now: after a failure the nodes of this job "
+        "restart their worker groups");
+  }
   // The runtime first: it blocks the handled signals, and gRPC's threads (server, client) must
   // inherit that mask, or a SIGTERM delivered to one of them would kill elrun outright instead
   // of being forwarded. It also forks the guardian while the process has a single thread.

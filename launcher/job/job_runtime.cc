@@ -12,6 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "launcher/inject/fault_plan.h"
 #include "launcher/os/atomic_file.h"
@@ -165,7 +166,8 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(const JobSpec& sp
     runtime->guardian_->RemoveOnDeath(runtime->file_timer_->path());  // Even after a kill -9.
   }
   const HeartbeatLimits limits{spec.worker_timeout_s, spec.worker_start_timeout_s, spec.straggler_factor};
-  if (limits.any() || !spec.report_file.empty() || !spec.inject_faults.empty() || runtime->auto_heartbeat_) {
+  if (limits.any() || !spec.report_file.empty() || !spec.inject_faults.empty() || runtime->auto_heartbeat_ ||
+      spec.keep_survivors) {
     std::string fifo = absl::StrCat(TempDir(env), "/elrun_heartbeat_", RandomRunId());
     JobRuntime* self = runtime.get();
     auto server = HeartbeatServer::Start(
@@ -189,6 +191,12 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(const JobSpec& sp
     });
     runtime->heartbeat_->OnHangFound(
         [self](const std::string& what, double since) { self->NoteFault("hang", what, since); });
+  }
+  if (spec.keep_survivors) {
+    auto fifos = ControlFifos::Create(TempDir(env));
+    if (!fifos.ok()) return absl::UnavailableError(absl::StrCat("--keep-survivors: ", fifos.status().message()));
+    runtime->control_ = *std::move(fifos);
+    runtime->guardian_->RemoveOnDeath(runtime->control_->dir());
   }
   if (!spec.inject_faults.empty()) {
     if (spec.inject_faults.find("stop-worker") != std::string::npos && !spec.worker_timeout_s) {
@@ -243,6 +251,34 @@ void JobRuntime::ReportGoodput() {
   json += "\n";
   absl::Status written = WriteFileAtomically(report_file_, json);
   if (!written.ok()) spdlog::warn("--report-file: {}", std::string(written.message()));
+}
+
+absl::Status JobRuntime::AddControlFiles(std::vector<WorkerLaunch>& launches) {
+  if (!control_) return absl::OkStatus();
+  for (WorkerLaunch& launch : launches) {
+    absl::StatusOr<std::string> path = control_->PathFor(launch.local_rank);
+    if (!path.ok()) return path.status();
+    launch.env.push_back("ELRUN_CONTROL_FILE=" + *path);
+  }
+  return absl::OkStatus();
+}
+
+bool JobRuntime::SendRegroup(const WorkerLaunch& launch, int restart_count) {
+  if (!control_) return false;
+  auto value = [&launch](const std::string& name) -> std::string {
+    const std::string prefix = name + "=";
+    for (auto it = launch.env.rbegin(); it != launch.env.rend(); ++it) {  // The last one counts.
+      if (absl::StartsWith(*it, prefix)) return it->substr(prefix.size());
+    }
+    return "";
+  };
+  std::string line = absl::StrCat("regroup ", restart_count);
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) {
+    absl::StrAppend(&line, " ", name, "=", value(name));
+  }
+  absl::Status sent = control_->Send(launch.local_rank, line);
+  if (!sent.ok()) spdlog::warn("--keep-survivors: {}", std::string(sent.message()));
+  return sent.ok();
 }
 
 void JobRuntime::PrepareBuilder(AttemptBuilder& builder) const {

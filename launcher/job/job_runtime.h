@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "launcher/inject/fault_injector.h"
 #include "launcher/job/supervisor.h"
+#include "launcher/os/control_fifos.h"
 #include "launcher/os/event_loop.h"
 #include "launcher/os/guardian.h"
 #include "launcher/os/numa_binding.h"
@@ -59,6 +60,14 @@ class JobRuntime {
   // the server imports torch while the job forms. Call once, before the first attempt.
   void PrepareBuilder(AttemptBuilder& builder) const;
 
+  // --keep-survivors: gives each launch ELRUN_CONTROL_FILE, the control FIFO of its local rank
+  // (control_fifos.h). Call on every attempt's launches; nothing without --keep-survivors.
+  absl::Status AddControlFiles(std::vector<WorkerLaunch>& launches);
+  // --keep-survivors: tells the worker of `launch`'s local rank the new attempt's contract
+  // (`launch`'s RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) as generation
+  // `restart_count` (trainer/runtime/control_channel.h). False, with a warning, when it cannot.
+  bool SendRegroup(const WorkerLaunch& launch, int restart_count);
+
   // Called when the FileTimer watchdog (TORCHELASTIC_ENABLE_FILE_TIMER=1) signals a process of
   // a worker's group, or a hung worker (heartbeat.h) is killed: the worker's pid and one line
   // saying why.
@@ -98,6 +107,7 @@ class JobRuntime {
   std::unique_ptr<PosixProcessTable> table_;
   std::unique_ptr<FileTimerServer> file_timer_;
   std::unique_ptr<HeartbeatServer> heartbeat_;
+  std::unique_ptr<ControlFifos> control_;  // --keep-survivors.
   std::function<void(int pid, const std::string& why)> on_watchdog_signal_;
   std::unique_ptr<PythonDir> python_dir_;  // --start-method forkserver, --auto-heartbeat.
   bool fork_server_ = false;

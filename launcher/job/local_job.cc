@@ -30,10 +30,11 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
   AttemptBuilder builder(spec, argv_template, run_id, rt.layout(), env, PortReservation::Take);
   rt.PrepareBuilder(builder);
   Supervisor supervisor(
-      SupervisorOptions{spec.max_restarts, spec.shutdown_timeout}, &rt.table(), &clock,
-      [&](int attempt, int restart_count) {
+      SupervisorOptions{spec.max_restarts, spec.shutdown_timeout, spec.keep_survivors}, &rt.table(), &clock,
+      [&](int attempt, int restart_count) -> absl::StatusOr<std::vector<WorkerLaunch>> {
         auto launches = builder.Build(attempt, restart_count);
         if (launches.ok()) {
+          if (absl::Status added = rt.AddControlFiles(*launches); !added.ok()) return added;
           spdlog::info("attempt {}: {} workers, run_id {}, world size {}, master {}:{}, logs {}", attempt,
                        launches->size(), run_id, builder.node().world_size, builder.node().master_addr,
                        builder.node().master_port, rt.layout().AttemptDir(attempt));
@@ -45,6 +46,21 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
                      DescribeFirstFailure(failures), supervisor_ptr->restart_count() + 1, spec.max_restarts);
       });
   supervisor_ptr = &supervisor;
+  if (spec.keep_survivors) {
+    supervisor.SetRegrouper(
+        [&rt](int, const WorkerLaunch& launch, int restart_count) { return rt.SendRegroup(launch, restart_count); },
+        [&](int attempt, const WorkerFailure& failure, int survivors) {
+          spdlog::warn(
+              "attempt {} failed: {}; restarting local rank {} alone, {} worker{} regroup{} in place "
+              "(restart {} of {})",
+              attempt, DescribeFirstFailure({failure}), failure.local_rank, survivors, survivors == 1 ? "" : "s",
+              survivors == 1 ? "s" : "", supervisor_ptr->restart_count() + 1, spec.max_restarts);
+        });
+    if (rt.heartbeat()) {
+      rt.heartbeat()->OnReady(
+          [&supervisor](int pid, int64_t generation) { supervisor.OnWorkerReady(pid, generation); });
+    }
+  }
   supervisor.OnFailure(
       [&rt](const WorkerFailure& failure) { rt.NoteFault("worker failed", DescribeFirstFailure({failure})); });
   rt.OnWatchdogSignal([&supervisor](int pid, const std::string& why) { supervisor.NoteSignalled(pid, why); });

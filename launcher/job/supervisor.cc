@@ -20,6 +20,7 @@ void Supervisor::StartAttempt() {
   succeeded_ = 0;
   failures_.clear();
   live_.clear();
+  ready_.clear();
   deadline_.reset();
 
   auto launches = prepare_(attempt_, restart_count_);
@@ -74,11 +75,63 @@ void Supervisor::NoteSignalled(int pid, std::string why) {
   if (live_.count(pid) > 0) causes_[pid] = std::move(why);
 }
 
+void Supervisor::OnWorkerReady(int pid, int64_t restart_count) {
+  if (live_.count(pid) > 0) ready_[pid] = restart_count;
+}
+
+bool Supervisor::TryRegroup(int failed_local_rank) {
+  if (!options_.keep_survivors || !regroup_ || restart_count_ >= options_.max_restarts || succeeded_ > 0 ||
+      live_.empty()) {
+    return false;
+  }
+  for (const auto& [pid, local_rank] : live_) {
+    auto ready = ready_.find(pid);
+    if (ready == ready_.end() || ready->second != restart_count_) return false;
+  }
+  auto launches = prepare_(attempt_ + 1, restart_count_ + 1);
+  if (!launches.ok() || launches->size() != launches_.size()) return false;  // The group restart says why.
+  if (on_regroup_) on_regroup_(attempt_, failures_.back(), static_cast<int>(live_.size()));
+  ++attempt_;
+  ++restart_count_;
+  launches_ = *std::move(launches);
+  failures_.clear();
+  auto launch_of = [this](int local_rank) -> const WorkerLaunch* {
+    for (const WorkerLaunch& launch : launches_) {
+      if (launch.local_rank == local_rank) return &launch;
+    }
+    return nullptr;
+  };
+  for (const auto& [pid, local_rank] : live_) {
+    const WorkerLaunch* launch = launch_of(local_rank);
+    if (launch == nullptr || !regroup_(pid, *launch, restart_count_)) {
+      // One survivor could not be told: the group restarts (and spends one more restart).
+      BeginStop(StopReason::kFailure, SIGTERM);
+      return true;
+    }
+  }
+  const WorkerLaunch* failed = launch_of(failed_local_rank);
+  if (failed == nullptr) {
+    BeginStop(StopReason::kFailure, SIGTERM);
+    return true;
+  }
+  WorkerLaunch replacement = *failed;
+  replacement.env.push_back("ELRUN_JOIN_LIVE=1");  // Its state comes from the survivors.
+  auto pid = table_->Spawn(replacement);
+  if (!pid.ok()) {
+    RecordFailure(failed_local_rank, 0, ExitStatus::Exited(127), std::string(pid.status().message()));
+    BeginStop(StopReason::kFailure, SIGTERM);
+    return true;
+  }
+  live_[*pid] = failed_local_rank;
+  return true;
+}
+
 void Supervisor::OnWorkerExit(int pid, ExitStatus status) {
   auto it = live_.find(pid);
   if (it == live_.end() || state_ == State::kDone) return;
   int local_rank = it->second;
   live_.erase(it);
+  ready_.erase(pid);
 
   if (state_ == State::kRunning) {
     if (status.success()) {
@@ -89,6 +142,7 @@ void Supervisor::OnWorkerExit(int pid, ExitStatus status) {
       return;
     }
     RecordFailure(local_rank, pid, status, "");
+    if (TryRegroup(local_rank)) return;
     BeginStop(StopReason::kFailure, SIGTERM);
     return;
   }

@@ -24,6 +24,12 @@ namespace elrun {
 struct SupervisorOptions {
   int max_restarts = 0;
   std::chrono::milliseconds shutdown_timeout{30000};
+  // --keep-survivors: a failed worker is restarted alone when every other worker said it can
+  // regroup in place (OnWorkerReady) in the current generation; the others are told the new
+  // attempt's contract (the Regrouper) instead of being stopped. Anything else - a worker that
+  // never said so, a failure while a regroup is under way, a worker that already finished -
+  // restarts the group as without it. Either way one restart is spent.
+  bool keep_survivors = false;
 };
 
 // Exit codes of the launcher.
@@ -44,6 +50,20 @@ class Supervisor {
   // `table` and `clock` must outlive the supervisor.
   Supervisor(SupervisorOptions options, ProcessTable* table, const Clock* clock, AttemptPreparer prepare,
              AttemptObserver on_restart = nullptr);
+
+  // --keep-survivors: tells surviving worker `pid` its launch in the new attempt (its rank,
+  // world and master) and the new restart count; false when it cannot be told.
+  using Regrouper = std::function<bool(int pid, const WorkerLaunch& launch, int restart_count)>;
+  // Told when a failed worker is restarted alone: (the attempt that failed, its failure, how
+  // many workers keep running).
+  using RegroupObserver = std::function<void(int attempt, const WorkerFailure& failure, int survivors)>;
+  void SetRegrouper(Regrouper regroup, RegroupObserver on_regroup = nullptr) {
+    regroup_ = std::move(regroup);
+    on_regroup_ = std::move(on_regroup);
+  }
+  // Worker `pid` can regroup in place and is in generation `restart_count` (its heartbeat
+  // channel's "ready" line).
+  void OnWorkerReady(int pid, int64_t restart_count);
 
   // Told of each failure that ends an attempt, when it is seen (not of the workers elrun then
   // stops): for the goodput report.
@@ -83,6 +103,9 @@ class Supervisor {
   enum class StopReason { kFailure, kSignal, kRequested };
 
   void StartAttempt();
+  // --keep-survivors: restarts the worker of `failed_local_rank` alone; false when the group
+  // must restart instead (nothing was changed then).
+  bool TryRegroup(int failed_local_rank);
   void BeginStop(StopReason reason, int signo);
   void FinishStop();
   void RecordFailure(int local_rank, int pid, ExitStatus status, std::string start_error);
@@ -94,6 +117,8 @@ class Supervisor {
   const AttemptPreparer prepare_;
   const AttemptObserver on_restart_;
   std::function<void(const WorkerFailure&)> on_failure_;
+  Regrouper regroup_;
+  RegroupObserver on_regroup_;
 
   State state_ = State::kRunning;
   StopReason stop_reason_ = StopReason::kFailure;
@@ -105,6 +130,7 @@ class Supervisor {
   std::vector<WorkerLaunch> launches_;
   std::map<int, int> live_;            // pid -> local rank, workers whose end is not reported yet.
   std::map<int, std::string> causes_;  // pid -> why elrun signalled it (NoteSignalled).
+  std::map<int, int64_t> ready_;       // pid -> the generation it can regroup from (OnWorkerReady).
   std::vector<WorkerFailure> failures_;
   std::optional<std::chrono::steady_clock::time_point> deadline_;
 };

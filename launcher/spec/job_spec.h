@@ -52,6 +52,8 @@ struct JobSpec {
   std::string start_method = "spawn";  // forkserver: Python workers forked from a server (fork_server.h).
   std::vector<std::string> preload;    // Modules the forkserver imports besides torch.
   bool auto_heartbeat = false;         // --auto-heartbeat: Python workers beat per optimizer step.
+  // --keep-survivors: a failed worker restarts alone where the others can regroup in place.
+  bool keep_survivors = false;
   std::string role = "default";
   std::chrono::milliseconds shutdown_timeout{30000};
   // Progress heartbeats (heartbeat.h): seconds without a beat once beating, and before the first.

@@ -40,6 +40,15 @@ bool IsStopped(int pid) {
 
 absl::StatusOr<Beat> ParseBeat(const std::string& line) {
   std::vector<std::string> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+  if (fields.size() == 3 && fields[1] == "ready") {
+    Beat ready;
+    int64_t generation = 0;
+    if (!absl::SimpleAtoi(fields[0], &ready.pid) || ready.pid <= 0) return absl::InvalidArgumentError("bad pid");
+    if (!absl::SimpleAtoi(fields[2], &generation) || generation < 0)
+      return absl::InvalidArgumentError("bad generation");
+    ready.ready_generation = generation;
+    return ready;
+  }
   if (fields.size() < 3 || fields.size() > 4) {
     return absl::InvalidArgumentError("expected '<pid> <step> <step_ms> [<stack signal>]'");
   }
@@ -117,6 +126,17 @@ std::vector<Straggler> HeartbeatTable::TakeStragglers(std::optional<double> job_
     w.straggling = slow;
   }
   return stragglers;
+}
+
+void HeartbeatTable::Rearm(int group, double now) {
+  auto it = workers_.find(group);
+  if (it == workers_.end()) return;
+  it->second.reported = false;
+  if (it->second.last_beat) {
+    it->second.last_beat = now;
+  } else {
+    it->second.started = now;
+  }
 }
 
 std::vector<Hung> HeartbeatTable::TakeHung(double now) {
@@ -230,6 +250,10 @@ void HeartbeatServer::OnLine(const std::string& line) {
     }
     return;
   }
+  if (beat->ready_generation) {
+    if (on_ready_) on_ready_(beat->pid, *beat->ready_generation);
+    return;
+  }
   table_.Record(*group, *beat, MonotonicSeconds());
   if (on_beat_) on_beat_(beat->step, *group);
 }
@@ -254,7 +278,20 @@ void HeartbeatServer::OnTick() {
         Name(s.pace.group), s.pace.median_ms, s.pace.beats, s.pace.median_ms / s.job_median_ms, s.job_median_ms,
         job_median_ms_ ? absl::StrCat(" over ", job_ranks_, " ranks") : std::string(), *limits_.straggler_factor);
   }
+  std::optional<int> stopped_peer;  // A live worker that is stopped: its peers wait for it.
+  for (int group : live) {
+    if (IsStopped(group)) stopped_peer = group;
+  }
   for (Hung& hung : table_.TakeHung(now)) {
+    if (stopped_peer && !IsStopped(hung.group)) {
+      // It waits in a collective for the stopped one, which is killed instead (now or when its
+      // own timeout is due): it gets another --worker-timeout, so that with --keep-survivors it
+      // can regroup in place rather than be killed too.
+      spdlog::warn("{}: {}; a peer, {}, is stopped: killing only that one", Name(hung.group), hung.why,
+                   Name(*stopped_peer));
+      table_.Rearm(hung.group, now);
+      continue;
+    }
     if (IsStopped(hung.group)) {
       // SIGSTOP (or a debugger): no stacks will come; the grace would only add to the cost.
       hung.stack_signal = 0;

@@ -8,14 +8,22 @@
 //
 // elrun-train beats after every step; launcher/python/elrun_heartbeat.py gives Python scripts
 // beat(step) in one line. <stack signal>, when present, is a signal the worker handles by
-// printing its stacks (SIGUSR1 in both). A worker is hung when, after its first beat, none came
+// printing its stacks (SIGUSR1 in both). A worker that can regroup in place (--keep-survivors,
+// trainer/runtime/control_channel.h) also says so, once per generation, in a line that is not a
+// beat:
+//
+//   <pid> ready <generation>
+//
+// A worker is hung when, after its first beat, none came
 // for --worker-timeout, or, before it, --worker-start-timeout passed since elrun first saw it.
 // elrun then logs the rank and since when, sends the stack signal if the worker named one and
 // is not stopped (a SIGSTOPped process cannot print its stacks: it is killed at once),
 // and after kStackGrace kills the worker's group with the cause "no progress for N s"; the
-// failure restarts the group within --max-restarts like any other. Workers that never beat
-// are judged only by --worker-start-timeout, so without it scripts that do not beat are never
-// judged. Beats from a pid outside this job's workers are dropped. The beats' step times also
+// failure restarts the group within --max-restarts like any other. A hung worker that is not
+// stopped while another worker of the node is waits for it in a collective: it is not killed but
+// gets another --worker-timeout (so with --keep-survivors only the stopped one restarts).
+// Workers that never beat are judged only by --worker-start-timeout, so without it scripts that
+// do not beat are never judged. Beats from a pid outside this job's workers are dropped. The beats' step times also
 // give each worker's pace (the median of its last kPaceWindow); one slower than
 // --straggler-factor times the median of all workers' paces is logged as a straggler. In a
 // multi-node job the agent sends its workers' paces through the rendezvous, which answers with
@@ -57,9 +65,11 @@ struct Beat {
   int64_t step = 0;
   double step_ms = 0;
   int stack_signal = 0;  // 0: none named.
+  // A "ready" line instead of a beat: the worker's generation (its restart count).
+  std::optional<int64_t> ready_generation;
 };
 
-// One beat line (see above); InvalidArgument naming what is wrong.
+// One beat or ready line (see above); InvalidArgument naming what is wrong.
 absl::StatusOr<Beat> ParseBeat(const std::string& line);
 
 // A worker's pace: the median step time of its last beats (at least kPaceWindow / 2 of them).
@@ -95,6 +105,8 @@ class HeartbeatTable {
   void Record(int group, const Beat& beat, double now);
   // The groups hung at `now`, each reported once.
   std::vector<Hung> TakeHung(double now);
+  // `group`, reported hung, gets its limit again from `now` (it only waits for another worker).
+  void Rearm(int group, double now);
   // Every worker with enough beats, slowest first.
   std::vector<Pace> Paces() const;
   // The workers that became stragglers since the last call (each again only after it caught
@@ -144,6 +156,8 @@ class HeartbeatServer {
 
   // Called with each valid beat's step and its worker's group, after the beat was recorded.
   void OnBeat(std::function<void(int64_t step, int group)> on_beat) { on_beat_ = std::move(on_beat); }
+  // Called with each valid ready line's pid and generation, for a worker of this job.
+  void OnReady(std::function<void(int pid, int64_t generation)> on_ready) { on_ready_ = std::move(on_ready); }
   // Called when a worker is judged hung (before its stack signal and kill), with who it is, why,
   // and when its progress stopped (seconds of CLOCK_MONOTONIC).
   void OnHangFound(std::function<void(const std::string& what, double since)> on_hang) {
@@ -184,6 +198,7 @@ class HeartbeatServer {
   const Groups groups_;
   const OnHung on_hung_;
   std::function<void(int64_t, int)> on_beat_;
+  std::function<void(int, int64_t)> on_ready_;
   std::function<void(const std::string&, double)> on_hang_found_;
   int timer_fd_ = -1;
   std::map<int, std::pair<double, std::string>> dying_;  // Group -> (kill time, why).

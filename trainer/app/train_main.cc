@@ -22,6 +22,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <vector>
 
 #include <torch/torch.h>
@@ -47,7 +48,9 @@
 #include "trainer/optim/foreach_sgd.h"
 #include "trainer/optim/grad_scaler.h"
 #include "trainer/parallel/data_parallel.h"
+#include "trainer/parallel/live_state.h"
 #include "trainer/parallel/sync_batch_norm.h"
+#include "trainer/runtime/control_channel.h"
 #include "trainer/runtime/cuda_graph_step.h"
 #include "trainer/runtime/heartbeat_client.h"
 #include "trainer/runtime/step_profiler.h"
@@ -232,6 +235,10 @@ struct Job {
   std::unique_ptr<StepTimes> step_times;
   std::unique_ptr<StepProfiler> profiler;
   std::unique_ptr<HeartbeatClient> heartbeat;  // elrun's ELRUN_HEARTBEAT_FILE, when given.
+  // elrun --keep-survivors: its ELRUN_CONTROL_FILE, when this run can regroup in place (ddp
+  // without a CUDA graph or fp16's loss scaler) and beats.
+  std::unique_ptr<ControlChannel> control;
+  int64_t generation = 0;  // TORCHELASTIC_RESTART_COUNT, then the last regroup's.
   std::unique_ptr<Metrics> metrics;
   TrainProgress progress;
   int64_t baseline_rss = 0;  // Before the model was built (MemoryReport::baseline_rss).
@@ -291,6 +298,106 @@ absl::Status SetUpSharedMemory(Job& job) {
   return absl::OkStatus();
 }
 
+// The message of `error`, without LibTorch's backtrace.
+std::string ErrorText(const std::exception& error) {
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&error)) return c10->what_without_backtrace();
+  return error.what();
+}
+
+// How long a survivor whose collective failed waits for elrun's regroup (control_channel.h),
+// and how long building the new group may take: a replacement worker starts in about a second.
+constexpr std::chrono::seconds kRegroupWait{10};
+constexpr std::chrono::seconds kRegroupTimeout{60};
+
+// Every SyncBatchNorm of the model over `pg` and `shm` (null: none, the old group dropped).
+void AttachSyncBatchNorms(Job& job, c10::intrusive_ptr<c10d::Backend> pg, std::shared_ptr<ShmAllreduce> shm) {
+  for (const auto& module : job.model->modules()) {
+    if (auto* norm = dynamic_cast<SyncBatchNormImpl*>(module.get())) norm->Attach(pg, shm);
+  }
+}
+
+// Seconds since this process started (/proc/self/stat against /proc/uptime; 10 ms ticks).
+double ProcessAgeSeconds() {
+  std::ifstream stat("/proc/self/stat"), uptime("/proc/uptime");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::istringstream fields(text.substr(paren + 2));  // From field 3, the state.
+  std::string field;
+  for (int i = 3; i < 22 && fields >> field;) ++i;  // Field 22: the start time, in clock ticks.
+  double started_ticks = 0, now_s = 0;
+  if (!(fields >> started_ticks) || !(uptime >> now_s)) return 0;
+  return now_s - started_ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// --keep-survivors: this rank takes the job's live state, that of the rank furthest along
+// (live_state.h); `mine` is this rank's progress, nullopt for a replacement without state. The
+// new group's rank 0 says whose state and how long the regroup took: since its collective failed
+// (`failed_at`) for a survivor, since its start for a replacement.
+absl::Status TakeLiveState(Job& job, const std::optional<TrainProgress>& mine,
+                           std::optional<std::chrono::steady_clock::time_point> failed_at = std::nullopt) {
+  auto sync = SyncLiveState(*job.dist.pg, *job.dp, *job.optimizer, mine);
+  if (!sync.ok()) return absl::UnavailableError(sync.status().message());
+  job.progress = sync->progress;
+  if (job.rank() == 0) {
+    const std::string took =
+        failed_at
+            ? absl::StrFormat(
+                  "%.0f ms after its collective failed",
+                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - *failed_at).count())
+            : absl::StrFormat("%.0f ms after this replacement started", ProcessAgeSeconds() * 1e3);
+    std::cout << absl::StrFormat(
+                     "regrouped in place (generation %d): %d ranks, %d restarted; the live state of rank %d at step "
+                     "%d (%d bytes, not from disk), %s",
+                     job.generation, job.world(), sync->stateless_ranks, sync->source_rank, job.progress.step,
+                     sync->bytes, took)
+              << std::endl;
+  }
+  return absl::OkStatus();
+}
+
+// --keep-survivors: a collective failed (`error`), because a peer died. elrun restarts only that
+// worker and tells this one the new group: every handle on the old group is dropped first (so
+// peers still blocked in it see its sockets close), then the new group is built and the job's
+// live state taken. Unavailable (the worker then fails, and elrun restarts the whole group) when
+// no regroup comes within kRegroupWait or the new group cannot be built; Cancelled on SIGTERM.
+absl::Status RegroupInPlace(Job& job, const std::string& error) {
+  const auto start = std::chrono::steady_clock::now();
+  if (absl::Status s = job.dp->Rebind(nullptr, nullptr); !s.ok()) return s;
+  if (job.o.sync_bn) AttachSyncBatchNorms(job, nullptr, nullptr);
+  job.shm.reset();
+  job.dist.pg.reset();
+  job.dist.store.reset();
+  std::optional<Regroup> next;
+  while (!next && !g_stop_requested && std::chrono::steady_clock::now() - start < kRegroupWait) {
+    next = job.control->Wait(std::chrono::milliseconds(100));
+  }
+  if (g_stop_requested) return absl::CancelledError("stopped while waiting to regroup");
+  if (!next) {
+    return absl::UnavailableError(absl::StrCat(error, "; no regroup from elrun within ", kRegroupWait.count(), " s"));
+  }
+  auto env = ReadDistEnv(next->env);
+  if (!env.ok()) return absl::UnavailableError(absl::StrCat("regroup: ", env.status().message()));
+  job.env = *env;
+  job.generation = next->generation;
+  auto dist = InitProcessGroup(job.env, job.placement.backend, job.placement.cuda_device,
+                               std::min<std::chrono::milliseconds>(CollectiveTimeout(job.o), kRegroupTimeout));
+  if (!dist.ok()) return absl::UnavailableError(absl::StrCat("regroup: ", dist.status().message()));
+  job.dist = std::move(*dist);
+  if (absl::Status s = SetUpSharedMemory(job); !s.ok()) return s;
+  if (job.o.sync_bn) AttachSyncBatchNorms(job, job.dist.pg, job.shm);
+  if (absl::Status s = job.dp->Rebind(job.dist.pg, job.shm); !s.ok()) return s;
+  SamplerOptions sampler_options = job.sampler->options();
+  sampler_options.world_size = job.world();
+  sampler_options.rank = job.rank();
+  auto sampler = DistributedSampler::Create(sampler_options);
+  if (!sampler.ok()) return sampler.status();
+  *job.sampler = std::move(*sampler);
+  if (absl::Status s = TakeLiveState(job, job.progress, start); !s.ok()) return s;
+  if (job.heartbeat) job.heartbeat->Ready(job.generation);
+  return absl::OkStatus();
+}
+
 // --dataset text: the corpus of --data-dir (default: DefaultTextDir) cut into windows, checked to
 // hold a step's sequences and a validation sequence; rank 0 names it.
 absl::Status LoadText(Job& job) {
@@ -328,6 +435,14 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   if (!dist_env.ok()) return dist_env.status();
   job->env = *dist_env;
   job->heartbeat = HeartbeatClient::FromEnvironment(env);
+  if (auto count = env.find("TORCHELASTIC_RESTART_COUNT"); count != env.end()) {
+    if (!absl::SimpleAtoi(count->second, &job->generation) || job->generation < 0) {
+      return absl::InvalidArgumentError("TORCHELASTIC_RESTART_COUNT=" + count->second + ": expected an integer >= 0");
+    }
+  }
+  // elrun restarted only this worker of the job (--keep-survivors): the others are alive and
+  // regrouping; its state comes from them, not from the checkpoint.
+  const bool joining = env.count("ELRUN_JOIN_LIVE") > 0 && env.at("ELRUN_JOIN_LIVE") == "1";
   auto visible = env.find("CUDA_VISIBLE_DEVICES");
   auto placement =
       ResolvePlacement(o.device, o.backend, job->env.local_rank, static_cast<int>(torch::cuda::device_count()),
@@ -462,6 +577,7 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   ddp_options.bucket_cap_mb = o.bucket_cap_mb;
   ddp_options.first_bucket_mb = o.first_bucket_mb;
   if (o.strategy == Strategy::kDdp) ddp_options.shm = job->shm;
+  ddp_options.broadcast_from_rank0 = !joining;
   if (o.cuda_graph) {
     if (!job->placement.cuda) return absl::InvalidArgumentError("--cuda-graph needs CUDA; this rank runs on the CPU");
     job->graph = std::make_unique<CudaGraphStep>(job->device, o.batch_size);
@@ -479,7 +595,9 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   job->metrics = std::make_unique<Metrics>(job->rank() == 0 ? o.metrics_file : "");
 
   job->progress.world_size = job->world();
-  if (!o.checkpoint_dir.empty()) {
+  if (joining) {
+    if (absl::Status s = TakeLiveState(*job, std::nullopt); !s.ok()) return s;
+  } else if (!o.checkpoint_dir.empty()) {
     auto loaded = job->dp->Load(o.checkpoint_dir, *job->optimizer);
     if (loaded.ok()) {
       job->progress = *loaded;
@@ -499,6 +617,10 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   }
   // MakeOptimizer's SGD is a ForeachSgd (CheckCudaGraph refused the others).
   if (job->graph) job->graph->Bind(*job->dp, static_cast<ForeachSgd&>(*job->optimizer));
+  if (job->heartbeat && job->dp->CanRegroup() && !job->graph && !job->scaler) {
+    job->control = ControlChannel::FromEnvironment(env, job->generation);
+    if (job->control) job->heartbeat->Ready(job->generation);
+  }
   return job;
 }
 
@@ -727,6 +849,36 @@ void Report(Job& job, LoopStats& loop, const Evaluation& evaluation) {
       Quantile(loop.step_ms, 0.9), loop.loop_times, MemoryJson(Memory(job))));
 }
 
+// --keep-survivors: the model's buffers (BatchNorm's running statistics) as a step started, and
+// that step, so that a survivor whose step failed after its forward goes back to the state of the
+// steps it completed before taking part in a regroup. Copied into the same tensors every step.
+class BufferSnapshot {
+ public:
+  explicit BufferSnapshot(const TrainProgress& progress) : progress_(progress) {}
+  void Take(torch::nn::Module& model) {
+    torch::NoGradGuard no_grad;
+    const std::vector<torch::Tensor> buffers = model.buffers();
+    if (copies_.size() != buffers.size()) {
+      copies_.clear();
+      for (const auto& b : buffers) copies_.push_back(torch::empty_like(b));
+    }
+    for (size_t i = 0; i < buffers.size(); ++i) copies_[i].copy_(buffers[i]);
+    step_ = progress_.step;
+  }
+  void Restore(torch::nn::Module& model) {
+    torch::NoGradGuard no_grad;
+    const std::vector<torch::Tensor> buffers = model.buffers();
+    for (size_t i = 0; i < buffers.size() && i < copies_.size(); ++i) buffers[i].copy_(copies_[i]);
+  }
+  // The step the snapshot was taken at the start of; -1 before the first.
+  int64_t step() const { return step_; }
+
+ private:
+  const TrainProgress& progress_;
+  std::vector<torch::Tensor> copies_;
+  int64_t step_ = -1;
+};
+
 // The epochs from the resumed position on; stops early at --max-steps or on SIGTERM.
 LoopStats RunLoop(Job& job) {
   const TrainOptions& o = job.o;
@@ -747,51 +899,74 @@ LoopStats RunLoop(Job& job) {
   const absl::StatusOr<ThreadTimes> start_times = CurrentThreadTimes();
   const double dataset = static_cast<double>(job.train_size());
   bool stop = false;
-  for (; progress.epoch < o.epochs && !stop; ++progress.epoch, progress.samples_seen = 0) {
-    const int64_t start = progress.samples_seen;
-    auto batches = job.sampler->Batches(progress.epoch, start);
-    for (size_t b = 0; b < batches.size(); ++b) {
-      if (o.max_steps > 0 && progress.step >= o.max_steps) {  // Also when resumed at or past it.
-        stop = true;
-        break;
+  // --keep-survivors: a failed collective regroups in place (RegroupInPlace) and the epochs go
+  // on from the job's live state; any other run fails as before.
+  BufferSnapshot step_start_buffers(progress);
+  for (;;) {
+    try {
+      for (; progress.epoch < o.epochs && !stop; ++progress.epoch, progress.samples_seen = 0) {
+        const int64_t start = progress.samples_seen;
+        auto batches = job.sampler->Batches(progress.epoch, start);
+        for (size_t b = 0; b < batches.size(); ++b) {
+          if (o.max_steps > 0 && progress.step >= o.max_steps) {  // Also when resumed at or past it.
+            stop = true;
+            break;
+          }
+          const auto step_start = std::chrono::steady_clock::now();
+          const double step_cpu_start = job.step_times ? ThreadCpuSeconds() : 0;
+          const double position =
+              (progress.epoch * dataset + job.sampler->Position(start, static_cast<int64_t>(b))) / (o.epochs * dataset);
+          const double lr = ScheduledLr(o, position);
+          if (job.profiler) job.profiler->BeforeStep(progress.step);
+          if (job.control) step_start_buffers.Take(*job.model);
+          loop.last_loss = TrainStep(job, batches[b], lr);
+          if (job.profiler) Warn(job.profiler->AfterStep(progress.step));
+          loop.step_ms.push_back(
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count());
+          if (job.step_times) {
+            job.step_times->Write(progress.step, loop.step_ms.back(), (ThreadCpuSeconds() - step_cpu_start) * 1e3);
+          }
+          if (job.heartbeat) job.heartbeat->Beat(progress.step, loop.step_ms.back());
+          ++progress.step;
+          loop.samples += static_cast<int64_t>(batches[b].size()) * job.world();
+          progress.samples_seen = job.sampler->Position(start, static_cast<int64_t>(b) + 1);
+          if (o.checkpoint_every > 0 && progress.step % o.checkpoint_every == 0) save(false);
+          if (job.rank() == 0 && o.log_every > 0 && progress.step % o.log_every == 0) {
+            const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+            const double rate = loop.samples / std::max(elapsed, 1e-9);
+            const double left = (o.epochs - progress.epoch) * dataset - progress.samples_seen;
+            std::cout << absl::StrFormat("epoch %d  step %d  loss %.4f  lr %.4g  %.0f samples/s  ETA %.0f s",
+                                         progress.epoch, progress.step, loop.last_loss, lr, rate,
+                                         left / std::max(rate, 1e-9))
+                      << std::endl;
+            job.metrics->Write(
+                absl::StrFormat(R"({"event":"step","epoch":%d,"step":%d,"loss":%.6f,"lr":%.6g,"samples_per_s":%.1f})",
+                                progress.epoch, progress.step, loop.last_loss, lr, rate));
+          }
+          loop.signalled = checkpoint.empty() ? g_stop_requested.load() : AnyRankStopping(job, g_stop_requested);
+          if ((o.max_steps > 0 && progress.step >= o.max_steps) || loop.signalled) {
+            stop = true;
+            break;
+          }
+        }
+        if (stop) break;
       }
-      const auto step_start = std::chrono::steady_clock::now();
-      const double step_cpu_start = job.step_times ? ThreadCpuSeconds() : 0;
-      const double position =
-          (progress.epoch * dataset + job.sampler->Position(start, static_cast<int64_t>(b))) / (o.epochs * dataset);
-      const double lr = ScheduledLr(o, position);
-      if (job.profiler) job.profiler->BeforeStep(progress.step);
-      loop.last_loss = TrainStep(job, batches[b], lr);
-      if (job.profiler) Warn(job.profiler->AfterStep(progress.step));
-      loop.step_ms.push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count());
-      if (job.step_times) {
-        job.step_times->Write(progress.step, loop.step_ms.back(), (ThreadCpuSeconds() - step_cpu_start) * 1e3);
+      break;
+    } catch (const std::exception& error) {
+      if (!job.control) throw;
+      // The step that failed may have run forward (BatchNorm's running statistics moved) but no
+      // optimizer step: back to the state of the step this rank completed last.
+      if (step_start_buffers.step() == progress.step) step_start_buffers.Restore(*job.model);
+      const std::string what = ErrorText(error);
+      std::cerr << absl::StrFormat("elrun-train: rank %d: %s; regrouping in place", job.rank(), what) << std::endl;
+      absl::Status regrouped = RegroupInPlace(job, what);
+      if (regrouped.code() == absl::StatusCode::kCancelled) {
+        loop.signalled = true;  // SIGTERM while regrouping: no group left to save with.
+        loop.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+        return loop;
       }
-      if (job.heartbeat) job.heartbeat->Beat(progress.step, loop.step_ms.back());
-      ++progress.step;
-      loop.samples += static_cast<int64_t>(batches[b].size()) * job.world();
-      progress.samples_seen = job.sampler->Position(start, static_cast<int64_t>(b) + 1);
-      if (o.checkpoint_every > 0 && progress.step % o.checkpoint_every == 0) save(false);
-      if (job.rank() == 0 && o.log_every > 0 && progress.step % o.log_every == 0) {
-        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
-        const double rate = loop.samples / std::max(elapsed, 1e-9);
-        const double left = (o.epochs - progress.epoch) * dataset - progress.samples_seen;
-        std::cout << absl::StrFormat("epoch %d  step %d  loss %.4f  lr %.4g  %.0f samples/s  ETA %.0f s",
-                                     progress.epoch, progress.step, loop.last_loss, lr, rate,
-                                     left / std::max(rate, 1e-9))
-                  << std::endl;
-        job.metrics->Write(
-            absl::StrFormat(R"({"event":"step","epoch":%d,"step":%d,"loss":%.6f,"lr":%.6g,"samples_per_s":%.1f})",
-                            progress.epoch, progress.step, loop.last_loss, lr, rate));
-      }
-      loop.signalled = checkpoint.empty() ? g_stop_requested.load() : AnyRankStopping(job, g_stop_requested);
-      if ((o.max_steps > 0 && progress.step >= o.max_steps) || loop.signalled) {
-        stop = true;
-        break;
-      }
+      if (!regrouped.ok()) throw std::runtime_error(std::string(regrouped.message()));
     }
-    if (stop) break;
   }
   loop.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
   if (job.profiler) Warn(job.profiler->Finish());

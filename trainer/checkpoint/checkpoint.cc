@@ -105,9 +105,13 @@ std::string StateName(const std::string& param, const std::string& field) {
 
 std::string CheckpointPath(const std::string& dir) { return dir + "/checkpoint.pt"; }
 
-absl::Status WriteCheckpointFile(const std::string& path, const std::map<std::string, torch::Tensor>& tensors,
-                                 const std::map<std::string, ParamState>& optimizer_state,
-                                 const std::string& optimizer_kind, const TrainProgress& progress) {
+namespace {
+
+// The checkpoint dict of WriteCheckpointFile, in torch.save's format.
+absl::StatusOr<std::vector<char>> CheckpointFileBytes(const std::map<std::string, torch::Tensor>& tensors,
+                                                      const std::map<std::string, ParamState>& optimizer_state,
+                                                      const std::string& optimizer_kind,
+                                                      const TrainProgress& progress) {
   try {
     c10::Dict<std::string, torch::Tensor> model;
     // Python's torch.load opens CPU tensors anywhere; CUDA ones only where that device exists.
@@ -122,14 +126,24 @@ absl::Status WriteCheckpointFile(const std::string& path, const std::map<std::st
     root.insert("optimizer", state);
     root.insert("optimizer_kind", optimizer_kind);
     InsertProgress(root, progress);
-    return WriteAtomically(path, SaveForPython(root));
+    return SaveForPython(root);
   } catch (const c10::Error& error) {
-    return absl::InternalError(absl::StrCat("save ", path, ": ", error.what_without_backtrace()));
+    return absl::InternalError(error.what_without_backtrace());
   }
 }
 
-absl::Status SaveCheckpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                            const TrainProgress& progress) {
+}  // namespace
+
+absl::Status WriteCheckpointFile(const std::string& path, const std::map<std::string, torch::Tensor>& tensors,
+                                 const std::map<std::string, ParamState>& optimizer_state,
+                                 const std::string& optimizer_kind, const TrainProgress& progress) {
+  absl::StatusOr<std::vector<char>> bytes = CheckpointFileBytes(tensors, optimizer_state, optimizer_kind, progress);
+  if (!bytes.ok()) return absl::InternalError(absl::StrCat("save ", path, ": ", bytes.status().message()));
+  return WriteAtomically(path, *bytes);
+}
+
+absl::StatusOr<std::vector<char>> CheckpointBytes(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                                  const TrainProgress& progress) {
   absl::StatusOr<std::string> kind = OptimizerKind(optimizer);
   if (!kind.ok()) return kind.status();
   std::map<std::string, torch::Tensor> tensors;
@@ -140,16 +154,32 @@ absl::Status SaveCheckpoint(const std::string& path, torch::nn::Module& module, 
     if (!fields.empty()) state[p.key()] = std::move(fields);
   }
   for (const auto& b : module.named_buffers()) tensors[b.key()] = CpuCopy(b.value());
-  return WriteCheckpointFile(path, tensors, state, *kind, progress);
+  return CheckpointFileBytes(tensors, state, *kind, progress);
+}
+
+absl::Status SaveCheckpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                            const TrainProgress& progress) {
+  absl::StatusOr<std::vector<char>> bytes = CheckpointBytes(module, optimizer, progress);
+  if (!bytes.ok()) {
+    return bytes.status().code() == absl::StatusCode::kInternal
+               ? absl::InternalError(absl::StrCat("save ", path, ": ", bytes.status().message()))
+               : bytes.status();
+  }
+  return WriteAtomically(path, *bytes);
 }
 
 absl::StatusOr<TrainProgress> LoadCheckpoint(const std::string& path, torch::nn::Module& module,
                                              torch::optim::Optimizer& optimizer) {
-  absl::StatusOr<std::string> kind = OptimizerKind(optimizer);
-  if (!kind.ok()) return kind.status();
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return LoadCheckpointBytes(bytes, path, module, optimizer);
+}
+
+absl::StatusOr<TrainProgress> LoadCheckpointBytes(const std::vector<char>& bytes, const std::string& path,
+                                                  torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
+  absl::StatusOr<std::string> kind = OptimizerKind(optimizer);
+  if (!kind.ok()) return kind.status();
   try {
     auto root = torch::pickle_load(bytes).toGenericDict();
     auto model = root.at("model").toGenericDict();

@@ -52,6 +52,11 @@ std::string CheckpointPath(const std::string& dir);
 absl::Status SaveCheckpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                             const TrainProgress& progress);
 
+// The bytes SaveCheckpoint writes (for a copy held in memory or sent to a peer). InvalidArgument
+// for another optimizer, Internal from LibTorch.
+absl::StatusOr<std::vector<char>> CheckpointBytes(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                                  const TrainProgress& progress);
+
 // Writes the file SaveCheckpoint writes from its parts: parameters and buffers by name, the
 // optimizer state by parameter name. FSDP's consolidated export uses it.
 absl::Status WriteCheckpointFile(const std::string& path, const std::map<std::string, torch::Tensor>& tensors,
@@ -62,6 +67,11 @@ absl::Status WriteCheckpointFile(const std::string& path, const std::map<std::st
 // when it does not match the module (names or shapes).
 absl::StatusOr<TrainProgress> LoadCheckpoint(const std::string& path, torch::nn::Module& module,
                                              torch::optim::Optimizer& optimizer);
+
+// LoadCheckpoint from the bytes of a checkpoint file; `path` names them in errors (a file, or
+// where they came from).
+absl::StatusOr<TrainProgress> LoadCheckpointBytes(const std::vector<char>& bytes, const std::string& path,
+                                                  torch::nn::Module& module, torch::optim::Optimizer& optimizer);
 
 }  // namespace elrun::trainer
 

@@ -60,9 +60,31 @@ class Ddp final : public DataParallel {
     return r;
   }
 
+  bool CanRegroup() const override { return true; }
+
+  absl::Status Rebind(c10::intrusive_ptr<c10d::Backend> pg, std::shared_ptr<ShmAllreduce> shm) override {
+    try {
+      if (pg) rank_ = pg->getRank();
+      ddp_.Rebind(std::move(pg), std::move(shm));
+      return absl::OkStatus();
+    } catch (const c10::Error& error) {
+      return absl::InternalError(error.what_without_backtrace());
+    }
+  }
+
+  absl::StatusOr<std::vector<char>> StateBytes(torch::optim::Optimizer& optimizer,
+                                               const TrainProgress& progress) override {
+    return CheckpointBytes(*model_, optimizer, progress);
+  }
+
+  absl::StatusOr<TrainProgress> LoadStateBytes(const std::vector<char>& bytes, const std::string& origin,
+                                               torch::optim::Optimizer& optimizer) override {
+    return LoadCheckpointBytes(bytes, origin, *model_, optimizer);
+  }
+
  private:
   const std::shared_ptr<Classifier> model_;
-  const int rank_;
+  int rank_;  // Of the group; Rebind may change it.
   DistributedDataParallel ddp_;
 };
 

@@ -64,6 +64,27 @@ class DataParallel {
 
   // This rank's model-state bytes now, and the peak of params + grads + buffers (+ state).
   virtual MemoryReport Memory(const torch::optim::Optimizer& optimizer) = 0;
+
+  // Regrouping in place (elrun --keep-survivors, live_state.h): only ddp, whose state every rank
+  // holds whole, can; the sharded strategies' state is spread over the ranks and a lost rank's
+  // shards are gone (they restart from their checkpoint instead).
+  virtual bool CanRegroup() const { return false; }
+  // Goes on over `pg` and `shm` (spanning the same ranks; may be null) after the old group
+  // failed (DistributedDataParallel::Rebind); a null `pg` only drops the old group's handles.
+  virtual absl::Status Rebind(c10::intrusive_ptr<c10d::Backend> /*pg*/, std::shared_ptr<ShmAllreduce> /*shm*/) {
+    return absl::UnimplementedError("this strategy cannot regroup in place");
+  }
+  // This rank's whole state as a checkpoint's bytes (checkpoint.h), and loading them; `origin`
+  // names them in errors.
+  virtual absl::StatusOr<std::vector<char>> StateBytes(torch::optim::Optimizer& /*optimizer*/,
+                                                       const TrainProgress& /*progress*/) {
+    return absl::UnimplementedError("this strategy cannot regroup in place");
+  }
+  virtual absl::StatusOr<TrainProgress> LoadStateBytes(const std::vector<char>& /*bytes*/,
+                                                       const std::string& /*origin*/,
+                                                       torch::optim::Optimizer& /*optimizer*/) {
+    return absl::UnimplementedError("this strategy cannot regroup in place");
+  }
 };
 
 }  // namespace elrun::trainer

@@ -20,10 +20,7 @@ struct DistributedDataParallel::Bucket {
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
                                                  c10::intrusive_ptr<c10d::Backend> pg, DdpOptions options)
     : module_(std::move(module)), pg_(std::move(pg)), options_(options) {
-  TORCH_CHECK(!options_.shm || options_.shm->Spans(*pg_),
-              "DistributedDataParallel: the shared-memory all-reduce spans rank ",
-              options_.shm ? options_.shm->rank() : 0, " of ", options_.shm ? options_.shm->world_size() : 0,
-              ", the process group rank ", pg_->getRank(), " of ", pg_->getSize());
+  CheckShmSpansGroup();
   for (const auto& item : module_->named_parameters()) {
     if (!item.value().requires_grad()) continue;
     params_.push_back(item.value());
@@ -31,7 +28,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
   std::vector<torch::Tensor> state = params_;
   for (const auto& buffer : module_->buffers()) state.push_back(buffer);
-  if (!state.empty()) BroadcastFromRank0(*pg_, state);
+  if (!state.empty() && options_.broadcast_from_rank0) BroadcastFromRank0(*pg_, state);
 
   // Buckets in reverse registration order (roughly the order backward produces gradients), one
   // dtype each; a bucket closes once it reaches its limit (see DdpOptions).
@@ -67,10 +64,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     buckets_.push_back(std::move(bucket));
   }
   ResetIteration();
-  // 1 / world size as a CPU number the kernels take as an argument: a device tensor would cost
-  // an allocation and a fill kernel per gradient (on CUDA, launches are FashionNet's bottleneck).
-  scale_ = at::scalar_tensor(1.0 / pg_->getSize(), at::kDouble);
-  scale_.unsafeGetTensorImpl()->set_wrapped_number(true);
+  SetScale();
 
   for (size_t k = 0; k < params_.size(); ++k) {
     auto accumulator = torch::autograd::impl::grad_accumulator(params_[k]);
@@ -84,6 +78,33 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::CheckShmSpansGroup() const {
+  TORCH_CHECK(!options_.shm || options_.shm->Spans(*pg_),
+              "DistributedDataParallel: the shared-memory all-reduce spans rank ",
+              options_.shm ? options_.shm->rank() : 0, " of ", options_.shm ? options_.shm->world_size() : 0,
+              ", the process group rank ", pg_->getRank(), " of ", pg_->getSize());
+}
+
+void DistributedDataParallel::SetScale() {
+  // 1 / world size as a CPU number the kernels take as an argument: a device tensor would cost
+  // an allocation and a fill kernel per gradient (on CUDA, launches are FashionNet's bottleneck).
+  scale_ = at::scalar_tensor(1.0 / pg_->getSize(), at::kDouble);
+  scale_.unsafeGetTensorImpl()->set_wrapped_number(true);
+}
+
+void DistributedDataParallel::Rebind(c10::intrusive_ptr<c10d::Backend> pg, std::shared_ptr<ShmAllreduce> shm) {
+  // The failed step's pending all-reduces belong to the old group: dropped, never waited for.
+  ResetIteration();
+  pg_ = std::move(pg);
+  options_.shm = std::move(shm);
+  if (!pg_) {
+    TORCH_CHECK(!options_.shm, "DistributedDataParallel: a shared-memory all-reduce needs its process group");
+    return;  // Detached: the old group's last handle here is gone.
+  }
+  CheckShmSpansGroup();
+  SetScale();
+}
 
 void DistributedDataParallel::ResetIteration() {
   std::fill(ready_.begin(), ready_.end(), false);

@@ -34,6 +34,10 @@ struct DdpOptions {
   // When set, buckets it fits (shm_allreduce.h) are all-reduced through shared memory instead of
   // the process group: for ranks on one host. It must span the same ranks as the group.
   std::shared_ptr<ShmAllreduce> shm;
+  // Wrapping broadcasts rank 0's parameters and buffers. Off for a worker that joins a running
+  // job (--keep-survivors): its state comes from a survivor afterwards (live_state.h), and the
+  // survivors, whose wrappers exist, broadcast nothing then.
+  bool broadcast_from_rank0 = true;
 };
 
 // What the last synchronized backward did (for tests and metrics).
@@ -73,6 +77,13 @@ class DistributedDataParallel {
     const bool previous_;
   };
 
+  // Goes on over `pg` (and `shm`, when set, spanning the same ranks) after the old group failed:
+  // a step whose collectives did not finish is dropped, and gradients are averaged over the new
+  // world size. Nothing is broadcast: the caller makes every rank's state the same. A null `pg`
+  // (and `shm`) only drops the old group's handles: no backward may run until the next Rebind.
+  // Throws c10::Error when `shm` spans other ranks than `pg`.
+  void Rebind(c10::intrusive_ptr<c10d::Backend> pg, std::shared_ptr<ShmAllreduce> shm);
+
   // Broadcasts rank 0's buffers (e.g. BatchNorm running stats) to every rank.
   void BroadcastBuffers();
 
@@ -86,9 +97,12 @@ class DistributedDataParallel {
   void Finalize();
   void ResetIteration();
 
+  void CheckShmSpansGroup() const;
+  void SetScale();  // scale_ = 1 / the group's size.
+
   const std::shared_ptr<torch::nn::Module> module_;
-  const c10::intrusive_ptr<c10d::Backend> pg_;
-  const DdpOptions options_;
+  c10::intrusive_ptr<c10d::Backend> pg_;  // Rebind replaces it and options_.shm.
+  DdpOptions options_;
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // Kept alive for the hooks.

@@ -46,4 +46,10 @@ void HeartbeatClient::Beat(int64_t step, double step_ms) {
   (void)ignored;
 }
 
+void HeartbeatClient::Ready(int64_t generation) {
+  const std::string line = absl::StrFormat("%d ready %d\n", ::getpid(), generation);
+  ssize_t ignored = ::write(fd_, line.data(), line.size());
+  (void)ignored;
+}
+
 }  // namespace elrun::trainer

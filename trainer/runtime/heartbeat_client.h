@@ -24,6 +24,10 @@ class HeartbeatClient {
 
   // Step `step` finished in `step_ms`. Never fails the caller: a full FIFO drops the beat.
   void Beat(int64_t step, double step_ms);
+  // This worker can regroup in place (control_channel.h) and is in generation `generation` (its
+  // TORCHELASTIC_RESTART_COUNT, or the last regroup's): told once its process group is built
+  // and its state is the job's, at the start and after every regroup. Never fails the caller.
+  void Ready(int64_t generation);
 
  private:
   explicit HeartbeatClient(int fd) : fd_(fd) {}

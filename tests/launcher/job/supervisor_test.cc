@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <csignal>
 
 #include "tests/launcher/job/fake_process_table.h"
@@ -19,9 +20,9 @@ struct Harness {
   bool fail_prepare = false;
   Supervisor supervisor;
 
-  Harness(int nproc, int max_restarts, milliseconds timeout = milliseconds(500))
+  Harness(int nproc, int max_restarts, milliseconds timeout = milliseconds(500), bool keep_survivors = false)
       : supervisor(
-            SupervisorOptions{max_restarts, timeout}, &table, &clock,
+            SupervisorOptions{max_restarts, timeout, keep_survivors}, &table, &clock,
             [this, nproc](int attempt, int restart_count) -> absl::StatusOr<std::vector<WorkerLaunch>> {
               if (fail_prepare) return absl::FailedPreconditionError("cannot create log directory");
               prepared_restart_counts.push_back(restart_count);
@@ -287,6 +288,157 @@ TEST_CASE("a signal during a requested stop still ends with 128 + signo") {
   h.supervisor.OnSignal(SIGINT);
   h.End(pid, ExitStatus::Signaled(SIGINT));
   CHECK(h.supervisor.exit_code() == 128 + SIGINT);
+}
+
+}  // namespace
+}  // namespace elrun
+
+namespace elrun {
+namespace {
+
+// --keep-survivors: what the regrouper was told, and a harness whose workers can regroup.
+struct Regroups {
+  std::vector<std::pair<int, WorkerLaunch>> told;  // (survivor pid, its new launch)
+  std::vector<int> counts;
+  std::vector<std::pair<int, int>> observed;  // (failed attempt, survivors)
+  bool refuse = false;
+};
+
+struct KeepHarness : Harness {
+  Regroups regroups;
+  KeepHarness(int nproc, int max_restarts) : Harness(nproc, max_restarts, milliseconds(500), true) {
+    supervisor.SetRegrouper(
+        [this](int pid, const WorkerLaunch& launch, int count) {
+          if (regroups.refuse) return false;
+          regroups.told.emplace_back(pid, launch);
+          regroups.counts.push_back(count);
+          return true;
+        },
+        [this](int attempt, const WorkerFailure&, int survivors) {
+          regroups.observed.emplace_back(attempt, survivors);
+        });
+  }
+  void AllReady(const std::vector<int>& pids, int generation) {
+    for (int pid : pids) supervisor.OnWorkerReady(pid, generation);
+  }
+};
+
+bool HasEnv(const WorkerLaunch& launch, const std::string& entry) {
+  return std::find(launch.env.begin(), launch.env.end(), entry) != launch.env.end();
+}
+
+TEST_CASE("keep-survivors: a failed worker is restarted alone and the survivors are told the new attempt") {
+  KeepHarness h(3, 2);
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(3);
+  h.AllReady(pids, 0);
+  h.End(pids[1], ExitStatus::Signaled(SIGKILL));
+  CHECK(h.table.signals().empty());  // Nobody stopped.
+  REQUIRE(h.table.spawned().size() == 4);
+  const WorkerLaunch& replacement = h.table.spawned().back().second;
+  CHECK(replacement.local_rank == 1);
+  CHECK(replacement.error_file == "attempt_1");
+  CHECK(HasEnv(replacement, "ELRUN_JOIN_LIVE=1"));
+  REQUIRE(h.regroups.told.size() == 2);
+  CHECK(h.regroups.told[0].first == pids[0]);
+  CHECK(h.regroups.told[0].second.local_rank == 0);
+  CHECK(h.regroups.told[1].first == pids[2]);
+  CHECK(h.regroups.told[1].second.error_file == "attempt_1");
+  CHECK(!HasEnv(h.regroups.told[1].second, "ELRUN_JOIN_LIVE=1"));
+  CHECK(h.regroups.counts == std::vector<int>{1, 1});
+  REQUIRE(h.regroups.observed.size() == 1);
+  CHECK(h.regroups.observed[0] == std::make_pair(0, 2));
+  CHECK(h.supervisor.restart_count() == 1);
+  CHECK(h.supervisor.attempt() == 1);
+  CHECK(h.prepared_restart_counts == std::vector<int>{0, 1});
+
+  // The job then ends as any other: all three, the replacement included, succeed.
+  const int replacement_pid = h.table.spawned().back().first;
+  for (int pid : {pids[0], pids[2], replacement_pid}) h.End(pid, ExitStatus::Exited(0));
+  CHECK(h.supervisor.done());
+  CHECK(h.supervisor.exit_code() == kExitSuccess);
+}
+
+TEST_CASE("keep-survivors: a worker that never said it can regroup makes the group restart") {
+  KeepHarness h(3, 2);
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(3);
+  h.AllReady({pids[0], pids[1]}, 0);
+  h.End(pids[1], ExitStatus::Exited(1));
+  CHECK(h.regroups.told.empty());
+  CHECK(h.table.WasSignaled(pids[0], SIGTERM));
+  CHECK(h.table.WasSignaled(pids[2], SIGTERM));
+}
+
+TEST_CASE("keep-survivors: a failure before the last regroup completed restarts the group") {
+  KeepHarness h(2, 3);
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(2);
+  h.AllReady(pids, 0);
+  h.End(pids[0], ExitStatus::Exited(1));
+  REQUIRE(h.regroups.told.size() == 1);
+  const int replacement = h.table.spawned().back().first;
+  // The survivor fails before the replacement said ready in generation 1 (it says so once the
+  // new group holds the live state); being ready in an older generation does not count.
+  h.supervisor.OnWorkerReady(replacement, 0);
+  h.End(pids[1], ExitStatus::Exited(1));
+  CHECK(h.regroups.told.size() == 1);
+  CHECK(h.table.WasSignaled(replacement, SIGTERM));
+  h.End(replacement, ExitStatus::Signaled(SIGTERM));
+  CHECK(h.supervisor.restart_count() == 2);  // The group restart spent one more.
+  CHECK(h.table.spawned().size() == 5);      // 2 + the replacement + a new group of 2.
+}
+
+TEST_CASE("keep-survivors: a regroup once everyone is ready again in the new generation") {
+  KeepHarness h(2, 3);
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(2);
+  h.AllReady(pids, 0);
+  h.End(pids[0], ExitStatus::Exited(1));
+  const int replacement = h.table.spawned().back().first;
+  h.AllReady({pids[1], replacement}, 1);
+  h.End(replacement, ExitStatus::Exited(1));
+  CHECK(h.table.signals().empty());
+  CHECK(h.regroups.counts == std::vector<int>{1, 2});
+  CHECK(h.supervisor.restart_count() == 2);
+}
+
+TEST_CASE("keep-survivors: no restart left fails the job as without it") {
+  KeepHarness h(2, 0);
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(2);
+  h.AllReady(pids, 0);
+  h.End(pids[0], ExitStatus::Exited(7));
+  CHECK(h.regroups.told.empty());
+  CHECK(h.table.WasSignaled(pids[1], SIGTERM));
+  h.End(pids[1], ExitStatus::Signaled(SIGTERM));
+  CHECK(h.supervisor.done());
+  CHECK(h.supervisor.exit_code() == kExitJobFailed);
+  REQUIRE(!h.supervisor.failures().empty());
+  CHECK(h.supervisor.failures()[0].status.code == 7);
+}
+
+TEST_CASE("keep-survivors: a survivor that cannot be told, or one that already finished, restarts the group") {
+  SUBCASE("cannot be told") {
+    KeepHarness h(2, 2);
+    h.regroups.refuse = true;
+    h.supervisor.Start();
+    auto pids = h.CurrentPids(2);
+    h.AllReady(pids, 0);
+    h.End(pids[0], ExitStatus::Exited(1));
+    CHECK(h.table.WasSignaled(pids[1], SIGTERM));
+    CHECK(h.table.spawned().size() == 2);
+  }
+  SUBCASE("finished") {
+    KeepHarness h(3, 2);
+    h.supervisor.Start();
+    auto pids = h.CurrentPids(3);
+    h.AllReady(pids, 0);
+    h.End(pids[2], ExitStatus::Exited(0));
+    h.End(pids[0], ExitStatus::Exited(1));
+    CHECK(h.regroups.told.empty());
+    CHECK(h.table.WasSignaled(pids[1], SIGTERM));
+  }
 }
 
 }  // namespace

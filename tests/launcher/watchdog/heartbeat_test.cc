@@ -19,6 +19,19 @@ Beat B(int pid, int64_t step, int stack_signal = 0) {
   return beat;
 }
 
+TEST_CASE("ParseBeat reads a worker's ready line, which is not a beat") {
+  auto ready = ParseBeat("77 ready 3");
+  REQUIRE(ready.ok());
+  CHECK(ready->pid == 77);
+  REQUIRE(ready->ready_generation.has_value());
+  CHECK(*ready->ready_generation == 3);
+  CHECK(!ParseBeat("77 12 35.250 10")->ready_generation.has_value());
+  for (const char* bad : {"77 ready", "77 ready -1", "77 ready x", "0 ready 1", "77 ready 1 2"}) {
+    CAPTURE(bad);
+    CHECK(!ParseBeat(bad).ok());
+  }
+}
+
 TEST_CASE("ParseBeat reads '<pid> <step> <step_ms> [<stack signal>]' and refuses the rest") {
   auto beat = ParseBeat("77 12 35.250 10");
   REQUIRE(beat.ok());
@@ -52,6 +65,21 @@ TEST_CASE("after its first beat a worker is hung once --worker-timeout passes wi
       "no progress for 2.5 s (--worker-timeout 2): its last heartbeat, step 0 (12.5 ms), came 1.0 s after it started");
   CHECK(table.TakeHung(10.0).size() == 1);  // 200 now; 100 is not reported twice.
   CHECK(table.TakeHung(20.0).empty());
+}
+
+TEST_CASE("a rearmed worker gets its whole limit again from then") {
+  HeartbeatTable table({/*worker_timeout_s=*/2.0, /*start_timeout_s=*/5.5, std::nullopt});
+  table.Track({100, 200}, 0.0);
+  table.Record(100, B(100, 0), 1.0);
+  REQUIRE(table.TakeHung(3.5).size() == 1);
+  table.Rearm(100, 3.5);  // It only waited for a stopped peer.
+  CHECK(table.TakeHung(5.4).empty());
+  auto again = table.TakeHung(5.6);
+  REQUIRE(again.size() == 2);  // 100 once more, 200 by its start timeout.
+  table.Rearm(200, 5.6);       // Never beat: its start clock restarts.
+  CHECK(table.TakeHung(11.0).empty());
+  CHECK(table.TakeHung(11.2).size() == 1);
+  table.Rearm(300, 1.0);  // Unknown: nothing.
 }
 
 TEST_CASE("a worker that never beats is judged by --worker-start-timeout only") {

@@ -1,0 +1,151 @@
+"""elrun --keep-survivors with elrun-train: a SIGKILLed worker is restarted alone, the survivor
+keeps its process and regroups in place, and the replacement takes the survivor's live state
+instead of a checkpoint. Rank 1 killed mid-epoch, then rank 0 (the store host and checkpoint
+writer) killed in the regrouped job; the job ends with the same steps, parameters, BatchNorm
+running statistics and momentum buffers (within 1e-6) as an uninterrupted run, with no step redone
+and none skipped. A strategy that cannot regroup (zero1: a lost rank's shards are gone) restarts
+the group from its checkpoint as without the option.
+
+The job is train_resume_test's: FashionNet with SyncBatchNorm on the seeded synthetic data set,
+2 single-threaded workers, batch 32 per rank (64 steps per epoch), a checkpoint every 16 steps,
+cut at step 80 of 2 epochs.
+"""
+import os
+import re
+
+import harness
+import train_harness
+from train_harness import RESUMED_LINE, TrainTestCase, train_args
+
+WORKERS = 2
+BATCH = 32
+STEPS_PER_EPOCH = train_harness.SYNTHETIC_TRAIN_SAMPLES // (WORKERS * BATCH)  # 64
+CHECKPOINT_EVERY = 16
+MAX_STEPS = STEPS_PER_EPOCH + CHECKPOINT_EVERY  # 80
+REGROUPED_LINE = re.compile(r"^regrouped in place \(generation (\d+)\): (\d+) ranks, (\d+) restarted; the live "
+                            r"state of rank (\d+) at step (\d+) \((\d+) bytes, not from disk\), (\d+) ms after "
+                            r"(?:its collective failed|this replacement started)", re.M)
+
+
+@harness.elrun_only("torchrun restarts every worker after a failure")
+class KeepSurvivorsTest(TrainTestCase):
+
+    def job_args(self, name, **options):
+        settings = dict(batch_size=BATCH, epochs=2, max_steps=MAX_STEPS, checkpoint_every=CHECKPOINT_EVERY,
+                        checkpoint_dir=self.path(name, "checkpoints"), metrics_file=self.path(name, "metrics.jsonl"),
+                        step_times_file=self.path(name, "steps.tsv"))
+        settings.update(options)
+        return train_args(**settings)
+
+    def logged_steps(self, name, rank):
+        with open(self.path(name, "steps.tsv.%d" % rank)) as f:
+            lines = [line.split("\t")[0] for line in f]
+        self.assertEqual(lines[:1], ["step"], "expected %s/steps.tsv.%d to start with its header" % (name, rank))
+        return [int(step) for step in lines[1:]]
+
+    def wait_for(self, run, what, until):
+        run.pump(until, train_harness.TRAIN_TIMEOUT_S)
+        if not until():
+            self.fail("expected %s; %s\n%s" % (what, "the job exited first" if run.rc is not None else
+                                               "it did not happen within %.0f s" % train_harness.TRAIN_TIMEOUT_S,
+                                               run.result()))
+
+    def latest_step(self, run, after=0):
+        found = train_harness.STEP_LINE.findall(run.stdout[after:])
+        return int(found[-1][1]) if found else 0
+
+    def test_killed_workers_regroup_in_place_to_the_uninterrupted_result(self):
+        os.makedirs(self.path("reference"))
+        os.makedirs(self.path("killed"))
+        self.run_job(["--standalone", "--nproc-per-node", str(WORKERS)], self.job_args("reference"),
+                     "the uninterrupted reference run")
+        run = self.launch(["--standalone", "--nproc-per-node", str(WORKERS), "--max-restarts", "2",
+                           "--keep-survivors", "--log-dir", self.path("logs")], self.job_args("killed"))
+
+        # Kill rank 1 mid-epoch 0; rank 0 must survive it.
+        self.wait_for(run, "rank 0 to report step 20", lambda: self.latest_step(run) >= 20)
+        before = self.workers(run)
+        self.assertEqual(sorted(before), [0, 1], "expected the workers of ranks 0 and 1\n%s" % run.result())
+        pid_1 = self.kill_worker(run, 1)
+        self.wait_for(run, "a regroup after rank 1 was killed", lambda: REGROUPED_LINE.search(run.stdout))
+        after = self.workers(run)
+        self.assertEqual(after.get(0), before[0], "expected rank 0's worker (pid %d) to survive the kill of rank 1 "
+                         "and regroup in place; the workers now: %s\n%s" % (before[0], after, run.result()))
+        self.assertNotIn(after.get(1), (None, pid_1), "expected a new worker for rank 1\n%s" % run.result())
+
+        # Then the survivor itself: rank 0 hosts the store and writes the checkpoints.
+        offset = REGROUPED_LINE.search(run.stdout).end()
+        first = int(REGROUPED_LINE.search(run.stdout).group(5))
+        self.wait_for(run, "rank 0 to report step %d" % (first + 10),
+                      lambda: self.latest_step(run, offset) >= first + 10)
+        survivor_1 = after[1]
+        pid_0 = self.kill_worker(run, 0)
+        result = self.wait_exit(run)
+        self.assertExit(result, 0)
+        self.assertEqual(RESUMED_LINE.findall(result.out), [], "expected no resume from disk\n%s" % result)
+
+        regroups = [tuple(int(x) for x in m) for m in REGROUPED_LINE.findall(result.out)]
+        self.assertEqual(len(regroups), 2, "expected two regroups, one per kill\n%s" % result)
+        for generation, (gen, ranks, restarted, source, step, size, ms) in enumerate(regroups, 1):
+            self.assertEqual((gen, ranks, restarted), (generation, WORKERS, 1), result)
+            # Rank 1 was killed first, then rank 0: the state came from the other one.
+            self.assertEqual(source, generation - 1, "expected the survivor's state (rank %d) in regroup %d"
+                             % (generation - 1, generation))
+            self.assertGreater(size, 0)
+        self.assertGreaterEqual(regroups[0][4], 20)
+        self.assertGreater(regroups[1][4], regroups[0][4])
+        for attempt, rank, pid, survivor in ((0, 1, pid_1, before[0]), (1, 0, pid_0, survivor_1)):
+            self.assertRegex(result.err, r"attempt %d failed: local_rank %d \(rank %d, pid %d\) ended with [^;\n]*"
+                             r"SIGKILL[^;\n]*; restarting local rank %d alone, 1 worker regroups in place "
+                             r"\(restart %d of 2\)" % (attempt, rank, rank, pid, rank, attempt + 1), result)
+        self.assertRegex(result.err, r"elrun-train: rank 0: .*; regrouping in place")
+        self.assertEqual(sorted(os.listdir(os.path.join(self.path("logs"), os.listdir(self.path("logs"))[0]))),
+                         ["attempt_0", "attempt_1", "attempt_2"], "expected one attempt per restart")
+
+        # No step redone, none skipped: each rank's step times (its processes appended to one
+        # file) go up by one from 0 to the last step.
+        for rank in range(WORKERS):
+            self.assertEqual(self.logged_steps("killed", rank), list(range(MAX_STEPS)),
+                             "expected rank %d to log every step once" % rank)
+        state, worst = self.assertSameCheckpoint(
+            self.path("reference", "checkpoints", "checkpoint.pt"), self.path("killed", "checkpoints", "checkpoint.pt"),
+            "the final checkpoints of the uninterrupted run and of the run regrouped in place twice")
+        self.assertEqual(state["step"], MAX_STEPS)
+        print("regrouped at steps %d and %d in %d and %d ms; largest difference %.3g"
+              % (regroups[0][4], regroups[1][4], regroups[0][6], regroups[1][6], worst))
+
+    def test_a_stopped_worker_is_killed_alone_and_the_survivor_regroups(self):
+        os.makedirs(self.path("stopped"))
+        run = self.launch(["--standalone", "--nproc-per-node", str(WORKERS), "--max-restarts", "1",
+                           "--keep-survivors", "--worker-timeout", "1", "--inject-faults", "stop-worker:1@step20"],
+                          self.job_args("stopped", max_steps=40))
+        self.wait_for(run, "rank 0 to report step 10", lambda: self.latest_step(run) >= 10)
+        survivor = self.workers(run)[0]
+        self.wait_for(run, "a regroup after rank 1 was stopped", lambda: REGROUPED_LINE.search(run.stdout))
+        self.assertEqual(self.workers(run).get(0), survivor, "expected rank 0 (pid %d) to survive\n%s"
+                         % (survivor, run.result()))
+        result = self.wait_exit(run)
+        self.assertExit(result, 0)
+        self.assertRegex(result.err, r"rank 1 \(local_rank 1, [^)]*\): no progress for 1\.\d s \(--worker-timeout 1\)"
+                         r".*; it is stopped \(SIGSTOP or a tracer\), so no stacks; killing it")
+        self.assertNotRegex(result.err, r"rank 0 \(local_rank 0, [^)]*\): no progress.*killing it")
+        self.assertRegex(result.err, r"restarting local rank 1 alone, 1 worker regroups in place")
+        self.assertEqual(self.logged_steps("stopped", 0), list(range(40)))
+
+    def test_a_strategy_that_cannot_regroup_restarts_the_group(self):
+        os.makedirs(self.path("zero1"))
+        run = self.launch(["--standalone", "--nproc-per-node", str(WORKERS), "--max-restarts", "1",
+                           "--keep-survivors"], self.job_args("zero1", strategy="zero1", max_steps=40, sync_bn=None))
+        self.wait_for(run, "rank 0 to report step 20", lambda: self.latest_step(run) >= 20)
+        pid_1 = self.kill_worker(run, 1)
+        result = self.wait_exit(run)
+        self.assertExit(result, 0)
+        self.assertRegex(result.err, r"attempt 0 failed: local_rank 1 \(rank 1, pid %d\) ended with [^;\n]*SIGKILL"
+                         r"[^;\n]*; restarting the worker group \(restart 1 of 1\)" % pid_1, result)
+        self.assertEqual(len(RESUMED_LINE.findall(result.out)), 1, "expected a resume from the checkpoint\n%s"
+                         % result)
+        self.assertIsNone(REGROUPED_LINE.search(result.out), result)
+
+
+if __name__ == "__main__":
+    harness.main()
