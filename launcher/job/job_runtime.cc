@@ -174,7 +174,9 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(const JobSpec& sp
         fifo, runtime->loop_.get(), limits, [self](int pid) { return self->WorkerGroupOf(pid); },
         [self] {
           std::vector<HeartbeatServer::Worker> workers;
-          for (const auto& w : self->table_->Workers()) workers.push_back({w.pid, w.local_rank, w.rank});
+          for (const auto& w : self->table_->Workers()) {
+            if (w.local_rank != kStandbyLocalRank) workers.push_back({w.pid, w.local_rank, w.rank});
+          }
           return workers;
         },
         [self](int group, const std::string& why) {
@@ -206,7 +208,9 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(const JobSpec& sp
     FaultInjector::Hooks hooks;
     hooks.workers = [self] {
       std::vector<std::pair<int, int>> workers;
-      for (const auto& w : self->table_->Workers()) workers.emplace_back(w.pid, w.local_rank);
+      for (const auto& w : self->table_->Workers()) {
+        if (w.local_rank != kStandbyLocalRank) workers.emplace_back(w.pid, w.local_rank);
+      }
       return workers;
     };
     hooks.signal = [self](int pid, int signo, bool group) {
@@ -263,20 +267,44 @@ absl::Status JobRuntime::AddControlFiles(std::vector<WorkerLaunch>& launches) {
   return absl::OkStatus();
 }
 
-bool JobRuntime::SendRegroup(const WorkerLaunch& launch, int restart_count) {
+namespace {
+
+// The value of `name` in a launch's environment ("" when unset; the last entry counts).
+std::string EnvOf(const WorkerLaunch& launch, const std::string& name) {
+  const std::string prefix = name + "=";
+  for (auto it = launch.env.rbegin(); it != launch.env.rend(); ++it) {
+    if (absl::StartsWith(*it, prefix)) return it->substr(prefix.size());
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::StatusOr<WorkerLaunch> JobRuntime::StandbyLaunch(const WorkerLaunch& base) {
+  if (!control_) return absl::FailedPreconditionError("no control channel (--keep-survivors)");
+  if (base.out.target != StreamTarget::kInherit || base.err.target != StreamTarget::kInherit) {
+    return absl::FailedPreconditionError("workers' streams go to log files (--redirects, --tee)");
+  }
+  if (!base.cpus.empty() || base.memory_node >= 0)
+    return absl::FailedPreconditionError("workers are bound (--numa-binding)");
+  if (base.fork_from_server) return absl::FailedPreconditionError("workers are forked (--start-method forkserver)");
+  absl::StatusOr<std::string> path = control_->PathFor(-(++standbys_));
+  if (!path.ok()) return path.status();
+  WorkerLaunch spare = base;
+  spare.local_rank = kStandbyLocalRank;
+  spare.rank = kStandbyLocalRank;
+  spare.env.push_back("ELRUN_CONTROL_FILE=" + *path);
+  spare.env.push_back("ELRUN_STANDBY=1");
+  return spare;
+}
+
+bool JobRuntime::SendRegroup(const WorkerLaunch& started_as, const WorkerLaunch& launch, int restart_count) {
   if (!control_) return false;
-  auto value = [&launch](const std::string& name) -> std::string {
-    const std::string prefix = name + "=";
-    for (auto it = launch.env.rbegin(); it != launch.env.rend(); ++it) {  // The last one counts.
-      if (absl::StartsWith(*it, prefix)) return it->substr(prefix.size());
-    }
-    return "";
-  };
   std::string line = absl::StrCat("regroup ", restart_count);
   for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) {
-    absl::StrAppend(&line, " ", name, "=", value(name));
+    absl::StrAppend(&line, " ", name, "=", EnvOf(launch, name));
   }
-  absl::Status sent = control_->Send(launch.local_rank, line);
+  absl::Status sent = control_->Send(EnvOf(started_as, "ELRUN_CONTROL_FILE"), line);
   if (!sent.ok()) spdlog::warn("--keep-survivors: {}", std::string(sent.message()));
   return sent.ok();
 }

@@ -63,10 +63,15 @@ class JobRuntime {
   // --keep-survivors: gives each launch ELRUN_CONTROL_FILE, the control FIFO of its local rank
   // (control_fifos.h). Call on every attempt's launches; nothing without --keep-survivors.
   absl::Status AddControlFiles(std::vector<WorkerLaunch>& launches);
-  // --keep-survivors: tells the worker of `launch`'s local rank the new attempt's contract
-  // (`launch`'s RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) as generation
+  // --keep-survivors: tells the process started as `started_as` (its control FIFO) the contract
+  // of `launch` (its RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) as generation
   // `restart_count` (trainer/runtime/control_channel.h). False, with a warning, when it cannot.
-  bool SendRegroup(const WorkerLaunch& launch, int restart_count);
+  bool SendRegroup(const WorkerLaunch& started_as, const WorkerLaunch& launch, int restart_count);
+  // --keep-survivors: the launch of a standby spare (standby_worker.h) made from a worker's: local
+  // rank kStandbyLocalRank, a control FIFO of its own, ELRUN_STANDBY=1. FailedPrecondition, saying
+  // why, where a spare cannot stand in for any worker: streams to per-rank log files, CPU
+  // binding, a forkserver.
+  absl::StatusOr<WorkerLaunch> StandbyLaunch(const WorkerLaunch& base);
 
   // Called when the FileTimer watchdog (TORCHELASTIC_ENABLE_FILE_TIMER=1) signals a process of
   // a worker's group, or a hung worker (heartbeat.h) is killed: the worker's pid and one line
@@ -108,6 +113,7 @@ class JobRuntime {
   std::unique_ptr<FileTimerServer> file_timer_;
   std::unique_ptr<HeartbeatServer> heartbeat_;
   std::unique_ptr<ControlFifos> control_;  // --keep-survivors.
+  int standbys_ = 0;                       // Standby spares made so far: their FIFO slots.
   std::function<void(int pid, const std::string& why)> on_watchdog_signal_;
   std::unique_ptr<PythonDir> python_dir_;  // --start-method forkserver, --auto-heartbeat.
   bool fork_server_ = false;

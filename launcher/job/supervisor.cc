@@ -21,6 +21,7 @@ void Supervisor::StartAttempt() {
   failures_.clear();
   live_.clear();
   ready_.clear();
+  started_as_.clear();
   deadline_.reset();
 
   auto launches = prepare_(attempt_, restart_count_);
@@ -43,6 +44,7 @@ void Supervisor::StartAttempt() {
       return;
     }
     live_[*pid] = launch.local_rank;
+    if (options_.keep_survivors) started_as_[*pid] = launch;
   }
   if (launches_.empty()) {
     state_ = State::kDone;
@@ -76,7 +78,18 @@ void Supervisor::NoteSignalled(int pid, std::string why) {
 }
 
 void Supervisor::OnWorkerReady(int pid, int64_t restart_count) {
-  if (live_.count(pid) > 0) ready_[pid] = restart_count;
+  if (live_.count(pid) == 0) return;
+  ready_[pid] = restart_count;
+  if (state_ != State::kRunning || !standby_.on_all_ready || all_ready_told_ == restart_count_ || succeeded_ > 0 ||
+      launches_.empty()) {
+    return;
+  }
+  for (const auto& [live_pid, local_rank] : live_) {
+    auto ready = ready_.find(live_pid);
+    if (ready == ready_.end() || ready->second != restart_count_) return;
+  }
+  all_ready_told_ = restart_count_;
+  standby_.on_all_ready(launches_.front());
 }
 
 bool Supervisor::TryRegroup(int failed_local_rank) {
@@ -103,7 +116,9 @@ bool Supervisor::TryRegroup(int failed_local_rank) {
   };
   for (const auto& [pid, local_rank] : live_) {
     const WorkerLaunch* launch = launch_of(local_rank);
-    if (launch == nullptr || !regroup_(pid, *launch, restart_count_)) {
+    auto started_as = started_as_.find(pid);
+    if (launch == nullptr || started_as == started_as_.end() ||
+        !regroup_(pid, started_as->second, *launch, restart_count_)) {
       // One survivor could not be told: the group restarts (and spends one more restart).
       BeginStop(StopReason::kFailure, SIGTERM);
       return true;
@@ -114,6 +129,13 @@ bool Supervisor::TryRegroup(int failed_local_rank) {
     BeginStop(StopReason::kFailure, SIGTERM);
     return true;
   }
+  if (standby_.take) {
+    if (auto spare = standby_.take(*failed, restart_count_)) {  // Told, and already started.
+      live_[spare->first] = failed_local_rank;
+      started_as_[spare->first] = std::move(spare->second);
+      return true;
+    }
+  }
   WorkerLaunch replacement = *failed;
   replacement.env.push_back("ELRUN_JOIN_LIVE=1");  // Its state comes from the survivors.
   auto pid = table_->Spawn(replacement);
@@ -123,6 +145,7 @@ bool Supervisor::TryRegroup(int failed_local_rank) {
     return true;
   }
   live_[*pid] = failed_local_rank;
+  started_as_[*pid] = std::move(replacement);
   return true;
 }
 
@@ -132,6 +155,7 @@ void Supervisor::OnWorkerExit(int pid, ExitStatus status) {
   int local_rank = it->second;
   live_.erase(it);
   ready_.erase(pid);
+  started_as_.erase(pid);
 
   if (state_ == State::kRunning) {
     if (status.success()) {

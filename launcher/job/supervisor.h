@@ -51,9 +51,11 @@ class Supervisor {
   Supervisor(SupervisorOptions options, ProcessTable* table, const Clock* clock, AttemptPreparer prepare,
              AttemptObserver on_restart = nullptr);
 
-  // --keep-survivors: tells surviving worker `pid` its launch in the new attempt (its rank,
-  // world and master) and the new restart count; false when it cannot be told.
-  using Regrouper = std::function<bool(int pid, const WorkerLaunch& launch, int restart_count)>;
+  // --keep-survivors: tells surviving worker `pid`, started as `started_as`, its launch in the
+  // new attempt (its rank, world and master) and the new restart count; false when it cannot be
+  // told.
+  using Regrouper =
+      std::function<bool(int pid, const WorkerLaunch& started_as, const WorkerLaunch& launch, int restart_count)>;
   // Told when a failed worker is restarted alone: (the attempt that failed, its failure, how
   // many workers keep running).
   using RegroupObserver = std::function<void(int attempt, const WorkerFailure& failure, int survivors)>;
@@ -64,6 +66,16 @@ class Supervisor {
   // Worker `pid` can regroup in place and is in generation `restart_count` (its heartbeat
   // channel's "ready" line).
   void OnWorkerReady(int pid, int64_t restart_count);
+  // --keep-survivors with a standby spare (standby_worker.h): `take` hands the spare the launch of
+  // a failed worker in the new generation and returns its pid (then no process is started),
+  // nullopt when there is none; `on_all_ready` is told once per generation, with the spare's
+  // started_as launch, when every worker said ready (a new spare may start then: not earlier, so
+  // that its start-up does not slow the regroup).
+  struct Standby {
+    std::function<std::optional<std::pair<int, WorkerLaunch>>(const WorkerLaunch& launch, int restart_count)> take;
+    std::function<void(const WorkerLaunch& base)> on_all_ready;
+  };
+  void SetStandby(Standby standby) { standby_ = std::move(standby); }
 
   // Told of each failure that ends an attempt, when it is seen (not of the workers elrun then
   // stops): for the goodput report.
@@ -119,6 +131,7 @@ class Supervisor {
   std::function<void(const WorkerFailure&)> on_failure_;
   Regrouper regroup_;
   RegroupObserver on_regroup_;
+  Standby standby_;
 
   State state_ = State::kRunning;
   StopReason stop_reason_ = StopReason::kFailure;
@@ -128,9 +141,11 @@ class Supervisor {
   int restart_count_ = 0;
   int succeeded_ = 0;
   std::vector<WorkerLaunch> launches_;
-  std::map<int, int> live_;            // pid -> local rank, workers whose end is not reported yet.
-  std::map<int, std::string> causes_;  // pid -> why elrun signalled it (NoteSignalled).
-  std::map<int, int64_t> ready_;       // pid -> the generation it can regroup from (OnWorkerReady).
+  std::map<int, int> live_;                 // pid -> local rank, workers whose end is not reported yet.
+  std::map<int, std::string> causes_;       // pid -> why elrun signalled it (NoteSignalled).
+  std::map<int, int64_t> ready_;            // pid -> the generation it can regroup from (OnWorkerReady).
+  std::map<int, WorkerLaunch> started_as_;  // pid -> the launch it was started with (--keep-survivors).
+  int64_t all_ready_told_ = -1;             // The last generation on_all_ready was told of.
   std::vector<WorkerFailure> failures_;
   std::optional<std::chrono::steady_clock::time_point> deadline_;
 };

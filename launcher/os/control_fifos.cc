@@ -21,17 +21,17 @@ absl::StatusOr<std::unique_ptr<ControlFifos>> ControlFifos::Create(const std::st
 }
 
 ControlFifos::~ControlFifos() {
-  for (const auto& [rank, fifo] : fifos_) {
-    ::close(fifo.second);
-    ::unlink(fifo.first.c_str());
+  for (const auto& [path, fd] : fds_) {
+    ::close(fd);
+    ::unlink(path.c_str());
   }
   ::rmdir(dir_.c_str());
 }
 
-absl::StatusOr<std::string> ControlFifos::PathFor(int local_rank) {
-  auto it = fifos_.find(local_rank);
-  if (it != fifos_.end()) return it->second.first;
-  const std::string path = absl::StrCat(dir_, "/", local_rank);
+absl::StatusOr<std::string> ControlFifos::PathFor(int slot) {
+  auto it = paths_.find(slot);
+  if (it != paths_.end()) return it->second;
+  const std::string path = absl::StrCat(dir_, "/", slot);
   if (::mkfifo(path.c_str(), 0600) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot make the FIFO ", path, ": ", std::strerror(errno)));
   }
@@ -41,24 +41,26 @@ absl::StatusOr<std::string> ControlFifos::PathFor(int local_rank) {
     ::unlink(path.c_str());
     return absl::UnavailableError(absl::StrCat("cannot open the FIFO ", path, ": ", std::strerror(error)));
   }
-  fifos_[local_rank] = {path, fd};
+  paths_[slot] = path;
+  fds_[path] = fd;
   return path;
 }
 
-absl::Status ControlFifos::Send(int local_rank, const std::string& line) {
-  auto it = fifos_.find(local_rank);
-  if (it == fifos_.end())
-    return absl::FailedPreconditionError(absl::StrCat("no control FIFO for local rank ", local_rank));
+absl::Status ControlFifos::Send(const std::string& path, const std::string& line) {
+  auto it = fds_.find(path);
+  if (it == fds_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not one of elrun's control FIFOs"));
+  }
   if (line.find('\n') != std::string::npos || line.size() + 1 > PIPE_BUF) {
     return absl::InvalidArgumentError("a control line holds a newline or is longer than PIPE_BUF");
   }
   const std::string message = line + "\n";
   for (;;) {
-    const ssize_t n = ::write(it->second.second, message.data(), message.size());
+    const ssize_t n = ::write(it->second, message.data(), message.size());
     if (n == static_cast<ssize_t>(message.size())) return absl::OkStatus();
     if (n < 0 && errno == EINTR) continue;
     return absl::UnavailableError(
-        absl::StrCat("control FIFO of local rank ", local_rank, ": ", n < 0 ? std::strerror(errno) : "short write"));
+        absl::StrCat("control FIFO ", path, ": ", n < 0 ? std::strerror(errno) : "short write"));
   }
 }
 

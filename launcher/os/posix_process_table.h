@@ -58,6 +58,12 @@ class PosixProcessTable : public ProcessTable {
     int local_rank = 0;
     int rank = 0;
   };
+  void Relabel(int pid, int local_rank, int rank) override {
+    auto it = workers_.find(pid);
+    if (it == workers_.end()) return;
+    it->second.local_rank = local_rank;
+    it->second.rank = rank;
+  }
   std::vector<LiveWorker> Workers() const {
     std::vector<LiveWorker> live;
     for (const auto& [pid, worker] : workers_) live.push_back({pid, worker.local_rank, worker.rank});

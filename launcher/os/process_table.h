@@ -20,6 +20,10 @@ class ProcessTable {
   // Sends `signo` to the process group of a worker whose end has not been reported yet (its
   // leader is unreaped, so the group id cannot have been reused).
   virtual void SignalGroup(int pid, int signo) = 0;
+
+  // Worker `pid` (a standby spare, spawned with local rank -1) now is the worker of `local_rank`
+  // and `rank`: watchdogs and reports see it as such.
+  virtual void Relabel(int /*pid*/, int /*local_rank*/, int /*rank*/) {}
 };
 
 }  // namespace elrun

@@ -41,6 +41,10 @@ struct WorkerLaunch {
   bool fork_from_server = false;
 };
 
+// A launch's local rank while it is a standby spare (--keep-survivors): not a worker of any
+// attempt until elrun hands it one (launcher/job/standby_worker.h).
+inline constexpr int kStandbyLocalRank = -1;
+
 }  // namespace elrun
 
 #endif  // ELRUN_LAUNCHER_SPEC_WORKER_LAUNCH_H_

@@ -239,6 +239,8 @@ struct Job {
   // without a CUDA graph or fp16's loss scaler) and beats.
   std::unique_ptr<ControlChannel> control;
   int64_t generation = 0;  // TORCHELASTIC_RESTART_COUNT, then the last regroup's.
+  // A standby spare: when elrun handed it a failed worker's contract.
+  std::optional<std::chrono::steady_clock::time_point> told_at;
   std::unique_ptr<Metrics> metrics;
   TrainProgress progress;
   int64_t baseline_rss = 0;  // Before the model was built (MemoryReport::baseline_rss).
@@ -334,18 +336,30 @@ double ProcessAgeSeconds() {
 // (live_state.h); `mine` is this rank's progress, nullopt for a replacement without state. The
 // new group's rank 0 says whose state and how long the regroup took: since its collective failed
 // (`failed_at`) for a survivor, since its start for a replacement.
+// For a survivor: when its collective failed, when elrun's regroup came, and when the new group
+// was built.
+struct RegroupTimes {
+  std::chrono::steady_clock::time_point failed, told, grouped;
+};
+
 absl::Status TakeLiveState(Job& job, const std::optional<TrainProgress>& mine,
-                           std::optional<std::chrono::steady_clock::time_point> failed_at = std::nullopt) {
+                           std::optional<RegroupTimes> survivor = std::nullopt) {
   auto sync = SyncLiveState(*job.dist.pg, *job.dp, *job.optimizer, mine);
   if (!sync.ok()) return absl::UnavailableError(sync.status().message());
   job.progress = sync->progress;
   if (job.rank() == 0) {
+    auto ms = [](std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
+      return std::chrono::duration<double, std::milli>(to - from).count();
+    };
+    const auto now = std::chrono::steady_clock::now();
     const std::string took =
-        failed_at
-            ? absl::StrFormat(
-                  "%.0f ms after its collective failed",
-                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - *failed_at).count())
-            : absl::StrFormat("%.0f ms after this replacement started", ProcessAgeSeconds() * 1e3);
+        survivor ? absl::StrFormat(
+                       "%.0f ms after its collective failed (elrun's regroup after %.0f ms, the new "
+                       "group after %.0f ms)",
+                       ms(survivor->failed, now), ms(survivor->failed, survivor->told),
+                       ms(survivor->failed, survivor->grouped))
+        : job.told_at ? absl::StrFormat("%.0f ms after this standby worker was called in", ms(*job.told_at, now))
+                      : absl::StrFormat("%.0f ms after this replacement started", ProcessAgeSeconds() * 1e3);
     std::cout << absl::StrFormat(
                      "regrouped in place (generation %d): %d ranks, %d restarted; the live state of rank %d at step "
                      "%d (%d bytes, not from disk), %s",
@@ -362,7 +376,9 @@ absl::Status TakeLiveState(Job& job, const std::optional<TrainProgress>& mine,
 // live state taken. Unavailable (the worker then fails, and elrun restarts the whole group) when
 // no regroup comes within kRegroupWait or the new group cannot be built; Cancelled on SIGTERM.
 absl::Status RegroupInPlace(Job& job, const std::string& error) {
-  const auto start = std::chrono::steady_clock::now();
+  RegroupTimes times;
+  times.failed = std::chrono::steady_clock::now();
+  const auto start = times.failed;
   if (absl::Status s = job.dp->Rebind(nullptr, nullptr); !s.ok()) return s;
   if (job.o.sync_bn) AttachSyncBatchNorms(job, nullptr, nullptr);
   job.shm.reset();
@@ -376,24 +392,27 @@ absl::Status RegroupInPlace(Job& job, const std::string& error) {
   if (!next) {
     return absl::UnavailableError(absl::StrCat(error, "; no regroup from elrun within ", kRegroupWait.count(), " s"));
   }
+  times.told = std::chrono::steady_clock::now();
   auto env = ReadDistEnv(next->env);
   if (!env.ok()) return absl::UnavailableError(absl::StrCat("regroup: ", env.status().message()));
   job.env = *env;
   job.generation = next->generation;
   auto dist = InitProcessGroup(job.env, job.placement.backend, job.placement.cuda_device,
-                               std::min<std::chrono::milliseconds>(CollectiveTimeout(job.o), kRegroupTimeout));
+                               std::min<std::chrono::milliseconds>(CollectiveTimeout(job.o), kRegroupTimeout),
+                               /*await_store=*/true);
   if (!dist.ok()) return absl::UnavailableError(absl::StrCat("regroup: ", dist.status().message()));
   job.dist = std::move(*dist);
   if (absl::Status s = SetUpSharedMemory(job); !s.ok()) return s;
   if (job.o.sync_bn) AttachSyncBatchNorms(job, job.dist.pg, job.shm);
   if (absl::Status s = job.dp->Rebind(job.dist.pg, job.shm); !s.ok()) return s;
+  times.grouped = std::chrono::steady_clock::now();
   SamplerOptions sampler_options = job.sampler->options();
   sampler_options.world_size = job.world();
   sampler_options.rank = job.rank();
   auto sampler = DistributedSampler::Create(sampler_options);
   if (!sampler.ok()) return sampler.status();
   *job.sampler = std::move(*sampler);
-  if (absl::Status s = TakeLiveState(job, job.progress, start); !s.ok()) return s;
+  if (absl::Status s = TakeLiveState(job, job.progress, times); !s.ok()) return s;
   if (job.heartbeat) job.heartbeat->Ready(job.generation);
   return absl::OkStatus();
 }
@@ -427,10 +446,58 @@ absl::Status LoadText(Job& job) {
   return absl::OkStatus();
 }
 
+// The data sets of --dataset (for text, the corpus cut into windows).
+absl::Status LoadData(Job& job) {
+  const TrainOptions& o = job.o;
+  if (o.dataset == DatasetChoice::kText) return LoadText(job);
+  if (o.dataset == DatasetChoice::kFashionMnist) {
+    const std::string dir = o.data_dir.empty() ? kFashionMnistDir : o.data_dir;
+    auto train = LoadFashionMnist(dir, Split::kTrain);
+    if (!train.ok()) return absl::UnavailableError(train.status().message());
+    auto test = LoadFashionMnist(dir, Split::kTest);
+    if (!test.ok()) return absl::UnavailableError(test.status().message());
+    job.train = std::move(*train);
+    job.test = std::move(*test);
+  } else {
+    job.train = SyntheticDataset(4096, o.seed);
+    job.test = SyntheticDataset(1024, o.seed + 1);
+  }
+  return absl::OkStatus();
+}
+
+// --keep-survivors' standby spare (ELRUN_STANDBY=1, launcher/job/standby_worker.h): does the
+// start-up that needs no peer (LibTorch is loaded by now; the data), then waits on its control
+// channel until elrun hands it a failed worker's contract, which it writes into `env`: from then
+// on it is that worker, joining the survivors. Cancelled on SIGTERM.
+absl::Status StandBy(Job& job, std::map<std::string, std::string>& env) {
+  int64_t generation = 0;
+  if (auto count = env.find("TORCHELASTIC_RESTART_COUNT"); count != env.end()) {
+    (void)absl::SimpleAtoi(count->second, &generation);  // Checked again once it is a worker.
+  }
+  job.control = ControlChannel::FromEnvironment(env, generation);
+  if (!job.control) return absl::FailedPreconditionError("ELRUN_STANDBY=1 without a usable ELRUN_CONTROL_FILE");
+  auto dist_env = ReadDistEnv(env);  // The launch it was made from: its world, for the data's checks.
+  if (!dist_env.ok()) return dist_env.status();
+  job.env = *dist_env;
+  if (absl::Status s = LoadData(job); !s.ok()) return s;
+  std::optional<Regroup> next;
+  while (!next && !g_stop_requested) next = job.control->Wait(std::chrono::milliseconds(100));
+  if (!next) return absl::CancelledError("stopped while standing by");
+  job.told_at = std::chrono::steady_clock::now();
+  for (const auto& [name, value] : next->env) env[name] = value;
+  env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(next->generation);
+  env["ELRUN_JOIN_LIVE"] = "1";
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   auto job = std::make_unique<Job>();
   job->o = o;
-  const std::map<std::string, std::string> env = Environment();
+  std::map<std::string, std::string> env = Environment();
+  const bool standby = env.count("ELRUN_STANDBY") > 0 && env.at("ELRUN_STANDBY") == "1";
+  if (standby) {
+    if (absl::Status s = StandBy(*job, env); !s.ok()) return s;
+  }
   auto dist_env = ReadDistEnv(env);
   if (!dist_env.ok()) return dist_env.status();
   job->env = *dist_env;
@@ -472,19 +539,8 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   }
 
   // The data before the rendezvous: a rank without it fails alone and at once.
-  if (o.dataset == DatasetChoice::kText) {
-    if (absl::Status s = LoadText(*job); !s.ok()) return s;
-  } else if (o.dataset == DatasetChoice::kFashionMnist) {
-    const std::string dir = o.data_dir.empty() ? kFashionMnistDir : o.data_dir;
-    auto train = LoadFashionMnist(dir, Split::kTrain);
-    if (!train.ok()) return absl::UnavailableError(train.status().message());
-    auto test = LoadFashionMnist(dir, Split::kTest);
-    if (!test.ok()) return absl::UnavailableError(test.status().message());
-    job->train = std::move(*train);
-    job->test = std::move(*test);
-  } else {
-    job->train = SyntheticDataset(4096, o.seed);
-    job->test = SyntheticDataset(1024, o.seed + 1);
+  if (!standby) {
+    if (absl::Status s = LoadData(*job); !s.ok()) return s;
   }
   SamplerOptions sampler_options;
   sampler_options.dataset_size = job->train_size();
@@ -497,7 +553,8 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   if (!sampler.ok()) return sampler.status();
   job->sampler = std::make_unique<DistributedSampler>(std::move(*sampler));
 
-  auto dist = InitProcessGroup(job->env, job->placement.backend, job->placement.cuda_device, CollectiveTimeout(o));
+  auto dist = InitProcessGroup(job->env, job->placement.backend, job->placement.cuda_device, CollectiveTimeout(o),
+                               /*await_store=*/joining);
   if (!dist.ok()) return absl::UnavailableError(dist.status().message());
   job->dist = std::move(*dist);
 
@@ -618,8 +675,10 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   // MakeOptimizer's SGD is a ForeachSgd (CheckCudaGraph refused the others).
   if (job->graph) job->graph->Bind(*job->dp, static_cast<ForeachSgd&>(*job->optimizer));
   if (job->heartbeat && job->dp->CanRegroup() && !job->graph && !job->scaler) {
-    job->control = ControlChannel::FromEnvironment(env, job->generation);
+    if (!job->control) job->control = ControlChannel::FromEnvironment(env, job->generation);
     if (job->control) job->heartbeat->Ready(job->generation);
+  } else {
+    job->control.reset();  // A standby that cannot regroup: it fails as any other worker would.
   }
   return job;
 }
@@ -982,6 +1041,7 @@ LoopStats RunLoop(Job& job) {
 int Train(const TrainOptions& o) {
   torch::set_num_threads(o.threads);
   auto job = Setup(o);
+  if (job.status().code() == absl::StatusCode::kCancelled) return 0;  // A standby no longer needed.
   if (!job.ok()) return Fail(job.status());
   LoopStats loop = RunLoop(**job);
   if (o.report_memory) ReportMemory(**job, loop);

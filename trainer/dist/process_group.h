@@ -43,9 +43,12 @@ struct Dist {
 
 // Connects to (rank 0: hosts) the store and builds the backend; waits up to `timeout` for the
 // other ranks. kNccl takes `cuda_device`, the index of this rank's CUDA device (made current).
-// Errors from LibTorch come back as a Status (Unavailable), never as an exception.
+// With `await_store` (a regroup, where the store host starts a few milliseconds after the
+// others), a rank other than 0 first polls the store's port every 2 ms for up to 10 s: c10d's
+// client backs off for about half a second after a refused connection. Errors from LibTorch come
+// back as a Status (Unavailable), never as an exception.
 absl::StatusOr<Dist> InitProcessGroup(const DistEnv& env, BackendKind backend, int cuda_device,
-                                      std::chrono::milliseconds timeout);
+                                      std::chrono::milliseconds timeout, bool await_store = false);
 
 // InitProcessGroup from this process's environment (ReadDistEnv), the CUDA device for kNccl
 // being LOCAL_RANK's: what a worker program started by elrun or torchrun calls first.

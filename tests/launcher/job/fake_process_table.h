@@ -4,6 +4,7 @@
 #define ELRUN_TESTS_LAUNCHER_JOB_FAKE_PROCESS_TABLE_H_
 
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -17,7 +18,7 @@ class FakeProcessTable : public ProcessTable {
  public:
   absl::StatusOr<int> Spawn(const WorkerLaunch& launch) override {
     if (fail_spawn_of_rank_ == launch.local_rank) {
-      fail_spawn_of_rank_ = -1;
+      fail_spawn_of_rank_.reset();
       return absl::FailedPreconditionError("cannot execute /x: Permission denied");
     }
     int pid = next_pid_++;
@@ -26,6 +27,7 @@ class FakeProcessTable : public ProcessTable {
     return pid;
   }
   void SignalGroup(int pid, int signo) override { signals_.emplace_back(pid, signo); }
+  void Relabel(int pid, int local_rank, int rank) override { relabels_.push_back({pid, local_rank, rank}); }
 
   // The next Spawn of this local rank fails.
   void FailSpawnOf(int local_rank) { fail_spawn_of_rank_ = local_rank; }
@@ -41,13 +43,18 @@ class FakeProcessTable : public ProcessTable {
     return false;
   }
   const std::set<int>& alive() const { return alive_; }
+  struct Relabelled {
+    int pid, local_rank, rank;
+  };
+  const std::vector<Relabelled>& relabels() const { return relabels_; }
 
  private:
   int next_pid_ = 100;
-  int fail_spawn_of_rank_ = -1;
+  std::optional<int> fail_spawn_of_rank_;
   std::vector<std::pair<int, WorkerLaunch>> spawned_;
   std::vector<std::pair<int, int>> signals_;
   std::set<int> alive_;
+  std::vector<Relabelled> relabels_;
 };
 
 class FakeClock : public Clock {

@@ -308,7 +308,7 @@ struct KeepHarness : Harness {
   Regroups regroups;
   KeepHarness(int nproc, int max_restarts) : Harness(nproc, max_restarts, milliseconds(500), true) {
     supervisor.SetRegrouper(
-        [this](int pid, const WorkerLaunch& launch, int count) {
+        [this](int pid, const WorkerLaunch&, const WorkerLaunch& launch, int count) {
           if (regroups.refuse) return false;
           regroups.told.emplace_back(pid, launch);
           regroups.counts.push_back(count);
@@ -439,6 +439,55 @@ TEST_CASE("keep-survivors: a survivor that cannot be told, or one that already f
     CHECK(h.regroups.told.empty());
     CHECK(h.table.WasSignaled(pids[1], SIGTERM));
   }
+}
+
+}  // namespace
+}  // namespace elrun
+
+namespace elrun {
+namespace {
+
+TEST_CASE("keep-survivors: a standby spare is handed the failed worker and a new one starts once all are ready") {
+  KeepHarness h(2, 3);
+  std::vector<int> all_ready;  // Generations told.
+  std::vector<WorkerLaunch> taken;
+  const int spare_pid = 999;
+  h.supervisor.SetStandby({[&](const WorkerLaunch& launch, int) -> std::optional<std::pair<int, WorkerLaunch>> {
+                             taken.push_back(launch);
+                             if (taken.size() > 1) return std::nullopt;  // No spare the second time.
+                             WorkerLaunch spare;
+                             spare.local_rank = kStandbyLocalRank;
+                             return std::make_pair(spare_pid, spare);
+                           },
+                           [&](const WorkerLaunch& base) {
+                             CHECK(base.local_rank == 0);
+                             all_ready.push_back(h.supervisor.restart_count());
+                           }});
+  h.supervisor.Start();
+  auto pids = h.CurrentPids(2);
+  h.supervisor.OnWorkerReady(pids[0], 0);
+  CHECK(all_ready.empty());
+  h.supervisor.OnWorkerReady(pids[1], 0);
+  h.supervisor.OnWorkerReady(pids[1], 0);  // Told once per generation.
+  CHECK(all_ready == std::vector<int>{0});
+
+  h.End(pids[1], ExitStatus::Signaled(SIGKILL));
+  CHECK(h.table.spawned().size() == 2);  // The spare took its place: nothing started.
+  REQUIRE(taken.size() == 1);
+  CHECK(taken[0].local_rank == 1);
+  CHECK(!HasEnv(taken[0], "ELRUN_JOIN_LIVE=1"));
+  h.supervisor.OnWorkerReady(pids[0], 1);
+  h.supervisor.OnWorkerReady(spare_pid, 1);
+  CHECK(all_ready == std::vector<int>{0, 1});
+
+  // The spare is a worker now: its failure regroups again; with no spare left a process starts.
+  h.table.Exit(spare_pid);
+  h.supervisor.OnWorkerExit(spare_pid, ExitStatus::Exited(1));
+  CHECK(h.regroups.told.size() == 2);
+  CHECK(h.supervisor.restart_count() == 2);
+  REQUIRE(h.table.spawned().size() == 3);
+  CHECK(h.table.spawned().back().second.local_rank == 1);
+  CHECK(HasEnv(h.table.spawned().back().second, "ELRUN_JOIN_LIVE=1"));
 }
 
 }  // namespace

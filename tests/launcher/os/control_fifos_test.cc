@@ -36,16 +36,20 @@ TEST_CASE("ControlFifos makes one FIFO per local rank that a worker reads lines 
     CHECK((st.st_mode & 0777) == 0600);
 
     // Written before any worker opened it: the line waits in the FIFO.
-    CHECK((*fifos)->Send(1, "regroup 1 RANK=1").ok());
+    CHECK((*fifos)->Send(*path, "regroup 1 RANK=1").ok());
     const int worker = ::open(path->c_str(), O_RDONLY | O_NONBLOCK);
     REQUIRE(worker >= 0);
-    CHECK((*fifos)->Send(1, "regroup 2 RANK=0").ok());
+    CHECK((*fifos)->Send(*path, "regroup 2 RANK=0").ok());
     CHECK(ReadAll(worker) == "regroup 1 RANK=1\nregroup 2 RANK=0\n");
     ::close(worker);
 
-    CHECK((*fifos)->Send(0, "x").code() == absl::StatusCode::kFailedPrecondition);  // Never made.
-    CHECK((*fifos)->Send(1, "two\nlines").code() == absl::StatusCode::kInvalidArgument);
-    CHECK((*fifos)->Send(1, std::string(5000, 'x')).code() == absl::StatusCode::kInvalidArgument);
+    CHECK((*fifos)->Send(dir + "/0", "x").code() == absl::StatusCode::kFailedPrecondition);  // Never made.
+    CHECK((*fifos)->Send("/etc/passwd", "x").code() == absl::StatusCode::kFailedPrecondition);
+    CHECK((*fifos)->Send(*path, "two\nlines").code() == absl::StatusCode::kInvalidArgument);
+    CHECK((*fifos)->Send(*path, std::string(5000, 'x')).code() == absl::StatusCode::kInvalidArgument);
+    auto spare = (*fifos)->PathFor(-1);  // A standby's slot.
+    REQUIRE(spare.ok());
+    CHECK(*spare != *path);
   }
   CHECK(::access(dir.c_str(), F_OK) != 0);  // Removed with what it held.
 }
@@ -53,10 +57,11 @@ TEST_CASE("ControlFifos makes one FIFO per local rank that a worker reads lines 
 TEST_CASE("ControlFifos reports a full FIFO instead of blocking") {
   auto fifos = ControlFifos::Create(testing::MakeTempDir("fifos"));
   REQUIRE(fifos.ok());
-  REQUIRE((*fifos)->PathFor(0).ok());
+  auto path = (*fifos)->PathFor(0);
+  REQUIRE(path.ok());
   const std::string line(4000, 'x');
   absl::Status sent;
-  for (int i = 0; i < 1000 && sent.ok(); ++i) sent = (*fifos)->Send(0, line);  // A pipe holds 64 KiB.
+  for (int i = 0; i < 1000 && sent.ok(); ++i) sent = (*fifos)->Send(*path, line);  // A pipe holds 64 KiB.
   CHECK(sent.code() == absl::StatusCode::kUnavailable);
 }
 
