@@ -31,9 +31,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from elrun_tools import paths, results  # noqa: E402
+from elrun_tools.bench import round_robin  # noqa: E402
 from elrun_tools.machine import machine_info  # noqa: E402
 from elrun_tools.paths import PYTHON, REPO, TORCHRUN_COMPAT  # noqa: E402
-from elrun_tools.procs import clean_env, kill_and_reap, log  # noqa: E402
+from elrun_tools.procs import clean_env, kill_and_reap  # noqa: E402
 
 import recovery_report  # noqa: E402
 
@@ -136,18 +137,10 @@ def main():
     for nproc, runs in ((2, args.runs), (args.big_nproc, args.big_runs)):
         group = [{"launcher": name, "nproc": nproc, "argv": argv, "runs": [], "errors": []}
                  for name, argv in launchers(args.elrun).items()]
-        for i in range(runs):  # Round-robin: slow drift hits every launcher alike.
-            for case in group:
-                name = case["launcher"]
-                try:
-                    sample = one_run(case["argv"], nproc, args.timeout)
-                    case["runs"].append(sample)
-                    log(f"{name} x{nproc} run {i}: resume {sample['resume_s']:.3f} s, "
-                        f"recovery {sample['recovery_s']:.3f} s")
-                except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:
-                    text = str(error)
-                    case["errors"].append(text if len(text) <= 800 else text[:300] + " ... " + text[-500:])
-                    log(f"{name} x{nproc} run {i}: {str(error)[:300]}")
+        round_robin(group, runs, lambda case: one_run(case["argv"], nproc, args.timeout),
+                    lambda case, i, sample: f"{case['launcher']} x{nproc} run {i}" + (
+                        f": resume {sample['resume_s']:.3f} s, recovery {sample['recovery_s']:.3f} s"
+                        if sample else ""))
         for case in group:
             del case["argv"]
         cases += group if runs > 0 else []

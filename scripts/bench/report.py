@@ -23,6 +23,7 @@ import launcher_report  # noqa: E402
 import rdzv_report  # noqa: E402
 import rdzv_scale_report  # noqa: E402
 import recovery_report  # noqa: E402
+import regroup_report  # noqa: E402
 import scaling_report  # noqa: E402
 import train_report  # noqa: E402
 
@@ -34,6 +35,9 @@ BENCHMARKS = [
     ("recovery_bench", recovery_report,
      "what one `kill -9` of a worker costs a Python PyTorch DDP job: kill to stepping again and to passing "
      "the step reached, elrun (exec'd workers, --start-method forkserver) against torchrun"),
+    ("regroup_bench", regroup_report,
+     "what one fault (kill -9 of rank 1 or 0, SIGSTOP) costs an elrun-train job on one node: the group "
+     "restarted (elrun's default, torchrun) against elrun --keep-survivors, with and without a standby spare"),
     ("rdzv_bench", rdzv_report,
      "rendezvous formation of N agents and recovery after `kill -9` of one of 4: elrun's gRPC "
      "rendezvous (daemon and embedded) against torchrun's c10d"),

@@ -125,3 +125,31 @@ def stats(xs):
 
 def verdict(value, target):
     return "yes" if value <= target else "NO"
+
+
+def round_robin(group, runs, one, label):
+    """Runs one(case) `runs` times for each case of `group` (dicts with "runs" and "errors" lists),
+    round-robin, so that slow drift hits every case alike: a result is appended to case["runs"]
+    and logged with label(case, i, result); a RuntimeError, OSError or timeout to case["errors"]
+    (its head and tail when long)."""
+    for i in range(runs):
+        for case in group:
+            try:
+                sample = one(case)
+                case["runs"].append(sample)
+                log(label(case, i, sample))
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:
+                text = str(error)
+                case["errors"].append(text if len(text) <= 800 else text[:300] + " ... " + text[-500:])
+                log(label(case, i, None) + ": " + text[:300])
+
+
+def median_range(case, key):
+    """(median, min, max) of case["runs"][*][key] where present, or None."""
+    xs = [run[key] for run in case["runs"] if run.get(key) is not None]
+    return stats(xs) if xs else None
+
+
+def median_cell(s, digits=2):
+    """A median_range as "median (min-max)", or "failed"."""
+    return "failed" if s is None else f"{fmt(s[0], digits)} ({fmt(s[1], digits)}-{fmt(s[2], digits)})"
