@@ -396,6 +396,7 @@ absl::Status RegroupInPlace(Job& job, const std::string& error) {
   auto env = ReadDistEnv(next->env);
   if (!env.ok()) return absl::UnavailableError(absl::StrCat("regroup: ", env.status().message()));
   job.env = *env;
+  job.env.restart_count = static_cast<int>(next->generation);
   job.generation = next->generation;
   auto dist = InitProcessGroup(job.env, job.placement.backend, job.placement.cuda_device,
                                std::min<std::chrono::milliseconds>(CollectiveTimeout(job.o), kRegroupTimeout),
@@ -502,11 +503,7 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   if (!dist_env.ok()) return dist_env.status();
   job->env = *dist_env;
   job->heartbeat = HeartbeatClient::FromEnvironment(env);
-  if (auto count = env.find("TORCHELASTIC_RESTART_COUNT"); count != env.end()) {
-    if (!absl::SimpleAtoi(count->second, &job->generation) || job->generation < 0) {
-      return absl::InvalidArgumentError("TORCHELASTIC_RESTART_COUNT=" + count->second + ": expected an integer >= 0");
-    }
-  }
+  job->generation = job->env.restart_count;
   // elrun restarted only this worker of the job (--keep-survivors): the others are alive and
   // regrouping; its state comes from them, not from the checkpoint.
   const bool joining = env.count("ELRUN_JOIN_LIVE") > 0 && env.at("ELRUN_JOIN_LIVE") == "1";

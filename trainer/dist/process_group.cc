@@ -66,9 +66,12 @@ absl::StatusOr<DistEnv> ReadDistEnv(const std::map<std::string, std::string>& en
   auto rank = IntVar(env, "RANK", 0, 0);
   auto world = IntVar(env, "WORLD_SIZE", 1, 1);
   auto local = IntVar(env, "LOCAL_RANK", 0, 0);
+  auto restarts = IntVar(env, "TORCHELASTIC_RESTART_COUNT", 0, 0);
   if (!rank.ok()) return rank.status();
   if (!world.ok()) return world.status();
   if (!local.ok()) return local.status();
+  if (!restarts.ok()) return restarts.status();
+  d.restart_count = *restarts;
   d.rank = *rank;
   d.world_size = *world;
   d.local_rank = *local;
@@ -104,9 +107,9 @@ absl::StatusOr<Dist> InitProcessGroup(const DistEnv& env, BackendKind backend, i
       AwaitListener(env.master_addr, env.master_port, std::min<std::chrono::milliseconds>(timeout, kAwaitStore));
     }
     auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
-    // The same prefix for every group generation keeps keys of restarted attempts apart: each
-    // attempt gets a fresh store (new port), so no clean-up is needed.
-    dist.store = c10::make_intrusive<c10d::PrefixStore>("elrun/default_pg", tcp);
+    // elrun gives each attempt a fresh store (a new port); torchrun's agent store outlives one
+    // (TORCHELASTIC_USE_AGENT_STORE): the attempt in the prefix keeps their keys apart there.
+    dist.store = c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("elrun/attempt_", env.restart_count), tcp);
     dist.pg = backend == BackendKind::kNccl
                   ? MakeNcclBackend(dist.store, env.rank, env.world_size, cuda_device, timeout)
                   : MakeGlooBackend(dist.store, env.rank, env.world_size, env.master_addr, timeout);

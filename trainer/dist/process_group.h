@@ -26,12 +26,16 @@ struct DistEnv {
   int local_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
+  // TORCHELASTIC_RESTART_COUNT: the store's keys are kept apart per attempt under it, as torch's
+  // own are ("attempt_<n>/"): torchrun's agent hosts a store that outlives an attempt, and a
+  // restarted group must not read the keys of the one before.
+  int restart_count = 0;
 };
 
-// Reads RANK, WORLD_SIZE and LOCAL_RANK, each defaulting to a single process (0, 1, 0) when
-// unset, and, when WORLD_SIZE > 1, MASTER_ADDR and MASTER_PORT, which are then required.
-// InvalidArgument naming the variable when a required one is missing or one is malformed, or
-// when RANK is not below WORLD_SIZE.
+// Reads RANK, WORLD_SIZE, LOCAL_RANK and TORCHELASTIC_RESTART_COUNT, each defaulting to a single
+// process's first attempt (0, 1, 0, 0) when unset, and, when WORLD_SIZE > 1, MASTER_ADDR and MASTER_PORT, which are
+// then required. InvalidArgument naming the variable when a required one is missing or one is malformed, or when RANK
+// is not below WORLD_SIZE.
 absl::StatusOr<DistEnv> ReadDistEnv(const std::map<std::string, std::string>& env);
 
 struct Dist {
