@@ -235,8 +235,8 @@ struct Job {
   std::unique_ptr<StepTimes> step_times;
   std::unique_ptr<StepProfiler> profiler;
   std::unique_ptr<HeartbeatClient> heartbeat;  // elrun's ELRUN_HEARTBEAT_FILE, when given.
-  // elrun --keep-survivors: its ELRUN_CONTROL_FILE, when this run can regroup in place (ddp
-  // without a CUDA graph or fp16's loss scaler) and beats.
+  // elrun --keep-survivors: its ELRUN_CONTROL_FILE, when this run can regroup in place (ddp on
+  // the CPU, without fp16's loss scaler) and beats.
   std::unique_ptr<ControlChannel> control;
   int64_t generation = 0;  // TORCHELASTIC_RESTART_COUNT, then the last regroup's.
   // A standby spare: when elrun handed it a failed worker's contract.
@@ -671,7 +671,9 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   }
   // MakeOptimizer's SGD is a ForeachSgd (CheckCudaGraph refused the others).
   if (job->graph) job->graph->Bind(*job->dp, static_cast<ForeachSgd&>(*job->optimizer));
-  if (job->heartbeat && job->dp->CanRegroup() && !job->graph && !job->scaler) {
+  // Not on CUDA: a survivor's NCCL collective with a dead peer does not fail until the NCCL
+  // watchdog's timeout (it would need ncclCommAbort), so elrun restarts the group at once instead.
+  if (job->heartbeat && job->dp->CanRegroup() && !job->graph && !job->scaler && !job->placement.cuda) {
     if (!job->control) job->control = ControlChannel::FromEnvironment(env, job->generation);
     if (job->control) job->heartbeat->Ready(job->generation);
   } else {
