@@ -104,6 +104,9 @@ bool Supervisor::TryRegroup(int failed_local_rank) {
   auto launches = prepare_(attempt_ + 1, restart_count_ + 1);
   if (!launches.ok() || launches->size() != launches_.size()) return false;  // The group restart says why.
   if (on_regroup_) on_regroup_(attempt_, failures_.back(), static_cast<int>(live_.size()));
+  // What the group restart needs should a survivor not be told after all.
+  const int attempt_before = attempt_;
+  std::vector<WorkerFailure> failures_before = std::move(failures_);
   ++attempt_;
   ++restart_count_;
   launches_ = *std::move(launches);
@@ -119,7 +122,11 @@ bool Supervisor::TryRegroup(int failed_local_rank) {
     auto started_as = started_as_.find(pid);
     if (launch == nullptr || started_as == started_as_.end() ||
         !regroup_(pid, started_as->second, *launch, restart_count_)) {
-      // One survivor could not be told: the group restarts (and spends one more restart).
+      // A survivor could not be told: the group restarts instead, from the failure that began
+      // this, and this regroup spends no restart (the survivors told are stopped with the rest).
+      attempt_ = attempt_before;
+      --restart_count_;
+      failures_ = std::move(failures_before);
       BeginStop(StopReason::kFailure, SIGTERM);
       return true;
     }

@@ -27,8 +27,9 @@ struct SupervisorOptions {
   // --keep-survivors: a failed worker is restarted alone when every other worker said it can
   // regroup in place (OnWorkerReady) in the current generation; the others are told the new
   // attempt's contract (the Regrouper) instead of being stopped. Anything else - a worker that
-  // never said so, a failure while a regroup is under way, a worker that already finished -
-  // restarts the group as without it. Either way one restart is spent.
+  // never said so, a failure while a regroup is under way, a worker that already finished, a
+  // survivor that cannot be told - restarts the group as without it. Either way one restart is
+  // spent.
   bool keep_survivors = false;
 };
 

@@ -332,15 +332,17 @@ double ProcessAgeSeconds() {
   return now_s - started_ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
-// --keep-survivors: this rank takes the job's live state, that of the rank furthest along
-// (live_state.h); `mine` is this rank's progress, nullopt for a replacement without state. The
-// new group's rank 0 says whose state and how long the regroup took: since its collective failed
-// (`failed_at`) for a survivor, since its start for a replacement.
 // For a survivor: when its collective failed, when elrun's regroup came, and when the new group
 // was built.
 struct RegroupTimes {
   std::chrono::steady_clock::time_point failed, told, grouped;
 };
+
+// --keep-survivors: this rank takes the job's live state, that of the rank furthest along
+// (live_state.h); `mine` is this rank's progress, nullopt for a replacement without state. The
+// new group's rank 0 says whose state and how long the regroup took: for a survivor since its
+// collective failed (`survivor`), for a standby spare since it was called in, for a replacement
+// since it started.
 
 absl::Status TakeLiveState(Job& job, const std::optional<TrainProgress>& mine,
                            std::optional<RegroupTimes> survivor = std::nullopt) {
@@ -471,15 +473,11 @@ absl::Status LoadData(Job& job) {
 // channel until elrun hands it a failed worker's contract, which it writes into `env`: from then
 // on it is that worker, joining the survivors. Cancelled on SIGTERM.
 absl::Status StandBy(Job& job, std::map<std::string, std::string>& env) {
-  int64_t generation = 0;
-  if (auto count = env.find("TORCHELASTIC_RESTART_COUNT"); count != env.end()) {
-    (void)absl::SimpleAtoi(count->second, &generation);  // Checked again once it is a worker.
-  }
-  job.control = ControlChannel::FromEnvironment(env, generation);
-  if (!job.control) return absl::FailedPreconditionError("ELRUN_STANDBY=1 without a usable ELRUN_CONTROL_FILE");
   auto dist_env = ReadDistEnv(env);  // The launch it was made from: its world, for the data's checks.
   if (!dist_env.ok()) return dist_env.status();
   job.env = *dist_env;
+  job.control = ControlChannel::FromEnvironment(env, job.env.restart_count);
+  if (!job.control) return absl::FailedPreconditionError("ELRUN_STANDBY=1 without a usable ELRUN_CONTROL_FILE");
   if (absl::Status s = LoadData(job); !s.ok()) return s;
   std::optional<Regroup> next;
   while (!next && !g_stop_requested) next = job.control->Wait(std::chrono::milliseconds(100));

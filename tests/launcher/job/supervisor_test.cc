@@ -428,6 +428,11 @@ TEST_CASE("keep-survivors: a survivor that cannot be told, or one that already f
     h.End(pids[0], ExitStatus::Exited(1));
     CHECK(h.table.WasSignaled(pids[1], SIGTERM));
     CHECK(h.table.spawned().size() == 2);
+    CHECK(h.supervisor.restart_count() == 0);  // The regroup that did not happen spent nothing.
+    h.End(pids[1], ExitStatus::Signaled(SIGTERM));
+    CHECK(h.supervisor.restart_count() == 1);  // The group restart did.
+    CHECK(h.supervisor.attempt() == 1);
+    CHECK(h.observed_failed_attempts == std::vector<int>{0});
   }
   SUBCASE("finished") {
     KeepHarness h(3, 2);
