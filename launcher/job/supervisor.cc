@@ -77,6 +77,14 @@ void Supervisor::NoteSignalled(int pid, std::string why) {
   if (live_.count(pid) > 0) causes_[pid] = std::move(why);
 }
 
+bool Supervisor::AllReady() const {
+  for (const auto& [pid, local_rank] : live_) {
+    auto ready = ready_.find(pid);
+    if (ready == ready_.end() || ready->second != restart_count_) return false;
+  }
+  return true;
+}
+
 void Supervisor::OnWorkerReady(int pid, int64_t restart_count) {
   if (live_.count(pid) == 0) return;
   ready_[pid] = restart_count;
@@ -84,10 +92,7 @@ void Supervisor::OnWorkerReady(int pid, int64_t restart_count) {
       launches_.empty()) {
     return;
   }
-  for (const auto& [live_pid, local_rank] : live_) {
-    auto ready = ready_.find(live_pid);
-    if (ready == ready_.end() || ready->second != restart_count_) return;
-  }
+  if (!AllReady()) return;
   all_ready_told_ = restart_count_;
   standby_.on_all_ready(launches_.front());
 }
@@ -97,10 +102,7 @@ bool Supervisor::TryRegroup(int failed_local_rank) {
       live_.empty()) {
     return false;
   }
-  for (const auto& [pid, local_rank] : live_) {
-    auto ready = ready_.find(pid);
-    if (ready == ready_.end() || ready->second != restart_count_) return false;
-  }
+  if (!AllReady()) return false;
   auto launches = prepare_(attempt_ + 1, restart_count_ + 1);
   if (!launches.ok() || launches->size() != launches_.size()) return false;  // The group restart says why.
   if (on_regroup_) on_regroup_(attempt_, failures_.back(), static_cast<int>(live_.size()));

@@ -119,6 +119,8 @@ class Supervisor {
   // --keep-survivors: restarts the worker of `failed_local_rank` alone; false when the group
   // must restart instead (nothing was changed then).
   bool TryRegroup(int failed_local_rank);
+  // Every live worker said ready in the current generation (restart_count_).
+  bool AllReady() const;
   void BeginStop(StopReason reason, int signo);
   void FinishStop();
   void RecordFailure(int local_rank, int pid, ExitStatus status, std::string start_error);

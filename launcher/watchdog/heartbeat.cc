@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -79,6 +80,7 @@ void HeartbeatTable::Record(int group, const Beat& beat, double now) {
   auto it = workers_.find(group);
   if (it == workers_.end()) return;
   it->second.last_beat = now;
+  it->second.rearmed.reset();
   it->second.last_step = beat.step;
   it->second.last_step_ms = beat.step_ms;
   it->second.stack_signal = beat.stack_signal;
@@ -132,24 +134,23 @@ void HeartbeatTable::Rearm(int group, double now) {
   auto it = workers_.find(group);
   if (it == workers_.end()) return;
   it->second.reported = false;
-  if (it->second.last_beat) {
-    it->second.last_beat = now;
-  } else {
-    it->second.started = now;
-  }
+  it->second.rearmed = now;
 }
 
 std::vector<Hung> HeartbeatTable::TakeHung(double now) {
   std::vector<Hung> hung;
   for (auto& [group, w] : workers_) {
     if (w.reported) continue;
+    // Its limit runs from its last beat (or start), or from a later Rearm; what it is told runs
+    // from the last beat.
+    const double clock = std::max(w.last_beat.value_or(w.started), w.rearmed.value_or(w.started));
     std::string why;
-    if (w.last_beat && limits_.worker_timeout_s && now - *w.last_beat > *limits_.worker_timeout_s) {
+    if (w.last_beat && limits_.worker_timeout_s && now - clock > *limits_.worker_timeout_s) {
       why = absl::StrFormat(
           "no progress for %.1f s (--worker-timeout %g): its last heartbeat, step %d (%.1f ms), "
           "came %.1f s after it started",
           now - *w.last_beat, *limits_.worker_timeout_s, w.last_step, w.last_step_ms, *w.last_beat - w.started);
-    } else if (!w.last_beat && limits_.start_timeout_s && now - w.started > *limits_.start_timeout_s) {
+    } else if (!w.last_beat && limits_.start_timeout_s && now - clock > *limits_.start_timeout_s) {
       why = absl::StrFormat("no progress for %.1f s (--worker-start-timeout %g): no heartbeat since it started",
                             now - w.started, *limits_.start_timeout_s);
     } else {
@@ -278,21 +279,21 @@ void HeartbeatServer::OnTick() {
         Name(s.pace.group), s.pace.median_ms, s.pace.beats, s.pace.median_ms / s.job_median_ms, s.job_median_ms,
         job_median_ms_ ? absl::StrCat(" over ", job_ranks_, " ranks") : std::string(), *limits_.straggler_factor);
   }
-  std::optional<int> stopped_peer;  // A live worker that is stopped: its peers wait for it.
+  std::set<int> stopped;  // Live workers that are stopped (/proc state T): their peers wait for them.
   for (int group : live) {
-    if (IsStopped(group)) stopped_peer = group;
+    if (IsStopped(group)) stopped.insert(group);
   }
   for (Hung& hung : table_.TakeHung(now)) {
-    if (stopped_peer && !IsStopped(hung.group)) {
+    if (!stopped.empty() && stopped.count(hung.group) == 0) {
       // It waits in a collective for the stopped one, which is killed instead (now or when its
       // own timeout is due): it gets another --worker-timeout, so that with --keep-survivors it
       // can regroup in place rather than be killed too.
       spdlog::warn("{}: {}; a peer, {}, is stopped: killing only that one", Name(hung.group), hung.why,
-                   Name(*stopped_peer));
+                   Name(*stopped.begin()));
       table_.Rearm(hung.group, now);
       continue;
     }
-    if (IsStopped(hung.group)) {
+    if (stopped.count(hung.group) > 0) {
       // SIGSTOP (or a debugger): no stacks will come; the grace would only add to the cost.
       hung.stack_signal = 0;
       absl::StrAppend(&hung.why, "; it is stopped (SIGSTOP or a tracer), so no stacks");

@@ -105,7 +105,8 @@ class HeartbeatTable {
   void Record(int group, const Beat& beat, double now);
   // The groups hung at `now`, each reported once.
   std::vector<Hung> TakeHung(double now);
-  // `group`, reported hung, gets its limit again from `now` (it only waits for another worker).
+  // `group`, reported hung, gets its limit again from `now` (it only waits for another worker);
+  // its hang, if it comes, is still told from its last beat.
   void Rearm(int group, double now);
   // Every worker with enough beats, slowest first.
   std::vector<Pace> Paces() const;
@@ -119,6 +120,7 @@ class HeartbeatTable {
   struct Worker {
     double started = 0;
     std::optional<double> last_beat;
+    std::optional<double> rearmed;  // Rearm's time, until the next beat.
     int64_t last_step = 0;
     double last_step_ms = 0;
     int stack_signal = 0;

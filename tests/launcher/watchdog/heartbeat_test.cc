@@ -76,7 +76,10 @@ TEST_CASE("a rearmed worker gets its whole limit again from then") {
   CHECK(table.TakeHung(5.4).empty());
   auto again = table.TakeHung(5.6);
   REQUIRE(again.size() == 2);  // 100 once more, 200 by its start timeout.
-  table.Rearm(200, 5.6);       // Never beat: its start clock restarts.
+  CHECK(again[0].group == 100);
+  CHECK(again[0].since == 1.0);  // Still told from its last beat.
+  CHECK(again[0].why.find("no progress for 4.6 s") == 0);
+  table.Rearm(200, 5.6);  // Never beat: its start clock restarts.
   CHECK(table.TakeHung(11.0).empty());
   CHECK(table.TakeHung(11.2).size() == 1);
   table.Rearm(300, 1.0);  // Unknown: nothing.
