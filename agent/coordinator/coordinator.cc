@@ -54,6 +54,10 @@ std::string SettingsDiff(const v1::JobSettings& a, const v1::JobSettings& b) {
         diff("close_timeout_ms", a.close_timeout_ms(), b.close_timeout_ms())}) {
     if (!d.empty()) return d;
   }
+  if (a.keep_survivors() != b.keep_survivors()) {  // Kept workers regroup only with workers that can.
+    return absl::StrCat(b.keep_survivors() ? "" : "no ", "--keep-survivors (the job has ",
+                        a.keep_survivors() ? "it" : "not", ")");
+  }
   return "";
 }
 
@@ -253,6 +257,8 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
   node.rank_hint = join.rank_hint();
   node.master_addr = join.master_addr();
   node.master_port = join.master_port();
+  // Only a node rejoining after the round it ran in ended can hold survivors of it.
+  node.holds_survivors = join.holds_survivors() && existing != job->nodes.end() && job->settings.keep_survivors();
   node.last_seen = now;
   node.succeeded = false;
 
@@ -435,6 +441,10 @@ void Coordinator::CompleteRound(Job& job, TimePoint now) {
     world_size += node->nproc;
     role_sizes[node->role] += node->nproc;
   }
+  // Survivors kept alive anywhere hold the job's live state: the round regroups around them.
+  // Only a node that was in the last round can hold them (a newcomer's Join never says so).
+  bool keep_survivors = false;
+  for (const Node* node : by_rank) keep_survivors |= node->holds_survivors;
   int offset = 0;
   std::map<std::string, int> role_offsets;
   for (Node* node : by_rank) {
@@ -450,6 +460,8 @@ void Coordinator::CompleteRound(Job& job, TimePoint now) {
     started->set_master_addr(by_rank[0]->master_addr);
     started->set_master_port(by_rank[0]->master_port);
     started->set_restart_count(job.restart_count);
+    started->set_keep_survivors(keep_survivors);
+    node->holds_survivors = false;
     node->rank_offset = offset;
     node->paces.clear();
     offset += node->nproc;

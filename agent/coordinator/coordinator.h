@@ -158,6 +158,7 @@ class Coordinator {
     int rank_offset = 0;                   // Of the round it is active in.
     std::vector<v1::RankPace> paces;       // Its workers' last reported paces, this round.
     std::optional<v1::Progress> progress;  // Its last goodput report, any round.
+    bool holds_survivors = false;          // Its last Join's: workers of the last round kept alive.
   };
 
   struct Job {

@@ -11,7 +11,8 @@ namespace elrun::rdzv {
 // 2: JobSettings.close_timeout_ms. 3: Challenge/Welcome, the token proven, never sent.
 // 4: each run bound to its first node's run key (Join.run_key, Join.run_signature).
 // 5: Paces and JobPace (stragglers judged across nodes). 6: Progress (each node's goodput).
-inline constexpr uint32_t kProtocolVersion = 6;
+// 7: Join.holds_survivors and RoundStarted.keep_survivors (--keep-survivors across nodes).
+inline constexpr uint32_t kProtocolVersion = 7;
 
 }  // namespace elrun::rdzv
 

@@ -125,7 +125,12 @@ void ElasticAgent::OnDeadline() {
         v1::AgentMessage message;
         v1::Paces* paces = message.mutable_paces();
         paces->set_round(round_);
-        for (v1::RankPace& pace : paces_()) *paces->add_ranks() = std::move(pace);
+        for (v1::RankPace& pace : paces_()) {
+          // Only this round's ranks: a worker kept alive across rounds may still be known by
+          // its last round's rank until the watchdog's next look.
+          if (pace.rank() < node_.rank_offset || pace.rank() >= node_.rank_offset + spec_.nproc_per_node) continue;
+          *paces->add_ranks() = std::move(pace);
+        }
         if (paces->ranks_size() > 0) session_.Send(message);
       }
       if (progress_) {
@@ -208,6 +213,7 @@ void ElasticAgent::Join() {
   join->set_rank_hint(spec_.node_rank_given ? spec_.node_rank : -1);
   join->set_master_addr(master_addr_);
   join->set_master_port(held_port_->port());
+  join->set_holds_survivors(supervisor_ != nullptr && supervisor_->held());
   v1::JobSettings* settings = join->mutable_settings();
   settings->set_min_nodes(spec_.min_nodes);
   settings->set_max_nodes(spec_.max_nodes);
@@ -216,6 +222,7 @@ void ElasticAgent::Join() {
   settings->set_join_timeout_ms(rdzv_.join_timeout.count());
   settings->set_heartbeat_timeout_ms(rdzv_.heartbeat_timeout.count());
   settings->set_close_timeout_ms(rdzv_.close_timeout.count());
+  settings->set_keep_survivors(spec_.keep_survivors);
   if (!authenticated_) {  // The session's first Join proves the token.
     join->set_client_nonce(client_nonce_);
     if (!key_.empty()) {
@@ -243,22 +250,54 @@ void ElasticAgent::OnRoundStarted(const v1::RoundStarted& round) {
     Finish(kExitJobFailed);
     return;
   }
-  NodeAssignment node{round.group_rank(),       round.group_world_size(), round.rank_offset(), round.world_size(),
-                      round.role_rank_offset(), round.role_world_size(),  round.master_addr(), round.master_port()};
+  node_ = NodeAssignment{round.group_rank(),       round.group_world_size(), round.rank_offset(), round.world_size(),
+                         round.role_rank_offset(), round.role_world_size(),  round.master_addr(), round.master_port()};
   round_ = round.round();
   int attempt = attempts_++;
   int restart_count = round.restart_count();
-  spdlog::info("round {}: group rank {} of {}, world size {}, restart count {}, master {}:{}", round_, node.group_rank,
-               node.group_world_size, node.world_size, restart_count, node.master_addr, node.master_port);
+  spdlog::info("round {}: group rank {} of {}, world size {}, restart count {}, master {}:{}{}", round_,
+               node_.group_rank, node_.group_world_size, node_.world_size, restart_count, node_.master_addr,
+               node_.master_port, round.keep_survivors() ? "; regrouping the workers kept alive" : "");
+  if (supervisor_ && supervisor_->held()) {
+    if (round.keep_survivors()) {
+      phase_ = Phase::kRunning;
+      supervisor_->Regroup(attempt, restart_count);
+      CheckSupervisor();
+      return;
+    }
+    spdlog::warn("round {} does not keep this node's workers alive: stopping them and starting afresh", round_);
+    supervisor_->Stop();
+  }
+  if (supervisor_ && !supervisor_->done()) {  // Kept workers, now stopping: the new ones start after.
+    pending_start_ = {attempt, restart_count, round.keep_survivors()};
+    phase_ = Phase::kStoppingForStart;
+    CheckSupervisor();
+    return;
+  }
+  if (supervisor_ && supervisor_->exit_code() == kExitJobFailed) failed_ = std::move(supervisor_);
+  StartWorkers(attempt, restart_count, round.keep_survivors());
+}
+
+void ElasticAgent::StartWorkers(int attempt, int restart_count, bool join_live) {
+  const bool keep = spec_.keep_survivors && add_control_ && regroup_;
   supervisor_ = std::make_unique<Supervisor>(
-      SupervisorOptions{0, spec_.shutdown_timeout}, &table_, &clock_,
-      [this, node, attempt, restart_count](int, int) { return builder_.BuildFor(attempt, restart_count, node); });
+      SupervisorOptions{0, spec_.shutdown_timeout, keep, /*hold_survivors=*/keep}, &table_, &clock_,
+      [this](int attempt, int restart_count) -> absl::StatusOr<std::vector<WorkerLaunch>> {
+        auto launches = builder_.BuildFor(attempt, restart_count, node_);
+        if (!launches.ok() || !add_control_) return launches;
+        if (absl::Status added = add_control_(*launches, attempt); !added.ok()) return added;
+        return launches;
+      });
+  if (keep) {
+    supervisor_->SetRegrouper(regroup_);
+    if (standby_.take) supervisor_->SetStandby(standby_);
+  }
   if (on_fault_) {
     supervisor_->OnFailure(
         [this](const WorkerFailure& failure) { on_fault_("worker failed", DescribeFirstFailure({failure})); });
   }
   phase_ = Phase::kRunning;
-  supervisor_->Start();
+  supervisor_->Start(attempt, restart_count, join_live && keep);
   CheckSupervisor();
 }
 
@@ -270,6 +309,12 @@ void ElasticAgent::OnRoundEnded(const v1::RoundEnded& ended) {
                                         rdzv::EscapeForConsole(ended.detail())));
   }
   if (phase_ == Phase::kRunning) {
+    if (supervisor_->Hold()) {  // --keep-survivors: every worker here can regroup in place.
+      spdlog::info("keeping this node's {} worker{} alive to regroup in the next round", supervisor_->launches().size(),
+                   supervisor_->launches().size() == 1 ? "" : "s");
+      Join();
+      return;
+    }
     phase_ = Phase::kStoppingForRound;
     supervisor_->Stop();
     CheckSupervisor();
@@ -281,7 +326,7 @@ void ElasticAgent::OnRoundEnded(const v1::RoundEnded& ended) {
 void ElasticAgent::OnJobEnded(const v1::JobEnded& ended) {
   end_detail_ = rdzv::EscapeForConsole(ended.detail());
   end_code_ = ended.success() ? kExitSuccess : kExitJobFailed;
-  if (phase_ == Phase::kRunning || phase_ == Phase::kStoppingForRound) {
+  if (supervisor_ && !supervisor_->done()) {  // Running, stopping, or kept for the next round.
     phase_ = Phase::kStoppingForEnd;
     supervisor_->Stop();
     CheckSupervisor();
@@ -303,6 +348,18 @@ void ElasticAgent::OnStreamEnded(const absl::Status& status) {
 
 // Reacts to the end of the current round's worker group.
 void ElasticAgent::CheckSupervisor() {
+  if (supervisor_ && supervisor_->held() && phase_ == Phase::kRunning) {
+    // A worker here failed and the others are kept for the next round: the coordinator is told
+    // of the failure as when the group ends.
+    v1::AgentMessage message;
+    v1::WorkersEnded* ended = message.mutable_workers_ended();
+    ended->set_round(round_);
+    ended->set_success(false);
+    ended->set_failure(DescribeFirstFailure(supervisor_->failures()));
+    phase_ = Phase::kReported;
+    if (!stream_lost_) session_.Send(message);
+    return;
+  }
   if (!supervisor_ || !supervisor_->done()) return;
   int code = supervisor_->exit_code();
   if (code >= 128) {
@@ -328,7 +385,13 @@ void ElasticAgent::CheckSupervisor() {
       supervisor_.reset();
       if (!stream_lost_) Join();
       break;
+    case Phase::kStoppingForStart:
+      if (code == kExitJobFailed) failed_ = std::move(supervisor_);
+      supervisor_.reset();
+      StartWorkers(pending_start_.attempt, pending_start_.restart_count, pending_start_.join_live);
+      break;
     case Phase::kStoppingForEnd:
+      if (code == kExitJobFailed) failed_ = std::move(supervisor_);
       supervisor_.reset();
       Finish(end_code_);
       break;

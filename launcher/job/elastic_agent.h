@@ -73,6 +73,22 @@ class ElasticAgent {
     on_fault_ = std::move(on_fault);
   }
 
+  // --keep-survivors across nodes: `add_control` gives each attempt's launches their control
+  // channel (JobRuntime::AddControlFiles) and `regroup` tells a kept worker its next launch
+  // (JobRuntime::SendRegroup). When a round ends and every worker here said it can regroup in
+  // place (OnWorkerReady), they are kept alive; the next round regroups them, or stops them if no
+  // node kept any (RoundStarted.keep_survivors).
+  using ControlAdder = std::function<absl::Status(std::vector<WorkerLaunch>& launches, int attempt)>;
+  void KeepSurvivors(ControlAdder add_control, Supervisor::Regrouper regroup) {
+    add_control_ = std::move(add_control);
+    regroup_ = std::move(regroup);
+  }
+  // --keep-survivors' standby spare (standby_worker.h) for every group this agent runs.
+  void SetStandby(Supervisor::Standby standby) { standby_ = std::move(standby); }
+  void OnWorkerReady(int pid, int64_t generation) {
+    if (supervisor_) supervisor_->OnWorkerReady(pid, generation);
+  }
+
   // One message from the coordinator, in the order received.
   void OnMessage(const rdzv::v1::CoordinatorMessage& message);
   // The session ended (the coordinator refused this node, died, or went silent).
@@ -97,7 +113,9 @@ class ElasticAgent {
   int group_rank() const { return builder_.node().group_rank; }
 
  private:
-  enum class Phase { kJoining, kRunning, kReported, kStoppingForRound, kStoppingForEnd };
+  // kStoppingForStart: a round began that does not keep the workers this node held; they are
+  // stopped before its workers start.
+  enum class Phase { kJoining, kRunning, kReported, kStoppingForRound, kStoppingForStart, kStoppingForEnd };
 
   void OnChallenge(const rdzv::v1::Challenge& challenge);
   void OnWelcome(const rdzv::v1::Welcome& welcome);
@@ -108,6 +126,9 @@ class ElasticAgent {
   void OnRoundEnded(const rdzv::v1::RoundEnded& ended);
   void OnJobEnded(const rdzv::v1::JobEnded& ended);
   void OnStreamEnded(const absl::Status& status);
+  // Starts a new worker group for the round just assigned (node_) as `attempt`; `join_live`:
+  // every worker takes the job's live state from survivors elsewhere (Supervisor::Start).
+  void StartWorkers(int attempt, int restart_count, bool join_live);
   void CheckSupervisor();
   void Finish(int code);
   void Report(const std::string& error);
@@ -127,6 +148,16 @@ class ElasticAgent {
   Phase phase_ = Phase::kJoining;
   std::unique_ptr<Supervisor> supervisor_;  // The current round's workers.
   std::unique_ptr<Supervisor> failed_;      // The last group that failed here, for the report.
+  NodeAssignment node_;                     // The current round's.
+  ControlAdder add_control_;                // --keep-survivors.
+  Supervisor::Regrouper regroup_;
+  Supervisor::Standby standby_;
+  struct PendingStart {
+    int attempt = 0;
+    int restart_count = 0;
+    bool join_live = false;
+  };
+  PendingStart pending_start_;  // kStoppingForStart's round.
   uint64_t round_ = 0;
   int attempts_ = 0;
   int end_code_ = kExitJobFailed;

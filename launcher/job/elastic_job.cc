@@ -20,6 +20,7 @@
 #include "launcher/job/elastic_agent.h"
 #include "launcher/job/job_report.h"
 #include "launcher/job/job_runtime.h"
+#include "launcher/job/standby_worker.h"
 #include "launcher/os/host_info.h"
 #include "launcher/os/port_reservation.h"
 #include "launcher/report/console.h"
@@ -194,17 +195,15 @@ void CloseCoordinator(rdzv::CoordinatorServer& server, const JobSpec& spec, cons
 int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>& env,
                   const std::vector<std::string>& argv_template, const RdzvSettings& rdzv) {
   RouteGrpcLogs();
-  if (spec.keep_survivors) {
-    spdlog::warn(
-        "--keep-survivors applies to single-node jobs for now: after a failure the nodes of this job "
-        "restart their worker groups");
-  }
   // The runtime first: it blocks the handled signals, and gRPC's threads (server, client) must
   // inherit that mask, or a SIGTERM delivered to one of them would kill elrun outright instead
   // of being forwarded. It also forks the guardian while the process has a single thread.
   ElasticAgent* agent_ptr = nullptr;
-  auto runtime = JobRuntime::Create(spec, env, spec.rdzv_id,
-                                    [&agent_ptr](int pid, ExitStatus status) { agent_ptr->OnWorkerExit(pid, status); });
+  std::unique_ptr<StandbyWorker> standby;  // --keep-survivors.
+  auto runtime = JobRuntime::Create(spec, env, spec.rdzv_id, [&](int pid, ExitStatus status) {
+    if (standby && standby->OnExit(pid, status)) return;
+    agent_ptr->OnWorkerExit(pid, status);
+  });
   if (!runtime.ok()) {
     PrintError(std::string(runtime.status().message()));
     return kExitJobFailed;
@@ -229,11 +228,36 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
 
   AttemptBuilder builder(spec, argv_template, spec.rdzv_id, rt.layout(), env, PortReservation::Take);
   rt.PrepareBuilder(builder);
+  if (spec.keep_survivors) {
+    // A kept worker waits for the next round: it forms once every node of the last one is back,
+    // or once a lost one is found lost (its stream, or its heartbeat timeout).
+    const auto wait =
+        std::max<std::chrono::milliseconds>(std::chrono::seconds(10), rdzv.heartbeat_timeout + std::chrono::seconds(5));
+    builder.SetWorkerEnv("ELRUN_REGROUP_WAIT_MS", std::to_string(wait.count()));
+  }
   ClientSession session(**channel);
   RealClock clock;
   ElasticAgent agent(spec, rdzv, rt.table(), clock, session, builder, *master_addr, node_id, PortReservation::Take);
   agent_ptr = &agent;
   rt.OnWatchdogSignal([&agent](int pid, const std::string& why) { agent.OnWorkerSignalled(pid, why); });
+  if (spec.keep_survivors) {
+    agent.KeepSurvivors(
+        [&rt](std::vector<WorkerLaunch>& launches, int attempt) { return rt.AddControlFiles(launches, attempt); },
+        [&rt](int, const WorkerLaunch& started_as, const WorkerLaunch& launch) {
+          return rt.SendRegroup(started_as, launch);
+        });
+    if (rt.heartbeat() != nullptr) {
+      rt.heartbeat()->OnReady([&agent](int pid, int64_t generation) { agent.OnWorkerReady(pid, generation); });
+      rt.heartbeat()->SpareForPeersElsewhere();
+    }
+    standby = std::make_unique<StandbyWorker>(
+        &rt.table(), [&rt](const WorkerLaunch& base) { return rt.StandbyLaunch(base); },
+        [&rt](const WorkerLaunch& spare, const WorkerLaunch& launch) { return rt.SendRegroup(spare, launch); });
+    Supervisor::Standby hooks;
+    hooks.take = [&standby](const WorkerLaunch& launch) { return standby->Take(launch); };
+    hooks.on_all_ready = [&standby](const WorkerLaunch& base) { standby->Start(base); };
+    agent.SetStandby(std::move(hooks));
+  }
   agent.SetFaultSink([&rt](const std::string& kind, const std::string& detail) { rt.NoteFault(kind, detail); });
   if (HeartbeatServer* heartbeat = rt.heartbeat(); heartbeat != nullptr && spec.straggler_factor) {
     ShareStragglerPaces(agent, heartbeat);

@@ -257,12 +257,13 @@ void JobRuntime::ReportGoodput() {
   if (!written.ok()) spdlog::warn("--report-file: {}", std::string(written.message()));
 }
 
-absl::Status JobRuntime::AddControlFiles(std::vector<WorkerLaunch>& launches) {
+absl::Status JobRuntime::AddControlFiles(std::vector<WorkerLaunch>& launches, int attempt) {
   if (!control_) return absl::OkStatus();
   for (WorkerLaunch& launch : launches) {
     absl::StatusOr<std::string> path = control_->PathFor(launch.local_rank);
     if (!path.ok()) return path.status();
     launch.env.push_back("ELRUN_CONTROL_FILE=" + *path);
+    launch.env.push_back(absl::StrCat("ELRUN_GENERATION=", attempt));
   }
   return absl::OkStatus();
 }
@@ -298,10 +299,11 @@ absl::StatusOr<WorkerLaunch> JobRuntime::StandbyLaunch(const WorkerLaunch& base)
   return spare;
 }
 
-bool JobRuntime::SendRegroup(const WorkerLaunch& started_as, const WorkerLaunch& launch, int restart_count) {
+bool JobRuntime::SendRegroup(const WorkerLaunch& started_as, const WorkerLaunch& launch) {
   if (!control_) return false;
-  std::string line = absl::StrCat("regroup ", restart_count);
-  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) {
+  std::string line = absl::StrCat("regroup ", EnvOf(launch, "ELRUN_GENERATION"));
+  for (const char* name :
+       {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"}) {
     absl::StrAppend(&line, " ", name, "=", EnvOf(launch, name));
   }
   absl::Status sent = control_->Send(EnvOf(started_as, "ELRUN_CONTROL_FILE"), line);

@@ -60,13 +60,15 @@ class JobRuntime {
   // the server imports torch while the job forms. Call once, before the first attempt.
   void PrepareBuilder(AttemptBuilder& builder) const;
 
-  // --keep-survivors: gives each launch ELRUN_CONTROL_FILE, the control FIFO of its local rank
-  // (control_fifos.h). Call on every attempt's launches; nothing without --keep-survivors.
-  absl::Status AddControlFiles(std::vector<WorkerLaunch>& launches);
+  // --keep-survivors: gives each launch of `attempt` ELRUN_CONTROL_FILE, the control FIFO of its
+  // local rank (control_fifos.h), and ELRUN_GENERATION=<attempt>, the generation it says ready
+  // in. Call on every attempt's launches; nothing without --keep-survivors.
+  absl::Status AddControlFiles(std::vector<WorkerLaunch>& launches, int attempt);
   // --keep-survivors: tells the process started as `started_as` (its control FIFO) the contract
-  // of `launch` (its RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) as generation
-  // `restart_count` (trainer/runtime/control_channel.h). False, with a warning, when it cannot.
-  bool SendRegroup(const WorkerLaunch& started_as, const WorkerLaunch& launch, int restart_count);
+  // of `launch` (its RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT,
+  // TORCHELASTIC_RESTART_COUNT) as generation ELRUN_GENERATION (trainer/runtime/control_channel.h).
+  // False, with a warning, when it cannot.
+  bool SendRegroup(const WorkerLaunch& started_as, const WorkerLaunch& launch);
   // --keep-survivors: the launch of a standby spare (standby_worker.h) made from a worker's: local
   // rank kStandbyLocalRank, a control FIFO of its own, ELRUN_STANDBY=1. FailedPrecondition, saying
   // why, where a spare cannot stand in for any worker: streams to per-rank log files, CPU

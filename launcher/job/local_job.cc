@@ -38,7 +38,7 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
       [&](int attempt, int restart_count) -> absl::StatusOr<std::vector<WorkerLaunch>> {
         auto launches = builder.Build(attempt, restart_count);
         if (launches.ok()) {
-          if (absl::Status added = rt.AddControlFiles(*launches); !added.ok()) return added;
+          if (absl::Status added = rt.AddControlFiles(*launches, attempt); !added.ok()) return added;
           spdlog::info("attempt {}: {} workers, run_id {}, world size {}, master {}:{}, logs {}", attempt,
                        launches->size(), run_id, builder.node().world_size, builder.node().master_addr,
                        builder.node().master_port, rt.layout().AttemptDir(attempt));
@@ -52,8 +52,8 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
   supervisor_ptr = &supervisor;
   if (spec.keep_survivors) {
     supervisor.SetRegrouper(
-        [&rt](int, const WorkerLaunch& started_as, const WorkerLaunch& launch, int restart_count) {
-          return rt.SendRegroup(started_as, launch, restart_count);
+        [&rt](int, const WorkerLaunch& started_as, const WorkerLaunch& launch) {
+          return rt.SendRegroup(started_as, launch);
         },
         [&](int attempt, const WorkerFailure& failure, int survivors) {
           spdlog::warn(
@@ -68,13 +68,9 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
     }
     standby = std::make_unique<StandbyWorker>(
         &rt.table(), [&rt](const WorkerLaunch& base) { return rt.StandbyLaunch(base); },
-        [&rt](const WorkerLaunch& spare, const WorkerLaunch& launch, int restart_count) {
-          return rt.SendRegroup(spare, launch, restart_count);
-        });
+        [&rt](const WorkerLaunch& spare, const WorkerLaunch& launch) { return rt.SendRegroup(spare, launch); });
     Supervisor::Standby hooks;
-    hooks.take = [&standby](const WorkerLaunch& launch, int restart_count) {
-      return standby->Take(launch, restart_count);
-    };
+    hooks.take = [&standby](const WorkerLaunch& launch) { return standby->Take(launch); };
     hooks.on_all_ready = [&standby](const WorkerLaunch& base) { standby->Start(base); };
     supervisor.SetStandby(std::move(hooks));
   }

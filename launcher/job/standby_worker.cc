@@ -25,11 +25,11 @@ void StandbyWorker::Start(const WorkerLaunch& base) {
   launch_ = *std::move(launch);
 }
 
-std::optional<std::pair<int, WorkerLaunch>> StandbyWorker::Take(const WorkerLaunch& launch, int restart_count) {
+std::optional<std::pair<int, WorkerLaunch>> StandbyWorker::Take(const WorkerLaunch& launch) {
   if (pid_ <= 0) return std::nullopt;
   const int pid = pid_;
   pid_ = 0;
-  if (!tell_(launch_, launch, restart_count)) {
+  if (!tell_(launch_, launch)) {
     table_->SignalGroup(pid, SIGKILL);  // Its exit comes later; OnExit no longer knows it.
     return std::nullopt;
   }

@@ -24,8 +24,8 @@ class StandbyWorker {
   // The spare's launch from a worker's (JobRuntime::StandbyLaunch); an error says why no spare
   // can stand in for this job's workers.
   using MakeLaunch = std::function<absl::StatusOr<WorkerLaunch>(const WorkerLaunch& base)>;
-  // Tells the spare (started as `spare`) to become `launch` in generation `restart_count`.
-  using Tell = std::function<bool(const WorkerLaunch& spare, const WorkerLaunch& launch, int restart_count)>;
+  // Tells the spare (started as `spare`) to become `launch` (its generation in its environment).
+  using Tell = std::function<bool(const WorkerLaunch& spare, const WorkerLaunch& launch)>;
 
   // `table` must outlive this.
   StandbyWorker(ProcessTable* table, MakeLaunch make, Tell tell)
@@ -36,7 +36,7 @@ class StandbyWorker {
   // The spare, told to become the worker of `launch`: its pid and the launch it was started
   // with, now relabelled as `launch`'s local rank and rank in the process table. nullopt when
   // there is none, or it could not be told (it is killed then).
-  std::optional<std::pair<int, WorkerLaunch>> Take(const WorkerLaunch& launch, int restart_count);
+  std::optional<std::pair<int, WorkerLaunch>> Take(const WorkerLaunch& launch);
   // True when `pid` was the spare (not yet taken): it is forgotten.
   bool OnExit(int pid, ExitStatus status);
   int pid() const { return pid_; }

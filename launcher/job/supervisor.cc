@@ -13,9 +13,13 @@ Supervisor::Supervisor(SupervisorOptions options, ProcessTable* table, const Clo
       prepare_(std::move(prepare)),
       on_restart_(std::move(on_restart)) {}
 
-void Supervisor::Start() { StartAttempt(); }
+void Supervisor::Start(int attempt, int restart_count, bool join_live) {
+  attempt_ = attempt;
+  restart_count_ = restart_count;
+  StartAttempt(join_live);
+}
 
-void Supervisor::StartAttempt() {
+void Supervisor::StartAttempt(bool join_live) {
   state_ = State::kRunning;
   succeeded_ = 0;
   failures_.clear();
@@ -37,6 +41,13 @@ void Supervisor::StartAttempt() {
   }
   launches_ = *std::move(launches);
   for (const WorkerLaunch& launch : launches_) {
+    if (join_live) {
+      if (!StartReplacement(launch.local_rank, /*join_live=*/true)) {
+        BeginStop(StopReason::kFailure, SIGTERM);
+        return;
+      }
+      continue;
+    }
     auto pid = table_->Spawn(launch);
     if (!pid.ok()) {
       RecordFailure(launch.local_rank, 0, ExitStatus::Exited(127), std::string(pid.status().message()));
@@ -80,21 +91,108 @@ void Supervisor::NoteSignalled(int pid, std::string why) {
 bool Supervisor::AllReady() const {
   for (const auto& [pid, local_rank] : live_) {
     auto ready = ready_.find(pid);
-    if (ready == ready_.end() || ready->second != restart_count_) return false;
+    if (ready == ready_.end() || ready->second != attempt_) return false;
   }
   return true;
 }
 
-void Supervisor::OnWorkerReady(int pid, int64_t restart_count) {
+bool Supervisor::CanHold() const {
+  return options_.keep_survivors && options_.hold_survivors && regroup_ && state_ == State::kRunning &&
+         succeeded_ == 0 && !live_.empty() && AllReady();
+}
+
+void Supervisor::OnWorkerReady(int pid, int64_t generation) {
   if (live_.count(pid) == 0) return;
-  ready_[pid] = restart_count;
-  if (state_ != State::kRunning || !standby_.on_all_ready || all_ready_told_ == restart_count_ || succeeded_ > 0 ||
+  ready_[pid] = generation;
+  if (state_ != State::kRunning || !standby_.on_all_ready || all_ready_told_ == attempt_ || succeeded_ > 0 ||
       launches_.empty()) {
     return;
   }
   if (!AllReady()) return;
-  all_ready_told_ = restart_count_;
+  all_ready_told_ = attempt_;
   standby_.on_all_ready(launches_.front());
+}
+
+bool Supervisor::TellSurvivors() {
+  for (const auto& [pid, local_rank] : live_) {
+    const WorkerLaunch* launch = nullptr;
+    for (const WorkerLaunch& candidate : launches_) {
+      if (candidate.local_rank == local_rank) launch = &candidate;
+    }
+    auto started_as = started_as_.find(pid);
+    if (launch == nullptr || started_as == started_as_.end() || !regroup_(pid, started_as->second, *launch)) {
+      return false;
+    }
+    table_->Relabel(pid, launch->local_rank, launch->rank);
+  }
+  return true;
+}
+
+bool Supervisor::StartReplacement(int local_rank, bool join_live) {
+  const WorkerLaunch* launch = nullptr;
+  for (const WorkerLaunch& candidate : launches_) {
+    if (candidate.local_rank == local_rank) launch = &candidate;
+  }
+  if (launch == nullptr) return false;
+  if (join_live && standby_.take) {
+    if (auto spare = standby_.take(*launch)) {  // Told, and already started.
+      live_[spare->first] = local_rank;
+      started_as_[spare->first] = std::move(spare->second);
+      return true;
+    }
+  }
+  WorkerLaunch replacement = *launch;
+  if (join_live) replacement.env.push_back("ELRUN_JOIN_LIVE=1");  // Its state comes from the survivors.
+  auto pid = table_->Spawn(replacement);
+  if (!pid.ok()) {
+    RecordFailure(local_rank, 0, ExitStatus::Exited(127), std::string(pid.status().message()));
+    return false;
+  }
+  live_[*pid] = local_rank;
+  started_as_[*pid] = std::move(replacement);
+  return true;
+}
+
+bool Supervisor::Hold() {
+  if (!CanHold()) return false;
+  state_ = State::kHeld;
+  return true;
+}
+
+void Supervisor::Regroup(int attempt, int restart_count) {
+  if (state_ != State::kHeld) return;
+  auto launches = prepare_(attempt, restart_count);
+  state_ = State::kRunning;
+  if (!launches.ok() || launches->size() != launches_.size()) {
+    if (!launches.ok()) {
+      WorkerFailure failure;
+      failure.start_error = std::string(launches.status().message());
+      failure.time = clock_->WallNow();
+      failures_.push_back(std::move(failure));
+    }
+    BeginStop(StopReason::kFailure, SIGTERM);
+    return;
+  }
+  attempt_ = attempt;
+  restart_count_ = restart_count;
+  launches_ = *std::move(launches);
+  failures_.clear();
+  if (!TellSurvivors()) {
+    BeginStop(StopReason::kFailure, SIGTERM);
+    return;
+  }
+  std::vector<int> missing;
+  for (const WorkerLaunch& launch : launches_) {
+    bool alive = false;
+    for (const auto& [pid, local_rank] : live_) alive |= local_rank == launch.local_rank;
+    if (!alive) missing.push_back(launch.local_rank);
+  }
+  for (int local_rank : missing) {
+    if (!StartReplacement(local_rank, /*join_live=*/true)) {
+      BeginStop(StopReason::kFailure, SIGTERM);
+      return;
+    }
+  }
 }
 
 bool Supervisor::TryRegroup(int failed_local_rank) {
@@ -113,48 +211,16 @@ bool Supervisor::TryRegroup(int failed_local_rank) {
   ++restart_count_;
   launches_ = *std::move(launches);
   failures_.clear();
-  auto launch_of = [this](int local_rank) -> const WorkerLaunch* {
-    for (const WorkerLaunch& launch : launches_) {
-      if (launch.local_rank == local_rank) return &launch;
-    }
-    return nullptr;
-  };
-  for (const auto& [pid, local_rank] : live_) {
-    const WorkerLaunch* launch = launch_of(local_rank);
-    auto started_as = started_as_.find(pid);
-    if (launch == nullptr || started_as == started_as_.end() ||
-        !regroup_(pid, started_as->second, *launch, restart_count_)) {
-      // A survivor could not be told: the group restarts instead, from the failure that began
-      // this, and this regroup spends no restart (the survivors told are stopped with the rest).
-      attempt_ = attempt_before;
-      --restart_count_;
-      failures_ = std::move(failures_before);
-      BeginStop(StopReason::kFailure, SIGTERM);
-      return true;
-    }
-  }
-  const WorkerLaunch* failed = launch_of(failed_local_rank);
-  if (failed == nullptr) {
+  if (!TellSurvivors()) {
+    // A survivor could not be told: the group restarts instead, from the failure that began
+    // this, and this regroup spends no restart (the survivors told are stopped with the rest).
+    attempt_ = attempt_before;
+    --restart_count_;
+    failures_ = std::move(failures_before);
     BeginStop(StopReason::kFailure, SIGTERM);
     return true;
   }
-  if (standby_.take) {
-    if (auto spare = standby_.take(*failed, restart_count_)) {  // Told, and already started.
-      live_[spare->first] = failed_local_rank;
-      started_as_[spare->first] = std::move(spare->second);
-      return true;
-    }
-  }
-  WorkerLaunch replacement = *failed;
-  replacement.env.push_back("ELRUN_JOIN_LIVE=1");  // Its state comes from the survivors.
-  auto pid = table_->Spawn(replacement);
-  if (!pid.ok()) {
-    RecordFailure(failed_local_rank, 0, ExitStatus::Exited(127), std::string(pid.status().message()));
-    BeginStop(StopReason::kFailure, SIGTERM);
-    return true;
-  }
-  live_[*pid] = failed_local_rank;
-  started_as_[*pid] = std::move(replacement);
+  if (!StartReplacement(failed_local_rank, /*join_live=*/true)) BeginStop(StopReason::kFailure, SIGTERM);
   return true;
 }
 
@@ -176,6 +242,15 @@ void Supervisor::OnWorkerExit(int pid, ExitStatus status) {
     }
     RecordFailure(local_rank, pid, status, "");
     if (TryRegroup(local_rank)) return;
+    if (CanHold()) {  // The next round regroups the others.
+      state_ = State::kHeld;
+      return;
+    }
+    BeginStop(StopReason::kFailure, SIGTERM);
+    return;
+  }
+  if (state_ == State::kHeld) {  // A kept worker ended before its regroup: none is kept.
+    if (!status.success()) RecordFailure(local_rank, pid, status, "");
     BeginStop(StopReason::kFailure, SIGTERM);
     return;
   }
@@ -214,7 +289,11 @@ void Supervisor::BeginStop(StopReason reason, int signo) {
 }
 
 void Supervisor::Stop() {
-  if (state_ != State::kRunning) return;
+  if (state_ == State::kHeld && !failures_.empty()) {  // Its local failure stays the cause.
+    BeginStop(StopReason::kFailure, SIGTERM);
+    return;
+  }
+  if (state_ != State::kRunning && state_ != State::kHeld) return;
   BeginStop(StopReason::kRequested, SIGTERM);
 }
 
@@ -240,7 +319,7 @@ void Supervisor::FinishStop() {
     if (on_restart_) on_restart_(attempt_, failures_);
     ++restart_count_;
     ++attempt_;
-    StartAttempt();
+    StartAttempt(/*join_live=*/false);
     return;
   }
   state_ = State::kDone;

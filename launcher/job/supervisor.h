@@ -31,6 +31,11 @@ struct SupervisorOptions {
   // survivor that cannot be told - restarts the group as without it. Either way one restart is
   // spent.
   bool keep_survivors = false;
+  // With keep_survivors in a multi-node job, where the rendezvous spends restarts and forms the
+  // next round: a failed worker does not stop the others when they all said ready; the group is
+  // held() instead (done() with its failure for the agent's report) until the next round tells
+  // it to Regroup, or it is stopped.
+  bool hold_survivors = false;
 };
 
 // Exit codes of the launcher.
@@ -53,10 +58,9 @@ class Supervisor {
              AttemptObserver on_restart = nullptr);
 
   // --keep-survivors: tells surviving worker `pid`, started as `started_as`, its launch in the
-  // new attempt (its rank, world and master) and the new restart count; false when it cannot be
-  // told.
-  using Regrouper =
-      std::function<bool(int pid, const WorkerLaunch& started_as, const WorkerLaunch& launch, int restart_count)>;
+  // new attempt (its rank, world, master, generation and restart count); false when it cannot
+  // be told.
+  using Regrouper = std::function<bool(int pid, const WorkerLaunch& started_as, const WorkerLaunch& launch)>;
   // Told when a failed worker is restarted alone: (the attempt that failed, its failure, how
   // many workers keep running).
   using RegroupObserver = std::function<void(int attempt, const WorkerFailure& failure, int survivors)>;
@@ -64,16 +68,16 @@ class Supervisor {
     regroup_ = std::move(regroup);
     on_regroup_ = std::move(on_regroup);
   }
-  // Worker `pid` can regroup in place and is in generation `restart_count` (its heartbeat
-  // channel's "ready" line).
-  void OnWorkerReady(int pid, int64_t restart_count);
+  // Worker `pid` can regroup in place and is in generation `generation`, the attempt it was
+  // started in or last regrouped into (its heartbeat channel's "ready" line).
+  void OnWorkerReady(int pid, int64_t generation);
   // --keep-survivors with a standby spare (standby_worker.h): `take` hands the spare the launch of
   // a failed worker in the new generation and returns its pid (then no process is started),
   // nullopt when there is none; `on_all_ready` is told once per generation, with the spare's
   // started_as launch, when every worker said ready (a new spare may start then: not earlier, so
   // that its start-up does not slow the regroup).
   struct Standby {
-    std::function<std::optional<std::pair<int, WorkerLaunch>>(const WorkerLaunch& launch, int restart_count)> take;
+    std::function<std::optional<std::pair<int, WorkerLaunch>>(const WorkerLaunch& launch)> take;
     std::function<void(const WorkerLaunch& base)> on_all_ready;
   };
   void SetStandby(Standby standby) { standby_ = std::move(standby); }
@@ -82,8 +86,21 @@ class Supervisor {
   // stops): for the goodput report.
   void OnFailure(std::function<void(const WorkerFailure&)> on_failure) { on_failure_ = std::move(on_failure); }
 
-  // Starts attempt 0.
-  void Start();
+  // Starts `attempt` (a multi-node agent numbers them per round) at `restart_count`; with
+  // `join_live` (a round that regroups around workers kept alive on other nodes) every worker
+  // takes the job's live state from them, as a replacement does (the standby spare first).
+  void Start(int attempt = 0, int restart_count = 0, bool join_live = false);
+
+  // hold_survivors: keeps the running workers alive for the next round (a new round was called
+  // elsewhere) when every one said ready; false, and nothing changed, when they cannot be kept.
+  bool Hold();
+  // The workers are kept alive for the next round (Hold, or a local failure with
+  // hold_survivors); failures() has the local failure, if any.
+  bool held() const { return state_ == State::kHeld; }
+  // Held: the next round's `attempt` at `restart_count` tells every kept worker its new launch
+  // and starts the missing local ranks with ELRUN_JOIN_LIVE=1. A worker that cannot be told
+  // stops the group as a failure.
+  void Regroup(int attempt, int restart_count);
 
   // Events.
   void OnWorkerExit(int pid, ExitStatus status);
@@ -95,7 +112,8 @@ class Supervisor {
   void NoteSignalled(int pid, std::string why);
   // Stops the workers (SIGTERM, SIGKILL at the deadline) for a reason outside this node, such
   // as a new rendezvous round: no failure is counted and no restart follows; done() then has
-  // exit_code() == kExitStopped. No effect when already stopping or done.
+  // exit_code() == kExitStopped (kExitJobFailed when held after a local failure). No effect
+  // when already stopping or done.
   void Stop();
 
   // When the event loop must call OnDeadline; nullopt when no stop is in progress.
@@ -112,15 +130,22 @@ class Supervisor {
   const std::vector<WorkerLaunch>& launches() const { return launches_; }
 
  private:
-  enum class State { kRunning, kStopping, kDone };
+  enum class State { kRunning, kHeld, kStopping, kDone };
   enum class StopReason { kFailure, kSignal, kRequested };
 
-  void StartAttempt();
+  void StartAttempt(bool join_live);
   // --keep-survivors: restarts the worker of `failed_local_rank` alone; false when the group
   // must restart instead (nothing was changed then).
   bool TryRegroup(int failed_local_rank);
-  // Every live worker said ready in the current generation (restart_count_).
+  // Tells every live worker its launch in launches_ (and relabels it); false at the first that
+  // cannot be told.
+  bool TellSurvivors();
+  // Starts the worker of `local_rank` from launches_ to join the survivors (the standby spare, or
+  // a new process with ELRUN_JOIN_LIVE=1); false when it did not start (recorded as a failure).
+  bool StartReplacement(int local_rank, bool join_live);
+  // Every live worker said ready in the current generation (attempt_).
   bool AllReady() const;
+  bool CanHold() const;
   void BeginStop(StopReason reason, int signo);
   void FinishStop();
   void RecordFailure(int local_rank, int pid, ExitStatus status, std::string start_error);

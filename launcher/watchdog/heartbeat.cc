@@ -157,7 +157,7 @@ std::vector<Hung> HeartbeatTable::TakeHung(double now) {
       continue;
     }
     w.reported = true;
-    hung.push_back({group, w.stack_signal, std::move(why), w.last_beat.value_or(w.started)});
+    hung.push_back({group, w.stack_signal, std::move(why), w.last_beat.value_or(w.started), w.rearmed.has_value()});
   }
   return hung;
 }
@@ -252,6 +252,7 @@ void HeartbeatServer::OnLine(const std::string& line) {
     return;
   }
   if (beat->ready_generation) {
+    ready_.insert(*group);
     if (on_ready_) on_ready_(beat->pid, *beat->ready_generation);
     return;
   }
@@ -279,6 +280,9 @@ void HeartbeatServer::OnTick() {
         Name(s.pace.group), s.pace.median_ms, s.pace.beats, s.pace.median_ms / s.job_median_ms, s.job_median_ms,
         job_median_ms_ ? absl::StrCat(" over ", job_ranks_, " ranks") : std::string(), *limits_.straggler_factor);
   }
+  for (auto it = ready_.begin(); it != ready_.end();) {  // Only live workers stay.
+    it = std::find(live.begin(), live.end(), *it) == live.end() ? ready_.erase(it) : std::next(it);
+  }
   std::set<int> stopped;  // Live workers that are stopped (/proc state T): their peers wait for them.
   for (int group : live) {
     if (IsStopped(group)) stopped.insert(group);
@@ -290,6 +294,14 @@ void HeartbeatServer::OnTick() {
       // can regroup in place rather than be killed too.
       spdlog::warn("{}: {}; a peer, {}, is stopped: killing only that one", Name(hung.group), hung.why,
                    Name(*stopped.begin()));
+      table_.Rearm(hung.group, now);
+      continue;
+    }
+    if (spare_for_peers_elsewhere_ && !hung.rearmed && stopped.count(hung.group) == 0 && ready_.count(hung.group) > 0) {
+      spdlog::warn(
+          "{}: {}; it can regroup in place and may wait on a worker of another node: one more --worker-timeout "
+          "before it is killed",
+          Name(hung.group), hung.why);
       table_.Rearm(hung.group, now);
       continue;
     }

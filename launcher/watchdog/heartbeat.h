@@ -40,6 +40,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -90,7 +91,8 @@ struct Hung {
   int group = 0;
   int stack_signal = 0;
   std::string why;
-  double since = 0;  // Its last beat, or its start when it never beat: when progress stopped.
+  double since = 0;      // Its last beat, or its start when it never beat: when progress stopped.
+  bool rearmed = false;  // It was given another timeout (Rearm) and made no progress since.
 };
 
 class HeartbeatTable {
@@ -160,6 +162,11 @@ class HeartbeatServer {
   void OnBeat(std::function<void(int64_t step, int group)> on_beat) { on_beat_ = std::move(on_beat); }
   // Called with each valid ready line's pid and generation, for a worker of this job.
   void OnReady(std::function<void(int pid, int64_t generation)> on_ready) { on_ready_ = std::move(on_ready); }
+  // --keep-survivors in a multi-node job: a worker's peers may be on other nodes, where a stopped
+  // one is killed by that node's watchdog. A hung worker that can regroup in place (it said ready)
+  // and is not stopped itself gets one more --worker-timeout before it is killed, so that only
+  // the stopped peer dies and this one regroups; a second timeout without progress kills it.
+  void SpareForPeersElsewhere() { spare_for_peers_elsewhere_ = true; }
   // Called when a worker is judged hung (before its stack signal and kill), with who it is, why,
   // and when its progress stopped (seconds of CLOCK_MONOTONIC).
   void OnHangFound(std::function<void(const std::string& what, double since)> on_hang) {
@@ -211,6 +218,8 @@ class HeartbeatServer {
   std::vector<RemotePace> job_slowest_;
   std::string host_;
   bool saw_stragglers_ = false;
+  bool spare_for_peers_elsewhere_ = false;
+  std::set<int> ready_;  // Groups that said they can regroup in place.
   int64_t dropped_ = 0;
   std::unique_ptr<LineFifo> fifo_;  // Last: destroyed first.
 };

@@ -22,6 +22,10 @@ TRAIN_TIMEOUT_S = 150.0
 STEP_LINE = re.compile(r"^epoch (\d+)\s+step (\d+)\s", re.M)
 RESUMED_LINE = re.compile(r"^resumed from (\S+): epoch (\d+), step (\d+), sample (\d+) "
                           r"\(written by (\d+) ranks, now (\d+)\)", re.M)
+# --keep-survivors: rank 0's line after the job regrouped around workers that kept their processes.
+REGROUPED_LINE = re.compile(r"^regrouped in place \(generation (\d+)\): (\d+) ranks, (\d+) restarted; the live "
+                            r"state of rank (\d+) at step (\d+) \((\d+) bytes, not from disk\), (\d+) ms after "
+                            r"(?:its collective failed|this replacement started|this standby worker was called in)", re.M)
 
 # The data set of these tests: 4096 seeded training samples (elrun-train --dataset synthetic).
 SYNTHETIC_TRAIN_SAMPLES = 4096
@@ -178,7 +182,9 @@ class TrainTestCase(ElrunTestCase):
         return run.result()
 
     def workers(self, run):
-        """{rank: pid} of the elrun-train processes below the launcher now, by their RANK."""
+        """{rank: pid} of the elrun-train processes below the launcher now, by the RANK they were
+        started with. A standby spare of --keep-survivors (ELRUN_STANDBY=1) keeps the environment
+        of the launch it was made from even after elrun handed it another worker's: left out."""
         found = {}
         train = os.path.basename(train_command()[0])
         for pid in harness.descendants(run.proc.pid):
@@ -190,7 +196,7 @@ class TrainTestCase(ElrunTestCase):
                                if b"=" in item)
             except OSError:
                 continue  # Gone since the scan.
-            if b"RANK" in env:
+            if b"RANK" in env and env.get(b"ELRUN_STANDBY") != b"1":
                 found[int(env[b"RANK"])] = pid
         return found
 

@@ -11,20 +11,16 @@ The job is train_resume_test's: FashionNet with SyncBatchNorm on the seeded synt
 cut at step 80 of 2 epochs.
 """
 import os
-import re
 
 import harness
 import train_harness
-from train_harness import RESUMED_LINE, TrainTestCase, train_args
+from train_harness import REGROUPED_LINE, RESUMED_LINE, TrainTestCase, train_args
 
 WORKERS = 2
 BATCH = 32
 STEPS_PER_EPOCH = train_harness.SYNTHETIC_TRAIN_SAMPLES // (WORKERS * BATCH)  # 64
 CHECKPOINT_EVERY = 16
 MAX_STEPS = STEPS_PER_EPOCH + CHECKPOINT_EVERY  # 80
-REGROUPED_LINE = re.compile(r"^regrouped in place \(generation (\d+)\): (\d+) ranks, (\d+) restarted; the live "
-                            r"state of rank (\d+) at step (\d+) \((\d+) bytes, not from disk\), (\d+) ms after "
-                            r"(?:its collective failed|this replacement started|this standby worker was called in)", re.M)
 
 
 @harness.elrun_only("torchrun restarts every worker after a failure")
@@ -36,24 +32,6 @@ class KeepSurvivorsTest(TrainTestCase):
                         step_times_file=self.path(name, "steps.tsv"))
         settings.update(options)
         return train_args(**settings)
-
-    def workers(self, run):
-        """{rank: pid} of the elrun-train workers started as such below the launcher, by their RANK.
-        A standby spare (ELRUN_STANDBY=1) keeps the environment of the launch it was made from
-        (rank 0's) even after elrun handed it another worker's: left out."""
-        found = {}
-        train = os.path.basename(train_harness.train_command()[0])
-        for pid in harness.descendants(run.proc.pid):
-            if train not in harness.cmdline(pid):
-                continue
-            try:
-                with open("/proc/%d/environ" % pid, "rb") as f:
-                    env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-            except OSError:
-                continue  # Gone since the scan.
-            if b"RANK" in env and env.get(b"ELRUN_STANDBY") != b"1":
-                found[int(env[b"RANK"])] = pid
-        return found
 
     def logged_steps(self, name, rank):
         with open(self.path(name, "steps.tsv.%d" % rank)) as f:

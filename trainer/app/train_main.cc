@@ -27,6 +27,7 @@
 
 #include <torch/torch.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "trainer/app/gpt.h"
@@ -238,7 +239,10 @@ struct Job {
   // elrun --keep-survivors: its ELRUN_CONTROL_FILE, when this run can regroup in place (ddp on
   // the CPU, without fp16's loss scaler) and beats.
   std::unique_ptr<ControlChannel> control;
-  int64_t generation = 0;  // TORCHELASTIC_RESTART_COUNT, then the last regroup's.
+  int64_t generation = 0;  // ELRUN_GENERATION (else TORCHELASTIC_RESTART_COUNT), then the last regroup's.
+  // How long a survivor waits for elrun's regroup: ELRUN_REGROUP_WAIT_MS (a multi-node job's next
+  // round), else kRegroupWait.
+  std::chrono::milliseconds regroup_wait{10000};
   // A standby spare: when elrun handed it a failed worker's contract.
   std::optional<std::chrono::steady_clock::time_point> told_at;
   std::unique_ptr<Metrics> metrics;
@@ -306,10 +310,23 @@ std::string ErrorText(const std::exception& error) {
   return error.what();
 }
 
-// How long a survivor whose collective failed waits for elrun's regroup (control_channel.h),
-// and how long building the new group may take: a replacement worker starts in about a second.
-constexpr std::chrono::seconds kRegroupWait{10};
+// How long building a regrouped process group may take: a replacement worker starts in about a
+// second.
 constexpr std::chrono::seconds kRegroupTimeout{60};
+
+// The integer in `env`'s `name`, `fallback` when unset; InvalidArgument naming it when it is not
+// an integer in [low, high].
+absl::StatusOr<int64_t> EnvInt(const std::map<std::string, std::string>& env, const std::string& name, int64_t fallback,
+                               int64_t low, int64_t high) {
+  auto it = env.find(name);
+  if (it == env.end()) return fallback;
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(it->second, &value) || value < low || value > high) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "='", it->second.substr(0, 32), "' is not an integer in [", low, ", ", high, "]"));
+  }
+  return value;
+}
 
 // Every SyncBatchNorm of the model over `pg` and `shm` (null: none, the old group dropped).
 void AttachSyncBatchNorms(Job& job, c10::intrusive_ptr<c10d::Backend> pg, std::shared_ptr<ShmAllreduce> shm) {
@@ -376,7 +393,9 @@ absl::Status TakeLiveState(Job& job, const std::optional<TrainProgress>& mine,
 // worker and tells this one the new group: every handle on the old group is dropped first (so
 // peers still blocked in it see its sockets close), then the new group is built and the job's
 // live state taken. Unavailable (the worker then fails, and elrun restarts the whole group) when
-// no regroup comes within kRegroupWait or the new group cannot be built; Cancelled on SIGTERM.
+// no regroup comes within job.regroup_wait or the new group cannot be built; Cancelled on SIGTERM.
+// Also entered between steps when elrun's regroup came while this rank's collectives still worked
+// (a new round of a multi-node job): dropping the old group then fails its peers' collectives.
 absl::Status RegroupInPlace(Job& job, const std::string& error) {
   RegroupTimes times;
   times.failed = std::chrono::steady_clock::now();
@@ -387,18 +406,18 @@ absl::Status RegroupInPlace(Job& job, const std::string& error) {
   job.dist.pg.reset();
   job.dist.store.reset();
   std::optional<Regroup> next;
-  while (!next && !g_stop_requested && std::chrono::steady_clock::now() - start < kRegroupWait) {
+  while (!next && !g_stop_requested && std::chrono::steady_clock::now() - start < job.regroup_wait) {
     next = job.control->Wait(std::chrono::milliseconds(100));
   }
   if (g_stop_requested) return absl::CancelledError("stopped while waiting to regroup");
   if (!next) {
-    return absl::UnavailableError(absl::StrCat(error, "; no regroup from elrun within ", kRegroupWait.count(), " s"));
+    return absl::UnavailableError(
+        absl::StrCat(error, "; no regroup from elrun within ", job.regroup_wait.count() / 1000.0, " s"));
   }
   times.told = std::chrono::steady_clock::now();
   auto env = ReadDistEnv(next->env);
   if (!env.ok()) return absl::UnavailableError(absl::StrCat("regroup: ", env.status().message()));
   job.env = *env;
-  job.env.restart_count = static_cast<int>(next->generation);
   job.generation = next->generation;
   auto dist = InitProcessGroup(job.env, job.placement.backend, job.placement.cuda_device,
                                std::min<std::chrono::milliseconds>(CollectiveTimeout(job.o), kRegroupTimeout),
@@ -476,7 +495,9 @@ absl::Status StandBy(Job& job, std::map<std::string, std::string>& env) {
   auto dist_env = ReadDistEnv(env);  // The launch it was made from: its world, for the data's checks.
   if (!dist_env.ok()) return dist_env.status();
   job.env = *dist_env;
-  job.control = ControlChannel::FromEnvironment(env, job.env.restart_count);
+  auto generation = EnvInt(env, "ELRUN_GENERATION", job.env.restart_count, 0, int64_t{1} << 40);
+  if (!generation.ok()) return generation.status();
+  job.control = ControlChannel::FromEnvironment(env, *generation);
   if (!job.control) return absl::FailedPreconditionError("ELRUN_STANDBY=1 without a usable ELRUN_CONTROL_FILE");
   if (absl::Status s = LoadData(job); !s.ok()) return s;
   std::optional<Regroup> next;
@@ -484,7 +505,7 @@ absl::Status StandBy(Job& job, std::map<std::string, std::string>& env) {
   if (!next) return absl::CancelledError("stopped while standing by");
   job.told_at = std::chrono::steady_clock::now();
   for (const auto& [name, value] : next->env) env[name] = value;
-  env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(next->generation);
+  env["ELRUN_GENERATION"] = std::to_string(next->generation);
   env["ELRUN_JOIN_LIVE"] = "1";
   return absl::OkStatus();
 }
@@ -501,7 +522,12 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   if (!dist_env.ok()) return dist_env.status();
   job->env = *dist_env;
   job->heartbeat = HeartbeatClient::FromEnvironment(env);
-  job->generation = job->env.restart_count;
+  auto generation = EnvInt(env, "ELRUN_GENERATION", job->env.restart_count, 0, int64_t{1} << 40);
+  if (!generation.ok()) return generation.status();
+  job->generation = *generation;
+  auto wait_ms = EnvInt(env, "ELRUN_REGROUP_WAIT_MS", job->regroup_wait.count(), 100, 3600 * 1000);
+  if (!wait_ms.ok()) return wait_ms.status();
+  job->regroup_wait = std::chrono::milliseconds(*wait_ms);
   // elrun restarted only this worker of the job (--keep-survivors): the others are alive and
   // regrouping; its state comes from them, not from the checkpoint.
   const bool joining = env.count("ELRUN_JOIN_LIVE") > 0 && env.at("ELRUN_JOIN_LIVE") == "1";
@@ -973,8 +999,11 @@ LoopStats RunLoop(Job& job) {
           const double position =
               (progress.epoch * dataset + job.sampler->Position(start, static_cast<int64_t>(b))) / (o.epochs * dataset);
           const double lr = ScheduledLr(o, position);
-          if (job.profiler) job.profiler->BeforeStep(progress.step);
           if (job.control) step_start_buffers.Take(*job.model);
+          if (job.control && job.control->pending()) {  // A new round (elsewhere): regroup now.
+            throw std::runtime_error("elrun regroups the job");
+          }
+          if (job.profiler) job.profiler->BeforeStep(progress.step);
           loop.last_loss = TrainStep(job, batches[b], lr);
           if (job.profiler) Warn(job.profiler->AfterStep(progress.step));
           loop.step_ms.push_back(

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <random>
@@ -274,6 +275,27 @@ void ShmAllreduce::Run(Op& op, uint64_t generation) {
   std::memcpy(data, Slot(generation, 0), n * size);
 }
 
+namespace {
+
+// Process `pid` has ended: gone, or a zombie not reaped yet (a worker whose launcher was killed
+// stays one until whoever adopted it reaps it, and kill(pid, 0) still finds it).
+bool Exited(int64_t pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%lld/stat", static_cast<long long>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char* paren = std::strrchr(buf, ')');  // The name may hold ')': its last one ends it.
+  return paren != nullptr && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+}  // namespace
+
 void ShmAllreduce::Barrier(uint64_t target) {
   Header::RankState* ranks = header_->ranks();
   auto* bell = reinterpret_cast<uint32_t*>(&header_->bell);
@@ -309,8 +331,7 @@ void ShmAllreduce::Barrier(uint64_t target) {
     }
     for (int r : late) {
       const int64_t pid = ranks[r].pid.load();
-      if (pid > 0 && pid != ::getpid() && ranks[r].pid_namespace.load() == my_namespace && ::kill(pid, 0) != 0 &&
-          errno == ESRCH) {
+      if (pid > 0 && pid != ::getpid() && ranks[r].pid_namespace.load() == my_namespace && Exited(pid)) {
         throw std::runtime_error(
             absl::StrFormat("shared-memory all-reduce: rank %d (pid %d) exited during the all-reduce", r, pid));
       }

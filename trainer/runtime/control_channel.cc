@@ -24,6 +24,9 @@ const std::set<std::string>& ContractNames() {
   return *names;
 }
 
+// May be given; when not, the generation is the restart count (one node's restarts).
+constexpr char kRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
+
 }  // namespace
 
 absl::StatusOr<Regroup> ParseRegroup(const std::string& line) {
@@ -42,7 +45,7 @@ absl::StatusOr<Regroup> ParseRegroup(const std::string& line) {
       return absl::InvalidArgumentError(absl::StrCat("control line: '", tokens[i], "' is not NAME=value"));
     }
     std::string name = tokens[i].substr(0, eq), value = tokens[i].substr(eq + 1);
-    if (ContractNames().count(name) == 0) {
+    if (ContractNames().count(name) == 0 && name != kRestartCount) {
       return absl::InvalidArgumentError(absl::StrCat("control line: unexpected variable ", name));
     }
     for (unsigned char c : value) {
@@ -53,6 +56,14 @@ absl::StatusOr<Regroup> ParseRegroup(const std::string& line) {
   }
   for (const std::string& name : ContractNames()) {
     if (regroup.env.count(name) == 0) return absl::InvalidArgumentError(absl::StrCat("control line: no ", name));
+  }
+  auto restarts = regroup.env.find(kRestartCount);
+  if (restarts == regroup.env.end()) {
+    regroup.env[kRestartCount] = std::to_string(regroup.generation);
+  } else if (int32_t n = 0; !absl::SimpleAtoi(restarts->second, &n) || n < 0) {
+    // Not bounded by the generation: a node that joined late has had fewer attempts than the
+    // job has spent restarts.
+    return absl::InvalidArgumentError(absl::StrCat("control line: ", kRestartCount, " is not a non-negative integer"));
   }
   return regroup;
 }

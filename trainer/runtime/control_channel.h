@@ -3,12 +3,15 @@
 // that one, it tells each survivor the new generation's env contract in one line on the FIFO in
 // ELRUN_CONTROL_FILE:
 //
-//   regroup <restart_count> RANK=<r> WORLD_SIZE=<w> LOCAL_RANK=<l> MASTER_ADDR=<a> MASTER_PORT=<p>
+//   regroup <generation> RANK=<r> WORLD_SIZE=<w> LOCAL_RANK=<l> MASTER_ADDR=<a> MASTER_PORT=<p>
+//           [TORCHELASTIC_RESTART_COUNT=<n>]
 //
-// <restart_count> is the new TORCHELASTIC_RESTART_COUNT, the generation: lines for a generation
-// at or below the worker's own are stale and dropped. A reader thread takes the lines; the
-// training thread asks pending() between steps and, after a collective failed, waits for one
-// with Wait(). No LibTorch. Thread-safe.
+// <generation> is elrun's attempt on this node (ELRUN_GENERATION in a worker's environment,
+// else its TORCHELASTIC_RESTART_COUNT): lines for a generation at or below the worker's own are
+// stale and dropped. The restart count, when not given, is the generation (a single-node job,
+// where every attempt is a restart); a multi-node job's rounds are attempts that need not be. A reader thread takes the
+// lines; the training thread asks pending() between steps and, after a collective failed, waits for one with Wait(). No
+// LibTorch. Thread-safe.
 #ifndef ELRUN_TRAINER_RUNTIME_CONTROL_CHANNEL_H_
 #define ELRUN_TRAINER_RUNTIME_CONTROL_CHANNEL_H_
 
@@ -29,13 +32,15 @@ namespace elrun::trainer {
 
 // The env contract of a new generation.
 struct Regroup {
-  int64_t generation = 0;                  // TORCHELASTIC_RESTART_COUNT.
-  std::map<std::string, std::string> env;  // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
+  int64_t generation = 0;  // TORCHELASTIC_RESTART_COUNT.
+  // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT.
+  std::map<std::string, std::string> env;
 };
 
 // One line (without its newline); InvalidArgument naming what is wrong: another verb, a
 // generation that is not a non-negative integer, a token that is not NAME=value, a name outside
-// the five above or one of them missing, a value with a control byte.
+// the six above or one of the first five missing, a value with a control byte, a restart count
+// that is not a non-negative 32-bit integer.
 absl::StatusOr<Regroup> ParseRegroup(const std::string& line);
 
 class ControlChannel {

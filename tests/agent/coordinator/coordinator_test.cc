@@ -236,6 +236,59 @@ TEST_CASE("a lost node ends the round for the survivors, who form the next one a
   CHECK(a.restart_count() == 0);  // Membership changes spend no restart.
 }
 
+TEST_CASE("a node that kept its workers alive makes the next round keep survivors; a newcomer cannot") {
+  Harness h;
+  h.settings = Settings(2, 3, /*max_restarts=*/2);
+  h.settings.set_keep_survivors(true);
+  auto join_holding = [&h](int n) {
+    if (!h.agents.count(n)) h.Connect(n);
+    v1::AgentMessage m;
+    *m.mutable_join() = h.MakeJoin(n);
+    m.mutable_join()->set_holds_survivors(true);
+    return h.Send(n, m);
+  };
+  REQUIRE(join_holding(0).ok());  // A first Join that claims survivors: it has none.
+  REQUIRE(h.Join(1).ok());
+  REQUIRE(h.Join(2).ok());
+  CHECK_FALSE(h.Started(0).keep_survivors());
+  h.Clear();
+  REQUIRE(h.Ended(1, 1, false).ok());  // A worker failed on node 1.
+  REQUIRE(join_holding(0).ok());       // Node 0 kept its workers,
+  REQUIRE(h.Join(1).ok());             // node 1 lost its only one,
+  REQUIRE(h.Join(2).ok());             // node 2 could not keep them.
+  for (int n = 0; n < 3; ++n) {
+    CHECK(h.Started(n).round() == 2);
+    CHECK(h.Started(n).keep_survivors());
+    CHECK(h.Started(n).restart_count() == 1);
+  }
+  h.Clear();
+  REQUIRE(h.Ended(2, 2, false).ok());  // Nobody holds any now.
+  for (int n = 0; n < 3; ++n) REQUIRE(h.Join(n).ok());
+  CHECK(h.Started(0).round() == 3);
+  CHECK_FALSE(h.Started(0).keep_survivors());
+}
+
+TEST_CASE("every node of a job must agree on --keep-survivors; without it no round keeps any") {
+  Harness h;
+  h.settings = Settings(2, 2, /*max_restarts=*/1);
+  REQUIRE(h.Join(0).ok());
+  h.settings.set_keep_survivors(true);
+  absl::Status refused = h.Join(1);
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(refused.message()).find("--keep-survivors (the job has not)") != std::string::npos);
+  h.settings.set_keep_survivors(false);
+  REQUIRE(h.Join(2).ok());
+  h.Clear();
+  REQUIRE(h.Ended(2, 1, false).ok());
+  v1::AgentMessage m;
+  *m.mutable_join() = h.MakeJoin(0);
+  m.mutable_join()->set_holds_survivors(true);  // Claimed, in a job without the option: ignored.
+  REQUIRE(h.Send(0, m).ok());
+  REQUIRE(h.Join(2).ok());
+  CHECK(h.Started(0).round() == 2);
+  CHECK_FALSE(h.Started(0).keep_survivors());
+}
+
 TEST_CASE("survivors keep their group ranks") {
   Harness h;
   h.settings = Settings(1, 4);

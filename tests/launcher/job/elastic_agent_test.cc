@@ -328,5 +328,155 @@ TEST_CASE("no round within join_timeout: the agent gives up") {
   CHECK(f.agent.rendezvous_error().find("no rendezvous round formed") != std::string::npos);
 }
 
+// --keep-survivors across nodes: a control channel per launch, the regroups the agent sends.
+struct KeepFixture : Fixture {
+  std::vector<std::pair<int, WorkerLaunch>> told;  // (kept pid, its launch in the new round)
+  KeepFixture() {
+    spec.keep_survivors = true;
+    agent.KeepSurvivors(
+        [](std::vector<WorkerLaunch>& launches, int attempt) {
+          for (WorkerLaunch& launch : launches) launch.env.push_back("ELRUN_GENERATION=" + std::to_string(attempt));
+          return absl::OkStatus();
+        },
+        [this](int pid, const WorkerLaunch&, const WorkerLaunch& launch) {
+          told.emplace_back(pid, launch);
+          return true;
+        });
+  }
+  void Ready(const std::vector<int>& pids, int generation) {
+    for (int pid : pids) agent.OnWorkerReady(pid, generation);
+  }
+  v1::CoordinatorMessage Ended(uint64_t round) {
+    v1::CoordinatorMessage m;
+    m.mutable_round_ended()->set_round(round);
+    m.mutable_round_ended()->set_reason(v1::RoundEnded::WORKER_FAILED);
+    return m;
+  }
+  v1::CoordinatorMessage KeepRound(uint64_t round, int restart_count, bool keep) {
+    v1::CoordinatorMessage m = Round(round, restart_count);
+    m.mutable_round_started()->set_keep_survivors(keep);
+    m.mutable_round_started()->set_group_rank(0);  // The other node was lost: ranks move down.
+    m.mutable_round_started()->set_rank_offset(0);
+    return m;
+  }
+};
+
+TEST_CASE("keep-survivors: a round ended elsewhere keeps the ready workers; the next round regroups them") {
+  KeepFixture f;
+  f.Handshake();
+  f.Send(f.Round(1));
+  std::vector<int> pids{f.table.spawned()[0].first, f.table.spawned()[1].first};
+  CHECK(Env(f.table.spawned()[0].second, "ELRUN_GENERATION") == "0");
+  CHECK(Env(f.table.spawned()[0].second, "ELRUN_JOIN_LIVE") == "<unset>");
+  f.Ready(pids, 0);
+  f.Send(f.Ended(1));
+  CHECK(f.table.signals().empty());
+  REQUIRE(f.session.sent.back().has_join());
+  CHECK(f.session.sent.back().join().holds_survivors());
+  f.Send(f.KeepRound(2, 1, true));
+  CHECK(f.table.spawned().size() == 2);  // Nothing started: both kept.
+  REQUIRE(f.told.size() == 2);
+  CHECK(f.told[0].first == pids[0]);
+  CHECK(Env(f.told[1].second, "RANK") == "1");  // Rank 3 before: its node is group rank 0 now.
+  CHECK(Env(f.told[1].second, "ELRUN_GENERATION") == "1");
+  CHECK(Env(f.told[1].second, "TORCHELASTIC_RESTART_COUNT") == "1");
+  CHECK(Env(f.told[1].second, "MASTER_PORT") == "29500");
+
+  // Until the watchdog looks again, a kept worker may still be known by its old rank (3): only
+  // this round's ranks (0 and 1) go to the coordinator, which refuses a rank of another node.
+  f.agent.SetPaceSource(
+      [] {
+        std::vector<v1::RankPace> paces(3);
+        paces[0].set_rank(3);
+        paces[1].set_rank(1);
+        paces[2].set_rank(2);
+        return paces;
+      },
+      [](const v1::JobPace&) {});
+  f.clock.Advance(ElasticAgent::kPaceInterval);
+  f.agent.OnDeadline();
+  REQUIRE(f.session.sent.back().has_paces());
+  REQUIRE(f.session.sent.back().paces().ranks_size() == 1);
+  CHECK(f.session.sent.back().paces().ranks(0).rank() == 1);
+}
+
+TEST_CASE("keep-survivors: a local failure keeps the other worker; the failed one rejoins from the live state") {
+  KeepFixture f;
+  f.Handshake();
+  f.Send(f.Round(1));
+  std::vector<int> pids{f.table.spawned()[0].first, f.table.spawned()[1].first};
+  f.Ready(pids, 0);
+  f.table.Exit(pids[1]);
+  f.agent.OnWorkerExit(pids[1], ExitStatus::Signaled(SIGKILL));
+  CHECK(f.table.signals().empty());
+  REQUIRE(f.session.sent.back().has_workers_ended());
+  CHECK_FALSE(f.session.sent.back().workers_ended().success());
+  CHECK(f.session.sent.back().workers_ended().failure().find("SIGKILL") != std::string::npos);
+  f.Send(f.Ended(1));
+  REQUIRE(f.session.sent.back().has_join());
+  CHECK(f.session.sent.back().join().holds_survivors());
+  f.Send(f.KeepRound(2, 1, true));
+  REQUIRE(f.told.size() == 1);
+  CHECK(f.told[0].first == pids[0]);
+  REQUIRE(f.table.spawned().size() == 3);
+  const WorkerLaunch& replacement = f.table.spawned()[2].second;
+  CHECK(replacement.local_rank == 1);
+  CHECK(Env(replacement, "RANK") == "1");
+  CHECK(Env(replacement, "ELRUN_JOIN_LIVE") == "1");
+  CHECK(Env(replacement, "ELRUN_GENERATION") == "1");
+}
+
+TEST_CASE("keep-survivors: a round that keeps none stops the held workers first; a node without any joins live") {
+  SUBCASE("held, but the round keeps none: stopped, then started afresh") {
+    KeepFixture f;
+    f.Handshake();
+    f.Send(f.Round(1));
+    std::vector<int> pids{f.table.spawned()[0].first, f.table.spawned()[1].first};
+    f.Ready(pids, 0);
+    f.Send(f.Ended(1));
+    f.Send(f.KeepRound(2, 1, false));
+    CHECK(f.table.WasSignaled(pids[0], SIGTERM));
+    CHECK(f.table.spawned().size() == 2);  // Not before the kept ones are gone.
+    f.ExitAll(ExitStatus::Signaled(SIGTERM));
+    REQUIRE(f.table.spawned().size() == 4);
+    CHECK(Env(f.table.spawned()[3].second, "ELRUN_JOIN_LIVE") == "<unset>");
+    CHECK(f.told.empty());
+  }
+  SUBCASE("not ready: stopped as before, the Join holds nothing, and a keeping round starts them live") {
+    KeepFixture f;
+    f.Handshake();
+    f.Send(f.Round(1));
+    f.Send(f.Ended(1));
+    CHECK(f.table.WasSignaled(f.table.spawned()[0].first, SIGTERM));
+    f.ExitAll(ExitStatus::Signaled(SIGTERM));
+    REQUIRE(f.session.sent.back().has_join());
+    CHECK_FALSE(f.session.sent.back().join().holds_survivors());
+    f.Send(f.KeepRound(2, 1, true));  // Another node kept its workers.
+    REQUIRE(f.table.spawned().size() == 4);
+    CHECK(Env(f.table.spawned()[2].second, "ELRUN_JOIN_LIVE") == "1");
+    CHECK(Env(f.table.spawned()[3].second, "ELRUN_JOIN_LIVE") == "1");
+  }
+  SUBCASE("the job ends while a worker here failed and the other is held: this node failed") {
+    KeepFixture f;
+    f.Handshake();
+    f.Send(f.Round(1));
+    std::vector<int> pids{f.table.spawned()[0].first, f.table.spawned()[1].first};
+    f.Ready(pids, 0);
+    f.table.Exit(pids[1]);
+    f.agent.OnWorkerExit(pids[1], ExitStatus::Exited(3));
+    v1::CoordinatorMessage end;
+    end.mutable_job_ended()->set_success(false);
+    end.mutable_job_ended()->set_detail("no restarts left");
+    f.Send(end);
+    CHECK(f.table.WasSignaled(pids[0], SIGTERM));
+    CHECK_FALSE(f.agent.done());
+    f.ExitAll(ExitStatus::Signaled(SIGTERM));
+    CHECK(f.agent.done());
+    CHECK(f.agent.exit_code() == kExitJobFailed);
+    REQUIRE(f.agent.failed() != nullptr);
+    CHECK(f.agent.failed()->failures().front().local_rank == 1);
+  }
+}
+
 }  // namespace
 }  // namespace elrun

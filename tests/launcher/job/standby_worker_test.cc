@@ -30,7 +30,7 @@ struct Harness {
                           spare.env.push_back("ELRUN_STANDBY=1");
                           return spare;
                         },
-                        [this](const WorkerLaunch& spare, const WorkerLaunch& launch, int) {
+                        [this](const WorkerLaunch& spare, const WorkerLaunch& launch) {
                           told.emplace_back(spare.env[0], launch);
                           return !refuse_tell;
                         }};
@@ -46,7 +46,7 @@ TEST_CASE("a standby spare starts once and becomes the failed worker it is hande
   CHECK(spare.env.back() == "ELRUN_STANDBY=1");
   CHECK(h.standby.pid() == pid);
 
-  auto taken = h.standby.Take(Launch(1, "failed"), 3);
+  auto taken = h.standby.Take(Launch(1, "failed"));
   REQUIRE(taken.has_value());
   CHECK(taken->first == pid);
   CHECK(taken->second.env.back() == "ELRUN_STANDBY=1");  // What it was started as.
@@ -58,8 +58,8 @@ TEST_CASE("a standby spare starts once and becomes the failed worker it is hande
   CHECK(h.table.relabels()[0].local_rank == 1);
   CHECK(h.table.relabels()[0].rank == 11);
   CHECK(h.standby.pid() == 0);
-  CHECK(!h.standby.OnExit(pid, ExitStatus::Exited(0)));        // A worker now, not the spare.
-  CHECK(!h.standby.Take(Launch(1, "failed"), 4).has_value());  // None left until the next Start.
+  CHECK(!h.standby.OnExit(pid, ExitStatus::Exited(0)));     // A worker now, not the spare.
+  CHECK(!h.standby.Take(Launch(1, "failed")).has_value());  // None left until the next Start.
   h.standby.Start(Launch(0, "next"));
   CHECK(h.table.spawned().size() == 2);
 }
@@ -69,7 +69,7 @@ TEST_CASE("a spare that cannot be told is killed and none is handed out") {
   h.refuse_tell = true;
   h.standby.Start(Launch(0, "base"));
   const int pid = h.table.spawned()[0].first;
-  CHECK(!h.standby.Take(Launch(1, "failed"), 1).has_value());
+  CHECK(!h.standby.Take(Launch(1, "failed")).has_value());
   CHECK(h.table.WasSignaled(pid, SIGKILL));
   CHECK(h.table.relabels().empty());
 }

@@ -20,9 +20,10 @@ struct Harness {
   bool fail_prepare = false;
   Supervisor supervisor;
 
-  Harness(int nproc, int max_restarts, milliseconds timeout = milliseconds(500), bool keep_survivors = false)
+  Harness(int nproc, int max_restarts, milliseconds timeout = milliseconds(500), bool keep_survivors = false,
+          bool hold_survivors = false)
       : supervisor(
-            SupervisorOptions{max_restarts, timeout, keep_survivors}, &table, &clock,
+            SupervisorOptions{max_restarts, timeout, keep_survivors, hold_survivors}, &table, &clock,
             [this, nproc](int attempt, int restart_count) -> absl::StatusOr<std::vector<WorkerLaunch>> {
               if (fail_prepare) return absl::FailedPreconditionError("cannot create log directory");
               prepared_restart_counts.push_back(restart_count);
@@ -306,12 +307,13 @@ struct Regroups {
 
 struct KeepHarness : Harness {
   Regroups regroups;
-  KeepHarness(int nproc, int max_restarts) : Harness(nproc, max_restarts, milliseconds(500), true) {
+  KeepHarness(int nproc, int max_restarts, bool hold = false)
+      : Harness(nproc, max_restarts, milliseconds(500), true, hold) {
     supervisor.SetRegrouper(
-        [this](int pid, const WorkerLaunch&, const WorkerLaunch& launch, int count) {
+        [this](int pid, const WorkerLaunch&, const WorkerLaunch& launch) {
           if (regroups.refuse) return false;
           regroups.told.emplace_back(pid, launch);
-          regroups.counts.push_back(count);
+          regroups.counts.push_back(supervisor.restart_count());
           return true;
         },
         [this](int attempt, const WorkerFailure&, int survivors) {
@@ -457,7 +459,7 @@ TEST_CASE("keep-survivors: a standby spare is handed the failed worker and a new
   std::vector<int> all_ready;  // Generations told.
   std::vector<WorkerLaunch> taken;
   const int spare_pid = 999;
-  h.supervisor.SetStandby({[&](const WorkerLaunch& launch, int) -> std::optional<std::pair<int, WorkerLaunch>> {
+  h.supervisor.SetStandby({[&](const WorkerLaunch& launch) -> std::optional<std::pair<int, WorkerLaunch>> {
                              taken.push_back(launch);
                              if (taken.size() > 1) return std::nullopt;  // No spare the second time.
                              WorkerLaunch spare;
@@ -493,6 +495,123 @@ TEST_CASE("keep-survivors: a standby spare is handed the failed worker and a new
   REQUIRE(h.table.spawned().size() == 3);
   CHECK(h.table.spawned().back().second.local_rank == 1);
   CHECK(HasEnv(h.table.spawned().back().second, "ELRUN_JOIN_LIVE=1"));
+}
+
+// A multi-node agent's group (hold_survivors): the rendezvous spends restarts and forms rounds.
+TEST_CASE("hold: a failed worker leaves the others held, and the next round regroups them") {
+  KeepHarness h(3, 0, /*hold=*/true);
+  h.supervisor.Start(/*attempt=*/4, /*restart_count=*/2);
+  auto pids = h.CurrentPids(3);
+  CHECK(h.table.spawned()[0].second.error_file == "attempt_4");
+  h.AllReady(pids, 4);
+  h.End(pids[1], ExitStatus::Signaled(SIGKILL));
+  CHECK(h.supervisor.held());
+  CHECK_FALSE(h.supervisor.done());
+  CHECK(h.table.signals().empty());              // Nobody stopped,
+  CHECK(h.table.spawned().size() == 3);          // nobody started: the round decides.
+  REQUIRE(h.supervisor.failures().size() == 1);  // For the agent's report.
+  CHECK(h.supervisor.failures()[0].local_rank == 1);
+
+  h.supervisor.Regroup(/*attempt=*/5, /*restart_count=*/3);
+  CHECK_FALSE(h.supervisor.held());
+  CHECK(h.supervisor.attempt() == 5);
+  CHECK(h.supervisor.restart_count() == 3);
+  CHECK(h.supervisor.failures().empty());
+  REQUIRE(h.regroups.told.size() == 2);
+  CHECK(h.regroups.told[0].first == pids[0]);
+  CHECK(h.regroups.told[0].second.error_file == "attempt_5");
+  CHECK(h.regroups.told[1].first == pids[2]);
+  CHECK(h.table.relabels().size() == 2);
+  REQUIRE(h.table.spawned().size() == 4);
+  CHECK(h.table.spawned().back().second.local_rank == 1);
+  CHECK(HasEnv(h.table.spawned().back().second, "ELRUN_JOIN_LIVE=1"));
+  CHECK(h.regroups.observed.empty());  // Not a local regroup: no restart line of its own.
+
+  // Generation 5 now: the kept workers must say ready again before they can be held again.
+  h.AllReady({pids[0], pids[2]}, 4);
+  CHECK_FALSE(h.supervisor.Hold());
+  h.AllReady({pids[0], pids[2], h.table.spawned().back().first}, 5);
+  CHECK(h.supervisor.Hold());  // A round ended elsewhere.
+  CHECK(h.supervisor.held());
+  CHECK(h.supervisor.failures().empty());
+}
+
+TEST_CASE("hold: a worker not ready, a held worker that dies, a stop while held") {
+  SUBCASE("a failure with a worker not ready stops the group as before") {
+    KeepHarness h(2, 0, true);
+    h.supervisor.Start(1, 0);
+    auto pids = h.CurrentPids(2);
+    h.AllReady({pids[0]}, 0);  // An old generation: not ready in attempt 1.
+    h.End(pids[1], ExitStatus::Exited(1));
+    CHECK_FALSE(h.supervisor.held());
+    CHECK(h.table.WasSignaled(pids[0], SIGTERM));
+    CHECK_FALSE(h.supervisor.Hold());
+  }
+  SUBCASE("the last worker's failure holds nothing") {
+    KeepHarness h(1, 0, true);
+    h.supervisor.Start();
+    auto pids = h.CurrentPids(1);
+    h.AllReady(pids, 0);
+    h.End(pids[0], ExitStatus::Exited(1));
+    CHECK(h.supervisor.done());
+    CHECK(h.supervisor.exit_code() == kExitJobFailed);
+  }
+  SUBCASE("a held worker that ends before its regroup stops the rest: nothing is kept") {
+    KeepHarness h(3, 0, true);
+    h.supervisor.Start();
+    auto pids = h.CurrentPids(3);
+    h.AllReady(pids, 0);
+    REQUIRE(h.supervisor.Hold());
+    h.End(pids[0], ExitStatus::Exited(1));
+    CHECK_FALSE(h.supervisor.held());
+    CHECK(h.table.WasSignaled(pids[1], SIGTERM));
+    h.End(pids[1], ExitStatus::Signaled(SIGTERM));
+    h.End(pids[2], ExitStatus::Signaled(SIGTERM));
+    CHECK(h.supervisor.done());
+    CHECK(h.supervisor.exit_code() == kExitJobFailed);
+  }
+  SUBCASE("stopped while held: after its own failure the job failed here, else it was only stopped") {
+    for (bool failed_here : {true, false}) {
+      KeepHarness h(2, 0, true);
+      h.supervisor.Start();
+      auto pids = h.CurrentPids(2);
+      h.AllReady(pids, 0);
+      if (failed_here) {
+        h.End(pids[1], ExitStatus::Exited(3));
+      } else {
+        REQUIRE(h.supervisor.Hold());
+      }
+      REQUIRE(h.supervisor.held());
+      h.supervisor.Stop();
+      for (size_t i = 0; i < (failed_here ? 1u : 2u); ++i) h.End(pids[i], ExitStatus::Signaled(SIGTERM));
+      CHECK(h.supervisor.done());
+      CHECK(h.supervisor.exit_code() == (failed_here ? kExitJobFailed : kExitStopped));
+    }
+  }
+  SUBCASE("a survivor that cannot be told stops the group as a failure") {
+    KeepHarness h(2, 0, true);
+    h.supervisor.Start();
+    auto pids = h.CurrentPids(2);
+    h.AllReady(pids, 0);
+    h.End(pids[1], ExitStatus::Exited(1));
+    h.regroups.refuse = true;
+    h.supervisor.Regroup(1, 1);
+    CHECK(h.table.WasSignaled(pids[0], SIGTERM));
+    CHECK(h.table.spawned().size() == 2);
+    h.End(pids[0], ExitStatus::Signaled(SIGTERM));
+    CHECK(h.supervisor.done());
+    CHECK(h.supervisor.exit_code() == kExitJobFailed);
+  }
+  SUBCASE("without hold_survivors a lone failure stops the group (the single-node path needs a restart)") {
+    KeepHarness h(2, 0);
+    h.supervisor.Start();
+    auto pids = h.CurrentPids(2);
+    h.AllReady(pids, 0);
+    CHECK_FALSE(h.supervisor.Hold());
+    h.End(pids[1], ExitStatus::Exited(1));
+    CHECK_FALSE(h.supervisor.held());
+    CHECK(h.table.WasSignaled(pids[0], SIGTERM));
+  }
 }
 
 }  // namespace

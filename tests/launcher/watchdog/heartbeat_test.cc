@@ -71,7 +71,9 @@ TEST_CASE("a rearmed worker gets its whole limit again from then") {
   HeartbeatTable table({/*worker_timeout_s=*/2.0, /*start_timeout_s=*/5.5, std::nullopt});
   table.Track({100, 200}, 0.0);
   table.Record(100, B(100, 0), 1.0);
-  REQUIRE(table.TakeHung(3.5).size() == 1);
+  auto first = table.TakeHung(3.5);
+  REQUIRE(first.size() == 1);
+  CHECK_FALSE(first[0].rearmed);
   table.Rearm(100, 3.5);  // It only waited for a stopped peer.
   CHECK(table.TakeHung(5.4).empty());
   auto again = table.TakeHung(5.6);
@@ -79,10 +81,17 @@ TEST_CASE("a rearmed worker gets its whole limit again from then") {
   CHECK(again[0].group == 100);
   CHECK(again[0].since == 1.0);  // Still told from its last beat.
   CHECK(again[0].why.find("no progress for 4.6 s") == 0);
+  CHECK(again[0].rearmed);  // Given another timeout already: the watchdog spares it once only.
+  CHECK_FALSE(again[1].rearmed);
   table.Rearm(200, 5.6);  // Never beat: its start clock restarts.
   CHECK(table.TakeHung(11.0).empty());
   CHECK(table.TakeHung(11.2).size() == 1);
   table.Rearm(300, 1.0);  // Unknown: nothing.
+  table.Rearm(100, 11.2);
+  table.Record(100, B(100, 1), 11.5);  // Progress: a later hang is a new one.
+  auto later = table.TakeHung(14.0);
+  REQUIRE(later.size() == 1);
+  CHECK_FALSE(later[0].rearmed);
 }
 
 TEST_CASE("a worker that never beats is judged by --worker-start-timeout only") {

@@ -145,42 +145,47 @@ TEST_CASE("a wait with a timeout ends by it while the op's thread spins; the op 
 
 TEST_CASE("a peer process that exited fails the op at once, naming its rank and pid") {
   // Rank 1 is a forked process that sets up its side and exits; rank 0 (this process) then
-  // all-reduces with a long timeout and must fail well before it.
-  c10d::TCPStoreOptions options;
-  options.port = 0;
-  options.isServer = true;
-  options.numWorkers = 2;
-  options.waitWorkers = false;
-  options.timeout = std::chrono::seconds(30);
-  auto server = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
-  const uint16_t port = server->getPort();
-  pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    int code = 1;
-    try {
-      c10d::TCPStoreOptions client;
-      client.port = port;
-      client.isServer = false;
-      client.timeout = std::chrono::seconds(30);
-      c10d::TCPStore store("127.0.0.1", client);
-      code = ShmAllreduce::Create(store, "exit", 1, 2, 64, std::chrono::seconds(30)).ok() ? 0 : 3;
-    } catch (...) {
-      code = 2;
+  // all-reduces with a long timeout and must fail well before it. Reaped, its pid is gone; not
+  // reaped yet (a worker whose launcher was killed, until its adopter reaps it), it is a zombie.
+  for (const bool reap : {true, false}) {
+    CAPTURE(reap);
+    c10d::TCPStoreOptions options;
+    options.port = 0;
+    options.isServer = true;
+    options.numWorkers = 2;
+    options.waitWorkers = false;
+    options.timeout = std::chrono::seconds(30);
+    auto server = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+    const uint16_t port = server->getPort();
+    pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      int code = 1;
+      try {
+        c10d::TCPStoreOptions client;
+        client.port = port;
+        client.isServer = false;
+        client.timeout = std::chrono::seconds(30);
+        c10d::TCPStore store("127.0.0.1", client);
+        code = ShmAllreduce::Create(store, "exit", 1, 2, 64, std::chrono::seconds(30)).ok() ? 0 : 3;
+      } catch (...) {
+        code = 2;
+      }
+      ::_exit(code);
     }
-    ::_exit(code);
+    auto shm = ShmAllreduce::Create(*server, "exit", 0, 2, 64, std::chrono::seconds(60));
+    siginfo_t info{};
+    REQUIRE(::waitid(P_PID, child, &info, WEXITED | (reap ? 0 : WNOWAIT)) == 0);
+    REQUIRE(info.si_code == CLD_EXITED);
+    REQUIRE(info.si_status == 0);
+    REQUIRE(shm.ok());
+    torch::Tensor t = torch::ones({4});
+    const auto start = std::chrono::steady_clock::now();
+    const std::string expected = "rank 1 (pid " + std::to_string(child) + ") exited during the all-reduce";
+    CHECK_THROWS_WITH((*shm)->Allreduce(t)->wait(), doctest::Contains(expected.c_str()));
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+    if (!reap) REQUIRE(::waitpid(child, nullptr, 0) == child);
   }
-  auto shm = ShmAllreduce::Create(*server, "exit", 0, 2, 64, std::chrono::seconds(60));
-  int status = 0;
-  REQUIRE(::waitpid(child, &status, 0) == child);  // Reaped: its pid is gone.
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
-  REQUIRE(shm.ok());
-  torch::Tensor t = torch::ones({4});
-  const auto start = std::chrono::steady_clock::now();
-  const std::string expected = "rank 1 (pid " + std::to_string(child) + ") exited during the all-reduce";
-  CHECK_THROWS_WITH((*shm)->Allreduce(t)->wait(), doctest::Contains(expected.c_str()));
-  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
 }
 
 TEST_CASE("nothing is left in /dev/shm once the ranks have set up") {

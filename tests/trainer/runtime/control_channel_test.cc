@@ -22,6 +22,20 @@ TEST_CASE("ParseRegroup reads the generation and the env contract") {
   CHECK(regroup->env.at("WORLD_SIZE") == "4");
   CHECK(regroup->env.at("MASTER_ADDR") == "127.0.0.1");
   CHECK(regroup->env.at("MASTER_PORT") == "29500");
+  CHECK(regroup->env.at("TORCHELASTIC_RESTART_COUNT") == "3");  // Not given: the generation.
+}
+
+TEST_CASE("ParseRegroup takes a multi-node round's restart count, above the generation too") {
+  const std::string base = "regroup 5 RANK=1 WORLD_SIZE=4 LOCAL_RANK=1 MASTER_ADDR=a MASTER_PORT=1";
+  auto regroup = ParseRegroup(base + " TORCHELASTIC_RESTART_COUNT=2");
+  REQUIRE(regroup.ok());
+  CHECK(regroup->generation == 5);
+  CHECK(regroup->env.at("TORCHELASTIC_RESTART_COUNT") == "2");
+  // A node that joined late: its second attempt, the job's seventh restart.
+  CHECK(ParseRegroup(base + " TORCHELASTIC_RESTART_COUNT=7").ok());
+  CHECK(!ParseRegroup(base + " TORCHELASTIC_RESTART_COUNT=99999999999").ok());
+  CHECK(!ParseRegroup(base + " TORCHELASTIC_RESTART_COUNT=-1").ok());
+  CHECK(!ParseRegroup(base + " TORCHELASTIC_RESTART_COUNT=x").ok());
 }
 
 TEST_CASE("ParseRegroup refuses what elrun never writes") {

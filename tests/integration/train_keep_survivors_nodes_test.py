@@ -1,0 +1,129 @@
+"""elrun --keep-survivors across nodes, with elrun-train: two agents (nodes 127.0.0.1 and
+127.0.0.2, one worker each, node 1 hosting the rendezvous) run train_keep_survivors_test's job.
+
+- A SIGKILLed worker on node 2: the rendezvous forms a new round, node 1 keeps its worker, which
+  regroups in place, and node 2's new worker takes the survivor's live state. The job ends with
+  the same steps, parameters, BatchNorm statistics and momentum buffers (within 1e-6) as an
+  uninterrupted run of the same two nodes, with no step redone, none skipped, nothing read back
+  from disk.
+- Node 2's agent SIGKILLed (its worker dies with it): node 1's worker goes on alone at world size
+  1 (--nnodes 1:2), in the same process, and the job ends there.
+"""
+import os
+import signal
+
+import harness
+import train_harness
+from train_harness import REGROUPED_LINE, RESUMED_LINE, TrainTestCase, train_args
+
+BATCH = 32
+STEPS_PER_EPOCH = train_harness.SYNTHETIC_TRAIN_SAMPLES // (2 * BATCH)  # 64 with two workers.
+CHECKPOINT_EVERY = 16
+MAX_STEPS = STEPS_PER_EPOCH + CHECKPOINT_EVERY  # 80
+
+
+@harness.elrun_only("torchrun restarts every worker after a failure")
+class KeepSurvivorsNodesTest(TrainTestCase):
+
+    def job_args(self, name, **options):
+        settings = dict(batch_size=BATCH, epochs=2, max_steps=MAX_STEPS, checkpoint_every=CHECKPOINT_EVERY,
+                        checkpoint_dir=self.path(name, "checkpoints"), metrics_file=self.path(name, "metrics.jsonl"),
+                        step_times_file=self.path(name, "steps.tsv"))
+        settings.update(options)
+        return train_args(**settings)
+
+    def start_nodes(self, name, nnodes, extra=()):
+        """Node 1 (hosting the rendezvous on a reserved port, group rank 0: rank 0 prints the
+        steps), then node 2, each an elrun agent of one worker running job `name`."""
+        port = self.reserve_port()
+        runs = []
+        for node in (1, 2):
+            args = ["--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", "127.0.0.1:%d" % port, "--rdzv-id", name, "--local-addr",
+                    "127.0.0.%d" % node, "--node-rank", str(node - 1),
+                    "--rdzv-conf", "join_timeout=60,last_call_timeout=1",
+                    "--max-restarts", "2"] + list(extra)
+            runs.append(self.launch(args, self.job_args(name), env=self.env(GLOO_SOCKET_IFNAME="lo", LOGLEVEL="info")))
+        return runs
+
+    def wait_for(self, run, what, until, other=None):
+        run.pump(until, train_harness.TRAIN_TIMEOUT_S)
+        if not until():
+            self.fail("expected %s; %s\n%s%s" % (what, "the job exited first" if run.rc is not None else
+                                                 "it did not happen within %.0f s" % train_harness.TRAIN_TIMEOUT_S,
+                                                 run.result(), "\n" + str(other.result()) if other else ""))
+
+    def latest_step(self, run):
+        found = train_harness.STEP_LINE.findall(run.stdout)
+        return int(found[-1][1]) if found else 0
+
+    def logged_steps(self, name, rank):
+        """The steps of rank's --step-times-file, after its header, as its processes appended them."""
+        with open(self.path(name, "steps.tsv.%d" % rank)) as f:
+            return [int(line.split("\t")[0]) for line in list(f)[1:]]
+
+    def test_a_killed_worker_on_another_node_rejoins_from_the_survivor_to_the_uninterrupted_result(self):
+        for name in ("reference", "killed"):
+            os.makedirs(self.path(name))
+        reference = self.start_nodes("reference", "2")
+        for run in reference:
+            self.assertExit(self.wait_exit(run), 0)
+
+        node1, node2 = self.start_nodes("killed", "2", ["--keep-survivors"])
+        self.wait_for(node1, "rank 0 to report step 20", lambda: self.latest_step(node1) >= 20)
+        survivor = self.workers(node1).get(0)
+        self.assertIsNotNone(survivor, node1.result())
+        killed = self.kill_worker(node2, 1)
+        self.wait_for(node1, "a regroup after rank 1 was killed on node 2", lambda: REGROUPED_LINE.search(node1.stdout),
+                      node2)
+        self.assertEqual(self.workers(node1).get(0), survivor, "expected node 1's worker (pid %d) to survive the kill "
+                         "of node 2's and regroup in place\n%s" % (survivor, node1.result()))
+        results = [self.wait_exit(run) for run in (node1, node2)]
+        for result in results:
+            self.assertExit(result, 0)
+            self.assertEqual(RESUMED_LINE.findall(result.out), [], "expected no resume from disk\n%s" % result)
+        generation, ranks, restarted, source, step, size, ms = (int(x) for x in REGROUPED_LINE.search(
+            results[0].out).groups())
+        self.assertEqual((ranks, restarted, source), (2, 1, 0), results[0])
+        self.assertGreaterEqual(step, 20)
+        self.assertRegex(results[1].err, r"local_rank 0 \(rank 1, pid %d\) ended with [^;\n]*SIGKILL" % killed)
+        self.assertRegex(results[0].err, r"keeping this node's 1 worker alive to regroup in the next round")
+        self.assertRegex(results[0].err, r"round 2: .*; regrouping the workers kept alive")
+        for rank in (0, 1):
+            self.assertEqual(self.logged_steps("killed", rank), list(range(MAX_STEPS)),
+                             "expected rank %d to log every step once" % rank)
+        state, worst = self.assertSameCheckpoint(
+            self.path("reference", "checkpoints", "checkpoint.pt"), self.path("killed", "checkpoints", "checkpoint.pt"),
+            "the final checkpoints of the uninterrupted two-node run and of the one regrouped in place")
+        self.assertEqual(state["step"], MAX_STEPS)
+        print("regrouped at step %d, %d ms after its collective failed; largest difference %.3g" % (step, ms, worst))
+
+    def test_a_lost_node_leaves_the_survivor_training_alone_in_its_process(self):
+        os.makedirs(self.path("lost"))
+        node1, node2 = self.start_nodes("lost", "1:2", ["--keep-survivors"])
+        self.wait_for(node1, "rank 0 to report step 20", lambda: self.latest_step(node1) >= 20)
+        survivor = self.workers(node1).get(0)
+        lost = self.workers(node2).get(1)
+        self.assertIsNotNone(lost, node2.result())
+        fds = harness.Pidfds([lost])
+        try:
+            os.kill(node2.proc.pid, signal.SIGKILL)  # The agent; its worker dies with it.
+            self.assertEqual(fds.wait_all_dead(harness.DEATH_TIMEOUT_S), [],
+                             "expected node 2's worker to die with its agent")
+        finally:
+            fds.close()
+        self.wait_for(node1, "node 1's worker to regroup alone", lambda: REGROUPED_LINE.search(node1.stdout))
+        self.assertEqual(self.workers(node1).get(0), survivor, "expected node 1's worker (pid %d) to go on in its "
+                         "process\n%s" % (survivor, node1.result()))
+        result = self.wait_exit(node1)
+        self.assertExit(result, 0)
+        regroup = REGROUPED_LINE.search(result.out)
+        self.assertEqual(tuple(int(x) for x in regroup.groups()[1:4]), (1, 0, 0), result)
+        self.assertEqual(RESUMED_LINE.findall(result.out), [], "expected no resume from disk\n%s" % result)
+        self.assertRegex(result.err, r"node \S+ \(group rank 1\) lost")
+        self.assertRegex(result.err, r"round 2: group rank 0 of 1, world size 1, .*regrouping the workers kept alive")
+        self.assertIn("done: %d steps" % MAX_STEPS, result.out)
+
+
+if __name__ == "__main__":
+    harness.main()
