@@ -59,6 +59,9 @@ KINDS = ("kill9_worker", "sigstop_worker", "kill9_agent", "add_node")
 ETCD_KINDS = KINDS + ("kill9_etcd_leader",)
 PROGRESS = re.compile(r"epoch \d+\s+step (\d+)\s+loss .* ETA (\d+) s")
 RESUMED = re.compile(r"resumed from \S+: epoch \d+, step (\d+)")
+# --keep-survivors: the job regrouped around workers that kept their processes (no checkpoint).
+REGROUPED = re.compile(r"regrouped in place \(generation \d+\): \d+ ranks, \d+ restarted; the live state of rank "
+                       r"\d+ at step (\d+)")
 DONE = re.compile(r"done: (\d+) steps, .* test accuracy ([0-9.]+)")
 ROUND = re.compile(r"round (\d+): group rank \d+ of \d+, world size \d+, restart count (\d+)")
 
@@ -73,7 +76,8 @@ class Agent:
         args = soak.args
         argv = [soak.elrun, "--nnodes", "%d:%d" % (args.min_nodes, args.max_nodes), "--nproc-per-node", "1",
                 "--rdzv-backend", args.rdzv_backend, "--rdzv-endpoint", soak.endpoint, "--rdzv-id", soak.run_id,
-                "--local-addr", "127.0.0.%d" % node, "--max-restarts", "1000", "--worker-timeout",
+                "--local-addr", "127.0.0.%d" % node] + (["--keep-survivors"] if args.keep_survivors else []) + [
+                "--max-restarts", "1000", "--worker-timeout",
                 str(args.worker_timeout), "--shutdown-timeout", "5",
                 "--rdzv-conf", "join_timeout=60,last_call_timeout=2,heartbeat_timeout=3",
                 "--report-file", self.report_file, "--no-python", soak.train,
@@ -175,14 +179,18 @@ class Soak:
         return None if latest is None else latest[1]
 
     def workers(self):
+        """The soak's elrun-train workers; not a standby spare of --keep-survivors (ELRUN_STANDBY=1,
+        kept in its environment after it took a worker's place: such a worker is left out too)."""
         pids = []
         for pid in procs.tagged_pids(TAG_VAR, self.tag):
             try:
                 with open("/proc/%d/cmdline" % pid, "rb") as f:
                     argv0 = f.read().split(b"\0")[0]
+                with open("/proc/%d/environ" % pid, "rb") as f:
+                    spare = b"ELRUN_STANDBY=1" in f.read().split(b"\0")
             except OSError:
                 continue
-            if argv0.endswith(b"elrun-train"):
+            if argv0.endswith(b"elrun-train") and not spare:
                 pids.append(pid)
         return pids
 
@@ -256,12 +264,14 @@ class Soak:
         return None, None
 
     def resumes(self):
+        """(t, step, from a checkpoint) of every resume: from a checkpoint, or a regroup in place."""
         out = []
         for agent in self.agents:
             for t, _, line in agent.lines:
-                m = RESUMED.search(line)
-                if m:
-                    out.append((t - self.t0, int(m.group(1))))
+                for pattern, from_checkpoint in ((RESUMED, True), (REGROUPED, False)):
+                    m = pattern.search(line)
+                    if m:
+                        out.append((t - self.t0, int(m.group(1)), from_checkpoint))
         return sorted(out)
 
     def rounds(self):
@@ -329,7 +339,7 @@ def analyse(soak, args):
                               % (i + 1, fault["kind"], fault["step"], resumed, floor,
                                  max(fault["step"] + args.checkpoint_every, reached + LOG_EVERY)))
         per_fault.append(entry)
-    steps = [s for _, s in resumes]
+    steps = [s for _, s, from_checkpoint in resumes if from_checkpoint]  # A regroup's live state is ahead.
     if steps != sorted(steps):
         checks.append("resumes went backwards: %s" % steps)
     return per_fault, checks
@@ -483,6 +493,8 @@ def main():
     ap.add_argument("--accuracy-points", type=float, default=0.5)
     ap.add_argument("--timeout", type=float, default=900, help="seconds for the job to finish after the faults")
     ap.add_argument("--no-reference", action="store_true", help="skip the uninterrupted run")
+    ap.add_argument("--keep-survivors", action="store_true",
+                    help="run the agents with --keep-survivors (workers regroup in place after a fault)")
     ap.add_argument("--keep", action="store_true", help="keep the work directories and agents' output")
     ap.add_argument("--elrun", default=paths.binary("elrun"))
     ap.add_argument("--elrun-rdzv", default=paths.binary("elrun-rdzv"))
