@@ -240,7 +240,13 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
   ElasticAgent agent(spec, rdzv, rt.table(), clock, session, builder, *master_addr, node_id, PortReservation::Take);
   agent_ptr = &agent;
   rt.OnWatchdogSignal([&agent](int pid, const std::string& why) { agent.OnWorkerSignalled(pid, why); });
-  if (spec.keep_survivors) {
+  const bool etcd = spec.rdzv_backend == "etcd-v3";
+  if (spec.keep_survivors && etcd) {
+    spdlog::warn(
+        "--keep-survivors: the etcd-v3 backend's rounds do not keep workers alive; every node restarts its "
+        "workers after a fault (use the grpc backend, or c10d, to regroup in place)");
+  }
+  if (spec.keep_survivors && !etcd) {
     agent.KeepSurvivors(
         [&rt](std::vector<WorkerLaunch>& launches, int attempt) { return rt.AddControlFiles(launches, attempt); },
         [&rt](int, const WorkerLaunch& started_as, const WorkerLaunch& launch) {
