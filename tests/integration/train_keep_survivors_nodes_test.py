@@ -6,6 +6,9 @@
   the same steps, parameters, BatchNorm statistics and momentum buffers (within 1e-6) as an
   uninterrupted run of the same two nodes, with no step redone, none skipped, nothing read back
   from disk.
+- A worker on node 2 stopped (SIGSTOP): node 2's watchdog kills it; node 1's worker, which waits
+  for it in a collective and beats no more either, gets a second --worker-timeout, regroups and
+  survives.
 - Node 2's agent SIGKILLed (its worker dies with it): node 1's worker goes on alone at world size
   1 (--nnodes 1:2), in the same process, and the job ends there.
 """
@@ -16,6 +19,7 @@ import harness
 import train_harness
 from train_harness import REGROUPED_LINE, RESUMED_LINE, TrainTestCase, train_args
 
+HOSTING = "hosting the rendezvous coordinator on 127.0.0.1:%d"
 BATCH = 32
 STEPS_PER_EPOCH = train_harness.SYNTHETIC_TRAIN_SAMPLES // (2 * BATCH)  # 64 with two workers.
 CHECKPOINT_EVERY = 16
@@ -32,18 +36,23 @@ class KeepSurvivorsNodesTest(TrainTestCase):
         settings.update(options)
         return train_args(**settings)
 
-    def start_nodes(self, name, nnodes, extra=()):
+    def start_nodes(self, name, nnodes, extra=(), node2_extra=(), **job_options):
         """Node 1 (hosting the rendezvous on a reserved port, group rank 0: rank 0 prints the
-        steps), then node 2, each an elrun agent of one worker running job `name`."""
+        steps), then node 2 (with node2_extra too), each an elrun agent of one worker running job
+        `name` (job_args with job_options)."""
         port = self.reserve_port()
         runs = []
         for node in (1, 2):
             args = ["--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                     "--rdzv-endpoint", "127.0.0.1:%d" % port, "--rdzv-id", name, "--local-addr",
                     "127.0.0.%d" % node, "--node-rank", str(node - 1),
-                    "--rdzv-conf", "join_timeout=60,last_call_timeout=1",
-                    "--max-restarts", "2"] + list(extra)
-            runs.append(self.launch(args, self.job_args(name), env=self.env(GLOO_SOCKET_IFNAME="lo", LOGLEVEL="info")))
+                    "--rdzv-conf", "join_timeout=60,last_call_timeout=1"] + list(extra)
+            if node == 2:
+                args += list(node2_extra)
+            runs.append(self.launch(args, self.job_args(name, **job_options),
+                                    env=self.env(GLOO_SOCKET_IFNAME="lo", LOGLEVEL="info")))
+            if node == 1:  # Node 1, not node 2, hosts the coordinator: node 2 may be killed.
+                self.wait_for(runs[0], "node 1 to host the rendezvous", lambda: HOSTING % port in runs[0].stderr)
         return runs
 
     def wait_for(self, run, what, until, other=None):
@@ -65,11 +74,11 @@ class KeepSurvivorsNodesTest(TrainTestCase):
     def test_a_killed_worker_on_another_node_rejoins_from_the_survivor_to_the_uninterrupted_result(self):
         for name in ("reference", "killed"):
             os.makedirs(self.path(name))
-        reference = self.start_nodes("reference", "2")
+        reference = self.start_nodes("reference", "2", ["--max-restarts", "2"])
         for run in reference:
             self.assertExit(self.wait_exit(run), 0)
 
-        node1, node2 = self.start_nodes("killed", "2", ["--keep-survivors"])
+        node1, node2 = self.start_nodes("killed", "2", ["--max-restarts", "2", "--keep-survivors"])
         self.wait_for(node1, "rank 0 to report step 20", lambda: self.latest_step(node1) >= 20)
         survivor = self.workers(node1).get(0)
         self.assertIsNotNone(survivor, node1.result())
@@ -98,9 +107,32 @@ class KeepSurvivorsNodesTest(TrainTestCase):
         self.assertEqual(state["step"], MAX_STEPS)
         print("regrouped at step %d, %d ms after its collective failed; largest difference %.3g" % (step, ms, worst))
 
+    def test_a_stopped_worker_on_another_node_is_the_only_one_killed(self):
+        # Node 1's worker waits in a collective for node 2's stopped one and beats no more either:
+        # its watchdog gives it a second --worker-timeout, node 2's kills the stopped worker.
+        os.makedirs(self.path("stopped"))
+        runs = self.start_nodes("stopped", "2", ["--max-restarts", "1", "--keep-survivors", "--worker-timeout", "1"],
+                                ["--inject-faults", "stop-worker:0@step20"], max_steps=40)
+        node1, node2 = runs
+        self.wait_for(node1, "rank 0 to report step 10", lambda: self.latest_step(node1) >= 10)
+        survivor = self.workers(node1).get(0)
+        self.wait_for(node1, "a regroup after rank 1 was stopped", lambda: REGROUPED_LINE.search(node1.stdout), node2)
+        self.assertEqual(self.workers(node1).get(0), survivor, "expected node 1's worker (pid %d) to survive\n%s"
+                         % (survivor, node1.result()))
+        results = [self.wait_exit(run) for run in runs]
+        for result in results:
+            self.assertExit(result, 0)
+        self.assertRegex(results[0].err, r"rank 0 \(local_rank 0, [^)]*\): no progress for 1\.\d s \(--worker-timeout 1\)"
+                         r".*; it can regroup in place and may wait on a worker of another node: one more "
+                         r"--worker-timeout before it is killed")
+        self.assertNotRegex(results[0].err, r"rank 0 \(local_rank 0, [^)]*\): no progress.*killing it")
+        self.assertRegex(results[1].err, r"rank 1 \(local_rank 0, [^)]*\): no progress for 1\.\d s \(--worker-timeout 1\)"
+                         r".*; it is stopped \(SIGSTOP or a tracer\), so no stacks; killing it")
+        self.assertEqual(self.logged_steps("stopped", 0), list(range(40)))
+
     def test_a_lost_node_leaves_the_survivor_training_alone_in_its_process(self):
         os.makedirs(self.path("lost"))
-        node1, node2 = self.start_nodes("lost", "1:2", ["--keep-survivors"])
+        node1, node2 = self.start_nodes("lost", "1:2", ["--max-restarts", "2", "--keep-survivors"])
         self.wait_for(node1, "rank 0 to report step 20", lambda: self.latest_step(node1) >= 20)
         survivor = self.workers(node1).get(0)
         lost = self.workers(node2).get(1)
