@@ -63,7 +63,8 @@ constexpr OptionDef kOptions[] = {
      "Beat for Python workers that do not: after each step of their first optimizer (torch's global step hook)."},
     {"keep-survivors", "", true, "", "0",
      "Restart only a failed worker; workers that can (elrun-train's ddp) regroup in place with the job's live "
-     "state, not its checkpoint. Single-node jobs; the group restarts where a worker cannot."},
+     "state, not its checkpoint; across nodes, a new round regroups the workers every node kept (grpc and c10d "
+     "backends, every node with this option). The group restarts where a worker cannot."},
     {"role", "", false, "NAME", "default", "Role name of these workers (ROLE_NAME, log prefixes)."},
     {"log-dir", "", false, "DIR", "",
      "Base directory of <run_id>/attempt_<n>/<local_rank>/ logs; default: a new temp dir."},
