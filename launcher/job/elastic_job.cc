@@ -20,7 +20,6 @@
 #include "launcher/job/elastic_agent.h"
 #include "launcher/job/job_report.h"
 #include "launcher/job/job_runtime.h"
-#include "launcher/job/standby_worker.h"
 #include "launcher/os/host_info.h"
 #include "launcher/os/port_reservation.h"
 #include "launcher/report/console.h"
@@ -199,11 +198,8 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
   // inherit that mask, or a SIGTERM delivered to one of them would kill elrun outright instead
   // of being forwarded. It also forks the guardian while the process has a single thread.
   ElasticAgent* agent_ptr = nullptr;
-  std::unique_ptr<StandbyWorker> standby;  // --keep-survivors.
-  auto runtime = JobRuntime::Create(spec, env, spec.rdzv_id, [&](int pid, ExitStatus status) {
-    if (standby && standby->OnExit(pid, status)) return;
-    agent_ptr->OnWorkerExit(pid, status);
-  });
+  auto runtime = JobRuntime::Create(spec, env, spec.rdzv_id,
+                                    [&agent_ptr](int pid, ExitStatus status) { agent_ptr->OnWorkerExit(pid, status); });
   if (!runtime.ok()) {
     PrintError(std::string(runtime.status().message()));
     return kExitJobFailed;
@@ -256,13 +252,7 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
       rt.heartbeat()->OnReady([&agent](int pid, int64_t generation) { agent.OnWorkerReady(pid, generation); });
       rt.heartbeat()->SpareForPeersElsewhere();
     }
-    standby = std::make_unique<StandbyWorker>(
-        &rt.table(), [&rt](const WorkerLaunch& base) { return rt.StandbyLaunch(base); },
-        [&rt](const WorkerLaunch& spare, const WorkerLaunch& launch) { return rt.SendRegroup(spare, launch); });
-    Supervisor::Standby hooks;
-    hooks.take = [&standby](const WorkerLaunch& launch) { return standby->Take(launch); };
-    hooks.on_all_ready = [&standby](const WorkerLaunch& base) { standby->Start(base); };
-    agent.SetStandby(std::move(hooks));
+    agent.SetStandby(rt.StandbyHooks());
   }
   agent.SetFaultSink([&rt](const std::string& kind, const std::string& detail) { rt.NoteFault(kind, detail); });
   if (HeartbeatServer* heartbeat = rt.heartbeat(); heartbeat != nullptr && spec.straggler_factor) {

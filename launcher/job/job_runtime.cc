@@ -125,8 +125,13 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(const JobSpec& sp
   auto loop = EventLoop::Create();
   if (!loop.ok()) return loop.status();
   runtime->loop_ = *std::move(loop);
-  runtime->table_ = std::make_unique<PosixProcessTable>(runtime->loop_.get(), runtime->guardian_.get(),
-                                                        spec.signals_to_handle, std::move(on_exit));
+  JobRuntime* self = runtime.get();  // Owns the table, so outlives its callback.
+  runtime->table_ =
+      std::make_unique<PosixProcessTable>(runtime->loop_.get(), runtime->guardian_.get(), spec.signals_to_handle,
+                                          [self, on_exit = std::move(on_exit)](int pid, ExitStatus status) {
+                                            if (self->standby_ && self->standby_->OnExit(pid, status)) return;
+                                            on_exit(pid, status);
+                                          });
   const bool python = RunsPython(spec);
   if (spec.start_method == "forkserver" && !python) {
     spdlog::warn("--start-method forkserver applies to Python workers; these are exec'd");
@@ -297,6 +302,18 @@ absl::StatusOr<WorkerLaunch> JobRuntime::StandbyLaunch(const WorkerLaunch& base)
   spare.env.push_back("ELRUN_CONTROL_FILE=" + *path);
   spare.env.push_back("ELRUN_STANDBY=1");
   return spare;
+}
+
+Supervisor::Standby JobRuntime::StandbyHooks() {
+  if (!standby_) {
+    standby_ = std::make_unique<StandbyWorker>(
+        table_.get(), [this](const WorkerLaunch& base) { return StandbyLaunch(base); },
+        [this](const WorkerLaunch& spare, const WorkerLaunch& launch) { return SendRegroup(spare, launch); });
+  }
+  Supervisor::Standby hooks;
+  hooks.take = [spare = standby_.get()](const WorkerLaunch& launch) { return spare->Take(launch); };
+  hooks.on_all_ready = [spare = standby_.get()](const WorkerLaunch& base) { spare->Start(base); };
+  return hooks;
 }
 
 bool JobRuntime::SendRegroup(const WorkerLaunch& started_as, const WorkerLaunch& launch) {

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "launcher/inject/fault_injector.h"
+#include "launcher/job/standby_worker.h"
 #include "launcher/job/supervisor.h"
 #include "launcher/os/control_fifos.h"
 #include "launcher/os/event_loop.h"
@@ -74,6 +75,10 @@ class JobRuntime {
   // why, where a spare cannot stand in for any worker: streams to per-rank log files, CPU
   // binding, a forkserver.
   absl::StatusOr<WorkerLaunch> StandbyLaunch(const WorkerLaunch& base);
+  // --keep-survivors: a supervisor's hooks onto this node's standby spare (standby_worker.h: made
+  // by StandbyLaunch, told by SendRegroup), made on first use. The runtime keeps the spare's own
+  // exit from on_exit.
+  Supervisor::Standby StandbyHooks();
 
   // Called when the FileTimer watchdog (TORCHELASTIC_ENABLE_FILE_TIMER=1) signals a process of
   // a worker's group, or a hung worker (heartbeat.h) is killed: the worker's pid and one line
@@ -114,8 +119,9 @@ class JobRuntime {
   std::unique_ptr<PosixProcessTable> table_;
   std::unique_ptr<FileTimerServer> file_timer_;
   std::unique_ptr<HeartbeatServer> heartbeat_;
-  std::unique_ptr<ControlFifos> control_;  // --keep-survivors.
-  int standbys_ = 0;                       // Standby spares made so far: their FIFO slots.
+  std::unique_ptr<ControlFifos> control_;   // --keep-survivors.
+  int standbys_ = 0;                        // Standby spares made so far: their FIFO slots.
+  std::unique_ptr<StandbyWorker> standby_;  // StandbyHooks'.
   std::function<void(int pid, const std::string& why)> on_watchdog_signal_;
   std::unique_ptr<PythonDir> python_dir_;  // --start-method forkserver, --auto-heartbeat.
   bool fork_server_ = false;

@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "launcher/job/job_report.h"
 #include "launcher/job/job_runtime.h"
-#include "launcher/job/standby_worker.h"
 #include "launcher/job/supervisor.h"
 #include "launcher/os/host_info.h"
 #include "launcher/os/port_reservation.h"
@@ -19,11 +18,8 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
                 const std::vector<std::string>& argv_template) {
   std::string run_id = spec.rdzv_id_generated ? RandomRunId() : spec.rdzv_id;
   Supervisor* supervisor_ptr = nullptr;
-  std::unique_ptr<StandbyWorker> standby;  // --keep-survivors.
-  auto runtime = JobRuntime::Create(spec, env, run_id, [&](int pid, ExitStatus status) {
-    if (standby && standby->OnExit(pid, status)) return;
-    supervisor_ptr->OnWorkerExit(pid, status);
-  });
+  auto runtime = JobRuntime::Create(
+      spec, env, run_id, [&supervisor_ptr](int pid, ExitStatus status) { supervisor_ptr->OnWorkerExit(pid, status); });
   if (!runtime.ok()) {
     PrintError(std::string(runtime.status().message()));
     return kExitJobFailed;
@@ -66,13 +62,7 @@ int RunLocalJob(const JobSpec& spec, const std::map<std::string, std::string>& e
       rt.heartbeat()->OnReady(
           [&supervisor](int pid, int64_t generation) { supervisor.OnWorkerReady(pid, generation); });
     }
-    standby = std::make_unique<StandbyWorker>(
-        &rt.table(), [&rt](const WorkerLaunch& base) { return rt.StandbyLaunch(base); },
-        [&rt](const WorkerLaunch& spare, const WorkerLaunch& launch) { return rt.SendRegroup(spare, launch); });
-    Supervisor::Standby hooks;
-    hooks.take = [&standby](const WorkerLaunch& launch) { return standby->Take(launch); };
-    hooks.on_all_ready = [&standby](const WorkerLaunch& base) { standby->Start(base); };
-    supervisor.SetStandby(std::move(hooks));
+    supervisor.SetStandby(rt.StandbyHooks());
   }
   supervisor.OnFailure(
       [&rt](const WorkerFailure& failure) { rt.NoteFault("worker failed", DescribeFirstFailure({failure})); });

@@ -240,3 +240,40 @@ class TrainTestCase(ElrunTestCase):
                          "differ (largest difference %.3g):\n  %s\n(%s\n %s)"
                          % (what, tolerance, worst, "\n  ".join(problems[:20]), path_a, path_b))
         return a, worst
+
+
+class RegroupTestCase(TrainTestCase):
+    """--keep-survivors jobs: train_resume_test's job (FashionNet with SyncBatchNorm on the seeded
+    synthetic data set, batch 32 per rank, a checkpoint every 16 steps, cut at step 80 of 2
+    epochs) and waits on what one launcher prints."""
+    BATCH = 32
+    CHECKPOINT_EVERY = 16
+    MAX_STEPS = SYNTHETIC_TRAIN_SAMPLES // (2 * BATCH) + CHECKPOINT_EVERY  # 80 with 2 workers.
+
+    def job_args(self, name, **options):
+        settings = dict(batch_size=self.BATCH, epochs=2, max_steps=self.MAX_STEPS,
+                        checkpoint_every=self.CHECKPOINT_EVERY, checkpoint_dir=self.path(name, "checkpoints"),
+                        metrics_file=self.path(name, "metrics.jsonl"), step_times_file=self.path(name, "steps.tsv"))
+        settings.update(options)
+        return train_args(**settings)
+
+    def logged_steps(self, name, rank):
+        """The steps of rank's --step-times-file, as its processes appended them."""
+        with open(self.path(name, "steps.tsv.%d" % rank)) as f:
+            lines = [line.split("\t")[0] for line in f]
+        self.assertEqual(lines[:1], ["step"], "expected %s/steps.tsv.%d to start with its header" % (name, rank))
+        return [int(step) for step in lines[1:]]
+
+    def wait_for(self, run, what, until, other=None):
+        """Pumps `run` until until(); fails, with its output (and other's), when it exits first or
+        TRAIN_TIMEOUT_S passes."""
+        run.pump(until, TRAIN_TIMEOUT_S)
+        if not until():
+            self.fail("expected %s; %s\n%s%s" % (what, "the job exited first" if run.rc is not None else
+                                                 "it did not happen within %.0f s" % TRAIN_TIMEOUT_S,
+                                                 run.result(), "\n" + str(other.result()) if other else ""))
+
+    def latest_step(self, run, after=0):
+        found = STEP_LINE.findall(run.stdout[after:])
+        return int(found[-1][1]) if found else 0
+

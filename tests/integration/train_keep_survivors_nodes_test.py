@@ -16,25 +16,14 @@ import os
 import signal
 
 import harness
-import train_harness
-from train_harness import REGROUPED_LINE, RESUMED_LINE, TrainTestCase, train_args
+from train_harness import REGROUPED_LINE, RESUMED_LINE, RegroupTestCase
 
 HOSTING = "hosting the rendezvous coordinator on 127.0.0.1:%d"
-BATCH = 32
-STEPS_PER_EPOCH = train_harness.SYNTHETIC_TRAIN_SAMPLES // (2 * BATCH)  # 64 with two workers.
-CHECKPOINT_EVERY = 16
-MAX_STEPS = STEPS_PER_EPOCH + CHECKPOINT_EVERY  # 80
+MAX_STEPS = RegroupTestCase.MAX_STEPS  # 80
 
 
 @harness.elrun_only("torchrun restarts every worker after a failure")
-class KeepSurvivorsNodesTest(TrainTestCase):
-
-    def job_args(self, name, **options):
-        settings = dict(batch_size=BATCH, epochs=2, max_steps=MAX_STEPS, checkpoint_every=CHECKPOINT_EVERY,
-                        checkpoint_dir=self.path(name, "checkpoints"), metrics_file=self.path(name, "metrics.jsonl"),
-                        step_times_file=self.path(name, "steps.tsv"))
-        settings.update(options)
-        return train_args(**settings)
+class KeepSurvivorsNodesTest(RegroupTestCase):
 
     def start_nodes(self, name, nnodes, extra=(), node2_extra=(), **job_options):
         """Node 1 (hosting the rendezvous on a reserved port, group rank 0: rank 0 prints the
@@ -54,22 +43,6 @@ class KeepSurvivorsNodesTest(TrainTestCase):
             if node == 1:  # Node 1, not node 2, hosts the coordinator: node 2 may be killed.
                 self.wait_for(runs[0], "node 1 to host the rendezvous", lambda: HOSTING % port in runs[0].stderr)
         return runs
-
-    def wait_for(self, run, what, until, other=None):
-        run.pump(until, train_harness.TRAIN_TIMEOUT_S)
-        if not until():
-            self.fail("expected %s; %s\n%s%s" % (what, "the job exited first" if run.rc is not None else
-                                                 "it did not happen within %.0f s" % train_harness.TRAIN_TIMEOUT_S,
-                                                 run.result(), "\n" + str(other.result()) if other else ""))
-
-    def latest_step(self, run):
-        found = train_harness.STEP_LINE.findall(run.stdout)
-        return int(found[-1][1]) if found else 0
-
-    def logged_steps(self, name, rank):
-        """The steps of rank's --step-times-file, after its header, as its processes appended them."""
-        with open(self.path(name, "steps.tsv.%d" % rank)) as f:
-            return [int(line.split("\t")[0]) for line in list(f)[1:]]
 
     def test_a_killed_worker_on_another_node_rejoins_from_the_survivor_to_the_uninterrupted_result(self):
         for name in ("reference", "killed"):

@@ -14,41 +14,14 @@ import os
 
 import harness
 import train_harness
-from train_harness import REGROUPED_LINE, RESUMED_LINE, TrainTestCase, train_args
+from train_harness import REGROUPED_LINE, RESUMED_LINE, RegroupTestCase
 
 WORKERS = 2
-BATCH = 32
-STEPS_PER_EPOCH = train_harness.SYNTHETIC_TRAIN_SAMPLES // (WORKERS * BATCH)  # 64
-CHECKPOINT_EVERY = 16
-MAX_STEPS = STEPS_PER_EPOCH + CHECKPOINT_EVERY  # 80
+MAX_STEPS = RegroupTestCase.MAX_STEPS  # 80
 
 
 @harness.elrun_only("torchrun restarts every worker after a failure")
-class KeepSurvivorsTest(TrainTestCase):
-
-    def job_args(self, name, **options):
-        settings = dict(batch_size=BATCH, epochs=2, max_steps=MAX_STEPS, checkpoint_every=CHECKPOINT_EVERY,
-                        checkpoint_dir=self.path(name, "checkpoints"), metrics_file=self.path(name, "metrics.jsonl"),
-                        step_times_file=self.path(name, "steps.tsv"))
-        settings.update(options)
-        return train_args(**settings)
-
-    def logged_steps(self, name, rank):
-        with open(self.path(name, "steps.tsv.%d" % rank)) as f:
-            lines = [line.split("\t")[0] for line in f]
-        self.assertEqual(lines[:1], ["step"], "expected %s/steps.tsv.%d to start with its header" % (name, rank))
-        return [int(step) for step in lines[1:]]
-
-    def wait_for(self, run, what, until):
-        run.pump(until, train_harness.TRAIN_TIMEOUT_S)
-        if not until():
-            self.fail("expected %s; %s\n%s" % (what, "the job exited first" if run.rc is not None else
-                                               "it did not happen within %.0f s" % train_harness.TRAIN_TIMEOUT_S,
-                                               run.result()))
-
-    def latest_step(self, run, after=0):
-        found = train_harness.STEP_LINE.findall(run.stdout[after:])
-        return int(found[-1][1]) if found else 0
+class KeepSurvivorsTest(RegroupTestCase):
 
     def test_killed_workers_regroup_in_place_to_the_uninterrupted_result(self):
         os.makedirs(self.path("reference"))
