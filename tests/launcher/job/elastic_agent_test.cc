@@ -346,6 +346,14 @@ struct KeepFixture : Fixture {
   void Ready(const std::vector<int>& pids, int generation) {
     for (int pid : pids) agent.OnWorkerReady(pid, generation);
   }
+  // Joined, round 1 running, both workers ready in generation 0: their pids.
+  std::vector<int> StartReady() {
+    Handshake();
+    Send(Round(1));
+    std::vector<int> pids{table.spawned()[0].first, table.spawned()[1].first};
+    Ready(pids, 0);
+    return pids;
+  }
   v1::CoordinatorMessage Ended(uint64_t round) {
     v1::CoordinatorMessage m;
     m.mutable_round_ended()->set_round(round);
@@ -363,12 +371,9 @@ struct KeepFixture : Fixture {
 
 TEST_CASE("keep-survivors: a round ended elsewhere keeps the ready workers; the next round regroups them") {
   KeepFixture f;
-  f.Handshake();
-  f.Send(f.Round(1));
-  std::vector<int> pids{f.table.spawned()[0].first, f.table.spawned()[1].first};
+  std::vector<int> pids = f.StartReady();
   CHECK(Env(f.table.spawned()[0].second, "ELRUN_GENERATION") == "0");
   CHECK(Env(f.table.spawned()[0].second, "ELRUN_JOIN_LIVE") == "<unset>");
-  f.Ready(pids, 0);
   f.Send(f.Ended(1));
   CHECK(f.table.signals().empty());
   REQUIRE(f.session.sent.back().has_join());
@@ -402,10 +407,7 @@ TEST_CASE("keep-survivors: a round ended elsewhere keeps the ready workers; the 
 
 TEST_CASE("keep-survivors: a local failure keeps the other worker; the failed one rejoins from the live state") {
   KeepFixture f;
-  f.Handshake();
-  f.Send(f.Round(1));
-  std::vector<int> pids{f.table.spawned()[0].first, f.table.spawned()[1].first};
-  f.Ready(pids, 0);
+  std::vector<int> pids = f.StartReady();
   f.table.Exit(pids[1]);
   f.agent.OnWorkerExit(pids[1], ExitStatus::Signaled(SIGKILL));
   CHECK(f.table.signals().empty());
@@ -429,10 +431,7 @@ TEST_CASE("keep-survivors: a local failure keeps the other worker; the failed on
 TEST_CASE("keep-survivors: a round that keeps none stops the held workers first; a node without any joins live") {
   SUBCASE("held, but the round keeps none: stopped, then started afresh") {
     KeepFixture f;
-    f.Handshake();
-    f.Send(f.Round(1));
-    std::vector<int> pids{f.table.spawned()[0].first, f.table.spawned()[1].first};
-    f.Ready(pids, 0);
+    std::vector<int> pids = f.StartReady();
     f.Send(f.Ended(1));
     f.Send(f.KeepRound(2, 1, false));
     CHECK(f.table.WasSignaled(pids[0], SIGTERM));
@@ -458,10 +457,7 @@ TEST_CASE("keep-survivors: a round that keeps none stops the held workers first;
   }
   SUBCASE("the job ends while a worker here failed and the other is held: this node failed") {
     KeepFixture f;
-    f.Handshake();
-    f.Send(f.Round(1));
-    std::vector<int> pids{f.table.spawned()[0].first, f.table.spawned()[1].first};
-    f.Ready(pids, 0);
+    std::vector<int> pids = f.StartReady();
     f.table.Exit(pids[1]);
     f.agent.OnWorkerExit(pids[1], ExitStatus::Exited(3));
     v1::CoordinatorMessage end;
