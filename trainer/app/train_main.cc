@@ -241,7 +241,7 @@ struct Job {
   std::unique_ptr<ControlChannel> control;
   int64_t generation = 0;  // ELRUN_GENERATION (else TORCHELASTIC_RESTART_COUNT), then the last regroup's.
   // How long a survivor waits for elrun's regroup: ELRUN_REGROUP_WAIT_MS (a multi-node job's next
-  // round), else kRegroupWait.
+  // round), else 10 s.
   std::chrono::milliseconds regroup_wait{10000};
   // A standby spare: when elrun handed it a failed worker's contract.
   std::optional<std::chrono::steady_clock::time_point> told_at;

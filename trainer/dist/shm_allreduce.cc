@@ -62,6 +62,23 @@ std::exception_ptr Failure(const std::string& message) {
 std::string Text(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
 std::vector<uint8_t> Bytes(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
 
+// Process `pid` has ended: gone, or a zombie not reaped yet (a worker whose launcher was killed
+// stays one until whoever adopted it reaps it, and kill(pid, 0) still finds it).
+bool Exited(int64_t pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%lld/stat", static_cast<long long>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char* paren = std::strrchr(buf, ')');  // The name may hold ')': its last one ends it.
+  return paren != nullptr && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
 }  // namespace
 
 struct ShmAllreduce::Header {
@@ -274,27 +291,6 @@ void ShmAllreduce::Run(Op& op, uint64_t generation) {
   Barrier(2 * generation);
   std::memcpy(data, Slot(generation, 0), n * size);
 }
-
-namespace {
-
-// Process `pid` has ended: gone, or a zombie not reaped yet (a worker whose launcher was killed
-// stays one until whoever adopted it reaps it, and kill(pid, 0) still finds it).
-bool Exited(int64_t pid) {
-  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%lld/stat", static_cast<long long>(pid));
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT;
-  char buf[512];
-  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-  ::close(fd);
-  if (n <= 0) return false;
-  buf[n] = '\0';
-  const char* paren = std::strrchr(buf, ')');  // The name may hold ')': its last one ends it.
-  return paren != nullptr && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
-}
-
-}  // namespace
 
 void ShmAllreduce::Barrier(uint64_t target) {
   Header::RankState* ranks = header_->ranks();

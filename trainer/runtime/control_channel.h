@@ -9,9 +9,9 @@
 // <generation> is elrun's attempt on this node (ELRUN_GENERATION in a worker's environment,
 // else its TORCHELASTIC_RESTART_COUNT): lines for a generation at or below the worker's own are
 // stale and dropped. The restart count, when not given, is the generation (a single-node job,
-// where every attempt is a restart); a multi-node job's rounds are attempts that need not be. A reader thread takes the
-// lines; the training thread asks pending() between steps and, after a collective failed, waits for one with Wait(). No
-// LibTorch. Thread-safe.
+// where every attempt is a restart); a multi-node job's rounds are attempts that need not be.
+// A reader thread takes the lines; the training thread asks pending() between steps and, after a
+// collective failed, waits for one with Wait(). No LibTorch. Thread-safe.
 #ifndef ELRUN_TRAINER_RUNTIME_CONTROL_CHANNEL_H_
 #define ELRUN_TRAINER_RUNTIME_CONTROL_CHANNEL_H_
 
@@ -32,7 +32,7 @@ namespace elrun::trainer {
 
 // The env contract of a new generation.
 struct Regroup {
-  int64_t generation = 0;  // TORCHELASTIC_RESTART_COUNT.
+  int64_t generation = 0;  // elrun's attempt on this node (ELRUN_GENERATION).
   // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT.
   std::map<std::string, std::string> env;
 };
