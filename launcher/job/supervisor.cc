@@ -42,7 +42,7 @@ void Supervisor::StartAttempt(bool join_live) {
   launches_ = *std::move(launches);
   for (const WorkerLaunch& launch : launches_) {
     if (join_live) {
-      if (!StartReplacement(launch.local_rank, /*join_live=*/true)) {
+      if (!StartReplacement(launch.local_rank)) {
         BeginStop(StopReason::kFailure, SIGTERM);
         return;
       }
@@ -66,10 +66,8 @@ void Supervisor::StartAttempt(bool join_live) {
 void Supervisor::RecordFailure(int local_rank, int pid, ExitStatus status, std::string start_error) {
   WorkerFailure failure;
   failure.local_rank = local_rank;
-  failure.rank = local_rank;
-  for (const WorkerLaunch& launch : launches_) {
-    if (launch.local_rank == local_rank) failure.rank = launch.rank;
-  }
+  const WorkerLaunch* launch = LaunchOf(local_rank);
+  failure.rank = launch != nullptr ? launch->rank : local_rank;
   failure.pid = pid;
   failure.status = status;
   failure.time = clock_->WallNow();
@@ -115,10 +113,7 @@ void Supervisor::OnWorkerReady(int pid, int64_t generation) {
 
 bool Supervisor::TellSurvivors() {
   for (const auto& [pid, local_rank] : live_) {
-    const WorkerLaunch* launch = nullptr;
-    for (const WorkerLaunch& candidate : launches_) {
-      if (candidate.local_rank == local_rank) launch = &candidate;
-    }
+    const WorkerLaunch* launch = LaunchOf(local_rank);
     auto started_as = started_as_.find(pid);
     if (launch == nullptr || started_as == started_as_.end() || !regroup_(pid, started_as->second, *launch)) {
       return false;
@@ -128,13 +123,17 @@ bool Supervisor::TellSurvivors() {
   return true;
 }
 
-bool Supervisor::StartReplacement(int local_rank, bool join_live) {
-  const WorkerLaunch* launch = nullptr;
-  for (const WorkerLaunch& candidate : launches_) {
-    if (candidate.local_rank == local_rank) launch = &candidate;
+const WorkerLaunch* Supervisor::LaunchOf(int local_rank) const {
+  for (const WorkerLaunch& launch : launches_) {
+    if (launch.local_rank == local_rank) return &launch;
   }
+  return nullptr;
+}
+
+bool Supervisor::StartReplacement(int local_rank) {
+  const WorkerLaunch* launch = LaunchOf(local_rank);
   if (launch == nullptr) return false;
-  if (join_live && standby_.take) {
+  if (standby_.take) {
     if (auto spare = standby_.take(*launch)) {  // Told, and already started.
       live_[spare->first] = local_rank;
       started_as_[spare->first] = std::move(spare->second);
@@ -142,7 +141,7 @@ bool Supervisor::StartReplacement(int local_rank, bool join_live) {
     }
   }
   WorkerLaunch replacement = *launch;
-  if (join_live) replacement.env.push_back("ELRUN_JOIN_LIVE=1");  // Its state comes from the survivors.
+  replacement.env.push_back("ELRUN_JOIN_LIVE=1");  // Its state comes from the survivors.
   auto pid = table_->Spawn(replacement);
   if (!pid.ok()) {
     RecordFailure(local_rank, 0, ExitStatus::Exited(127), std::string(pid.status().message()));
@@ -188,7 +187,7 @@ void Supervisor::Regroup(int attempt, int restart_count) {
     if (!alive) missing.push_back(launch.local_rank);
   }
   for (int local_rank : missing) {
-    if (!StartReplacement(local_rank, /*join_live=*/true)) {
+    if (!StartReplacement(local_rank)) {
       BeginStop(StopReason::kFailure, SIGTERM);
       return;
     }
@@ -220,7 +219,7 @@ bool Supervisor::TryRegroup(int failed_local_rank) {
     BeginStop(StopReason::kFailure, SIGTERM);
     return true;
   }
-  if (!StartReplacement(failed_local_rank, /*join_live=*/true)) BeginStop(StopReason::kFailure, SIGTERM);
+  if (!StartReplacement(failed_local_rank)) BeginStop(StopReason::kFailure, SIGTERM);
   return true;
 }
 

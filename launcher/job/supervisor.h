@@ -142,7 +142,9 @@ class Supervisor {
   bool TellSurvivors();
   // Starts the worker of `local_rank` from launches_ to join the survivors (the standby spare, or
   // a new process with ELRUN_JOIN_LIVE=1); false when it did not start (recorded as a failure).
-  bool StartReplacement(int local_rank, bool join_live);
+  bool StartReplacement(int local_rank);
+  // The current attempt's launch of `local_rank`; null when it has none.
+  const WorkerLaunch* LaunchOf(int local_rank) const;
   // Every live worker said ready in the current generation (attempt_).
   bool AllReady() const;
   bool CanHold() const;
