@@ -485,11 +485,26 @@ void FullyShardedDataParallel::Init(Builder built, std::vector<UnitSpec> specs, 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   if (classifier_ != nullptr) classifier_->set_child_hooks(nullptr);
   for (ShardedModule* wrapper : wrappers_) wrapper->Detach();
+  // Collectives still in flight write into the pool's buffers: wait for them to end first. One
+  // that failed (its group lost a rank: elrun-train's regroup in place destroys this wrapper then)
+  // has ended too; its error was the caller's to see, and a destructor must not throw it.
+  auto settle = [](const auto& finish) {
+    try {
+      finish();
+    } catch (const std::exception&) {
+    }
+  };
   for (auto& unit : units_) {
-    if (unit->gather_work) unit->gather_work->wait();
-    if (unit->reduce_scatter.active()) unit->reduce_scatter.Finish(unit->shard.grad(), 1.0, true);
+    settle([&] {
+      if (unit->gather_work) unit->gather_work->wait();
+    });
+    settle([&] {
+      if (unit->reduce_scatter.active()) unit->reduce_scatter.Finish(unit->shard.grad(), 1.0, true);
+    });
     ReturnReduceLoans(*unit);
-    if (unit->all_reduce) unit->all_reduce->wait();
+    settle([&] {
+      if (unit->all_reduce) unit->all_reduce->wait();
+    });
     // The module outlives this wrapper: leave no parameter pointing into the pool's memory.
     pools_->For(unit->full).TakeFrom(unit->full);
     pools_->For(unit->flat_grad).TakeFrom(unit->flat_grad);
