@@ -26,6 +26,11 @@ RESUMED_LINE = re.compile(r"^resumed from (\S+): epoch (\d+), step (\d+), sample
 REGROUPED_LINE = re.compile(r"^regrouped in place \(generation (\d+)\): (\d+) ranks, (\d+) restarted; the live "
                             r"state of rank (\d+) at step (\d+) \((\d+) bytes, not from disk\), (\d+) ms after "
                             r"(?:its collective failed|this replacement started|this standby worker was called in)", re.M)
+# The same for the sharded strategies: the set of shard files the new group rebuilt from memory.
+SHARDED_REGROUP_LINE = re.compile(
+    r"^regrouped in place \(generation (\d+)\): (\d+) ranks, (\d+) restarted; the (\d+)-shard set of step (\d+) "
+    r"from memory \((\d+) live, (\d+) from copies; (\d+) bytes, not from disk\)(?:; back from step (\d+))?, "
+    r"(\d+) ms after (?:its collective failed|this replacement started|this standby worker was called in)", re.M)
 
 # The data set of these tests: 4096 seeded training samples (elrun-train --dataset synthetic).
 SYNTHETIC_TRAIN_SAMPLES = 4096

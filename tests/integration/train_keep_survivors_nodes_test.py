@@ -11,12 +11,14 @@
   survives.
 - Node 2's agent SIGKILLed (its worker dies with it): node 1's worker goes on alone at world size
   1 (--nnodes 1:2), in the same process, and the job ends there.
+- The same with fsdp: node 2's shards are rebuilt from node 1's in-memory copy of them, and node
+  1's worker goes back to that copy's step and on alone at world size 1.
 """
 import os
 import signal
 
 import harness
-from train_harness import REGROUPED_LINE, RESUMED_LINE, RegroupTestCase
+from train_harness import REGROUPED_LINE, RESUMED_LINE, SHARDED_REGROUP_LINE, RegroupTestCase
 
 HOSTING = "hosting the rendezvous coordinator on 127.0.0.1:%d"
 MAX_STEPS = RegroupTestCase.MAX_STEPS  # 80
@@ -128,6 +130,35 @@ class KeepSurvivorsNodesTest(RegroupTestCase):
         self.assertRegex(result.err, r"node \S+ \(group rank 1\) lost")
         self.assertRegex(result.err, r"round 2: group rank 0 of 1, world size 1, .*regrouping the workers kept alive")
         self.assertIn("done: %d steps" % MAX_STEPS, result.out)
+
+    def test_a_lost_node_of_a_sharded_job_is_rebuilt_from_the_survivors_copy(self):
+        # fsdp: node 2's shards live on only in node 1's copy of its neighbour (every 10 steps).
+        os.makedirs(self.path("sharded"))
+        node1, node2 = self.start_nodes("sharded", "1:2", ["--max-restarts", "2", "--keep-survivors"],
+                                        strategy="fsdp", sync_bn=None, shard_copy_every=10)
+        self.wait_for(node1, "rank 0 to report step 25", lambda: self.latest_step(node1) >= 25)
+        survivor = self.workers(node1).get(0)
+        os.kill(node2.proc.pid, signal.SIGKILL)  # The agent; its worker dies with it.
+        self.wait_for(node1, "node 1's worker to rebuild the job alone",
+                      lambda: SHARDED_REGROUP_LINE.search(node1.stdout))
+        self.assertEqual(self.workers(node1).get(0), survivor, "expected node 1's worker (pid %d) to go on in its "
+                         "process\n%s" % (survivor, node1.result()))
+        result = self.wait_exit(node1)
+        self.assertExit(result, 0)
+        gen, ranks, restarted, count, step, live, copies, size, back, ms = SHARDED_REGROUP_LINE.search(
+            result.out).groups()
+        # Both shards of the last copy's step, from node 1's own copy and its copy of node 2's.
+        self.assertEqual((ranks, restarted, count, live, copies), ("1", "0", "2", "0", "2"), result)
+        step, back = int(step), int(back)
+        self.assertEqual(step % 10, 0)
+        self.assertGreaterEqual(step, 20)
+        self.assertGreater(back, step)
+        self.assertEqual(RESUMED_LINE.findall(result.out), [], "expected no resume from disk\n%s" % result)
+        self.assertEqual(self.logged_steps("sharded", 0), list(range(back)) + list(range(step, MAX_STEPS)),
+                         "expected rank 0 to log steps 0-%d, then %d-%d at world size 1" % (back - 1, step,
+                                                                                            MAX_STEPS - 1))
+        self.assertIn("done: %d steps" % MAX_STEPS, result.out)
+        print("node lost at step %d: went back to step %d's copies in %s ms (%s bytes)" % (back, step, ms, size))
 
 
 if __name__ == "__main__":

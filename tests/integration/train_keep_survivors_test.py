@@ -3,8 +3,10 @@ keeps its process and regroups in place, and the replacement takes the survivor'
 instead of a checkpoint. Rank 1 killed mid-epoch, then rank 0 (the store host and checkpoint
 writer) killed in the regrouped job; the job ends with the same steps, parameters, BatchNorm
 running statistics and momentum buffers (within 1e-6) as an uninterrupted run, with no step redone
-and none skipped. A strategy that cannot regroup (zero1: a lost rank's shards are gone) restarts
-the group from its checkpoint as without the option.
+and none skipped. The sharded strategies (fsdp, zero1) rebuild a killed rank's shards from its
+neighbour's in-memory copy: every rank goes back to the copies' step and the job ends where the
+uninterrupted run does; without copies (--shard-copy-every 0) the group restarts from its
+checkpoint as without the option.
 
 The job is train_resume_test's: FashionNet with SyncBatchNorm on the seeded synthetic data set,
 2 single-threaded workers, batch 32 per rank (64 steps per epoch), a checkpoint every 16 steps,
@@ -14,7 +16,7 @@ import os
 
 import harness
 import train_harness
-from train_harness import REGROUPED_LINE, RESUMED_LINE, RegroupTestCase
+from train_harness import REGROUPED_LINE, RESUMED_LINE, SHARDED_REGROUP_LINE, RegroupTestCase
 
 WORKERS = 2
 MAX_STEPS = RegroupTestCase.MAX_STEPS  # 80
@@ -102,20 +104,64 @@ class KeepSurvivorsTest(RegroupTestCase):
         self.assertRegex(result.err, r"restarting local rank 1 alone, 1 worker regroups in place")
         self.assertEqual(self.logged_steps("stopped", 0), list(range(40)))
 
-    def test_a_strategy_that_cannot_regroup_restarts_the_group(self):
+    def test_sharded_strategies_rebuild_a_lost_rank_from_its_neighbours_copy(self):
+        # Each rank copies its neighbour's shards every 10 steps; the kill at step 25 loses rank
+        # k's shards, so both ranks go back to step 20's set and redo the steps since.
+        for strategy, killed in (("fsdp", 1), ("zero1", 0)):
+            with self.subTest(strategy=strategy):
+                reference, name = "reference_" + strategy, "killed_" + strategy
+                os.makedirs(self.path(reference))
+                os.makedirs(self.path(name))
+                options = dict(strategy=strategy, sync_bn=None, optimizer="adam", lr=0.002, shard_copy_every=10)
+                self.run_job(["--standalone", "--nproc-per-node", str(WORKERS)], self.job_args(reference, **options),
+                             "the uninterrupted %s run" % strategy)
+                result = self.run_job(["--standalone", "--nproc-per-node", str(WORKERS), "--max-restarts", "1",
+                                       "--keep-survivors", "--inject-faults", "kill-worker:%d@step25" % killed],
+                                      self.job_args(name, **options), "the %s run with rank %d killed"
+                                      % (strategy, killed))
+                self.assertEqual(RESUMED_LINE.findall(result.out), [], "expected no resume from disk\n%s" % result)
+                self.assertRegex(result.err, r"restarting local rank %d alone, 1 worker regroups in place "
+                                 r"\(restart 1 of 1\)" % killed)
+                regroups = SHARDED_REGROUP_LINE.findall(result.out)
+                self.assertEqual(len(regroups), 1, "expected one regroup from the copies\n%s" % result)
+                gen, ranks, restarted, count, step, live, copies, size, back, ms = regroups[0]
+                self.assertEqual((gen, ranks, restarted, count, step, live, copies),
+                                 ("1", "2", "1", "2", "20", "0", "2"), result)
+                self.assertGreater(int(size), 0)
+                # Each rank's processes logged steps 0 to where they stopped (the survivor: the step
+                # it came back from), then 20 to the end once more.
+                back = int(back)
+                self.assertGreaterEqual(back, 25, result)
+                for rank in range(WORKERS):
+                    logged = self.logged_steps(name, rank)
+                    reached = next((i for i in range(1, len(logged)) if logged[i] < logged[i - 1]), len(logged))
+                    self.assertEqual(logged, list(range(reached)) + list(range(20, MAX_STEPS)),
+                                     "expected rank %d to log steps 0-%d, then 20-%d" % (rank, reached - 1,
+                                                                                        MAX_STEPS - 1))
+                    self.assertGreaterEqual(reached, 25)
+                    if rank != killed:
+                        self.assertEqual(reached, back, "expected the survivor to come back from step %d" % back)
+                _, worst = self.assertSameCheckpoint(
+                    self.path(reference, "checkpoints", "model.pt"), self.path(name, "checkpoints", "model.pt"),
+                    "the consolidated models of the uninterrupted %s run and of the one rebuilt from copies" % strategy)
+                print("%s: rank %d killed at step 25, regrouped from step 20's copies in %s ms (%s bytes); largest "
+                      "difference %.3g" % (strategy, killed, ms, size, worst))
+
+    def test_without_copies_a_lost_shard_restarts_the_group_from_its_checkpoint(self):
         os.makedirs(self.path("zero1"))
-        run = self.launch(["--standalone", "--nproc-per-node", str(WORKERS), "--max-restarts", "1",
-                           "--keep-survivors"], self.job_args("zero1", strategy="zero1", max_steps=40, sync_bn=None))
-        self.wait_for(run, "rank 0 to report step 20", lambda: self.latest_step(run) >= 20)
-        pid_1 = self.kill_worker(run, 1)
+        run = self.launch(["--standalone", "--nproc-per-node", str(WORKERS), "--max-restarts", "2",
+                           "--keep-survivors", "--inject-faults", "kill-worker:1@step20"],
+                          self.job_args("zero1", strategy="zero1", max_steps=40, sync_bn=None, shard_copy_every=0))
         result = self.wait_exit(run)
         self.assertExit(result, 0)
-        self.assertRegex(result.err, r"attempt 0 failed: local_rank 1 \(rank 1, pid %d\) ended with [^;\n]*SIGKILL"
-                         r"[^;\n]*; restarting the worker group \(restart 1 of 1\)" % pid_1, result)
-        self.assertEqual(len(RESUMED_LINE.findall(result.out)), 1, "expected a resume from the checkpoint\n%s"
+        self.assertRegex(result.err, r"restarting local rank 1 alone, 1 worker regroups in place \(restart 1 of 2\)")
+        self.assertRegex(result.err, r"regroup: no whole set of shards is held in memory by the new group; elrun "
+                         r"restarts the group from its checkpoint")
+        self.assertRegex(result.err, r"attempt 1 failed: .*; restarting the worker group \(restart 2 of 2\)")
+        resumed = RESUMED_LINE.findall(result.out)
+        self.assertEqual([int(r[2]) for r in resumed], [16], "expected one resume from step 16's checkpoint\n%s"
                          % result)
-        self.assertIsNone(REGROUPED_LINE.search(result.out), result)
-
+        self.assertIsNone(SHARDED_REGROUP_LINE.search(result.out), result)
 
 if __name__ == "__main__":
     harness.main()

@@ -50,6 +50,7 @@
 #include "trainer/optim/grad_scaler.h"
 #include "trainer/parallel/data_parallel.h"
 #include "trainer/parallel/live_state.h"
+#include "trainer/parallel/shard_copies.h"
 #include "trainer/parallel/sync_batch_norm.h"
 #include "trainer/runtime/control_channel.h"
 #include "trainer/runtime/cuda_graph_step.h"
@@ -236,19 +237,23 @@ struct Job {
   std::unique_ptr<StepTimes> step_times;
   std::unique_ptr<StepProfiler> profiler;
   std::unique_ptr<HeartbeatClient> heartbeat;  // elrun's ELRUN_HEARTBEAT_FILE, when given.
-  // elrun --keep-survivors: its ELRUN_CONTROL_FILE, when this run can regroup in place (ddp on
-  // the CPU, without fp16's loss scaler) and beats.
+  // elrun --keep-survivors: its ELRUN_CONTROL_FILE, when this run can regroup in place (on the
+  // CPU, without fp16's loss scaler) and beats.
   std::unique_ptr<ControlChannel> control;
   int64_t generation = 0;  // ELRUN_GENERATION (else TORCHELASTIC_RESTART_COUNT), then the last regroup's.
   // How long a survivor waits for elrun's regroup: ELRUN_REGROUP_WAIT_MS (a multi-node job's next
   // round), else 10 s.
   std::chrono::milliseconds regroup_wait{10000};
+  // --keep-survivors with a sharded strategy and --shard-copy-every > 0: this rank's and its
+  // neighbour's shards, in memory.
+  std::unique_ptr<ShardCopies> shard_copies;
   // A standby spare: when elrun handed it a failed worker's contract.
   std::optional<std::chrono::steady_clock::time_point> told_at;
   std::unique_ptr<Metrics> metrics;
   TrainProgress progress;
   int64_t baseline_rss = 0;  // Before the model was built (MemoryReport::baseline_rss).
   int rank() const { return env.rank; }
+  bool sharded() const { return o.strategy != Strategy::kDdp; }
   int world() const { return env.world_size; }
   bool text() const { return o.dataset == DatasetChoice::kText; }
   int64_t train_size() const { return text() ? text_train.size(0) : train.size(); }
@@ -355,39 +360,101 @@ struct RegroupTimes {
   std::chrono::steady_clock::time_point failed, told, grouped;
 };
 
-// --keep-survivors: this rank takes the job's live state, that of the rank furthest along
-// (live_state.h); `mine` is this rank's progress, nullopt for a replacement without state. The
-// new group's rank 0 says whose state and how long the regroup took: for a survivor since its
-// collective failed (`survivor`), for a standby spare since it was called in, for a replacement
-// since it started.
+// Milliseconds from `from` to `to`.
+double Ms(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
 
+// For rank 0's line on a regroup: how long it took, for a survivor since its collective failed
+// (`survivor`), for a standby spare since it was called in, for a replacement since it started.
+std::string RegroupTook(const Job& job, const std::optional<RegroupTimes>& survivor) {
+  const auto now = std::chrono::steady_clock::now();
+  if (survivor) {
+    return absl::StrFormat(
+        "%.0f ms after its collective failed (elrun's regroup after %.0f ms, the new group after %.0f ms)",
+        Ms(survivor->failed, now), Ms(survivor->failed, survivor->told), Ms(survivor->failed, survivor->grouped));
+  }
+  if (job.told_at) return absl::StrFormat("%.0f ms after this standby worker was called in", Ms(*job.told_at, now));
+  return absl::StrFormat("%.0f ms after this replacement started", ProcessAgeSeconds() * 1e3);
+}
+
+// Sharded strategies with copies: agreed by every rank of the group (a collective), this rank's
+// shards and its neighbour's are copied into memory now, and every --shard-copy-every steps.
+absl::Status StartShardCopies(Job& job) {
+  job.shard_copies.reset();
+  const bool want = job.control && job.sharded() && job.o.shard_copy_every > 0;
+  try {
+    std::vector<torch::Tensor> flag{torch::tensor({want ? 1 : 0}, torch::kInt).to(CommDevice(*job.dist.pg))};
+    c10d::AllreduceOptions min;
+    min.reduceOp = c10d::ReduceOp::MIN;
+    job.dist.pg->allreduce(flag, min)->wait();
+    if (flag[0].cpu().item<int>() == 0) return absl::OkStatus();
+  } catch (const std::exception& error) {
+    return absl::UnavailableError(absl::StrCat("shard copies: ", ErrorText(error)));
+  }
+  job.shard_copies = std::make_unique<ShardCopies>();
+  auto own = job.dp->LiveShard(*job.optimizer, job.progress);
+  if (!own.ok()) return own.status();
+  return job.shard_copies->Refresh(*job.dist.pg, *std::move(own));
+}
+
+// --keep-survivors, sharded strategies: the new group rebuilds the newest whole set of shard files
+// its ranks hold in memory (shard_copies.h) - `live` is this rank's shard as it stopped (none for
+// a replacement) - and every rank loads it, resharded for the new world; then the copies start
+// again in this world. Unavailable when no whole set is held (the worker fails and elrun restarts
+// the group, which resumes from the checkpoint).
+absl::Status TakeShardedState(Job& job, const std::optional<ShardBytes>& live,
+                              const std::optional<RegroupTimes>& survivor) {
+  std::vector<const ShardBytes*> copies;
+  if (job.shard_copies) copies = job.shard_copies->held();
+  auto sync = GatherShardSet(*job.dist.pg, live, copies);
+  if (!sync.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "regroup: ", sync.status().message(),
+        sync.status().code() == absl::StatusCode::kNotFound ? "; elrun restarts the group from its checkpoint" : ""));
+  }
+  job.shard_copies.reset();  // The old world's: the new world copies its own below.
+  auto loaded = job.dp->LoadShards(sync->files, "the shards held in memory", *job.optimizer);
+  if (!loaded.ok()) return absl::UnavailableError(absl::StrCat("regroup: ", loaded.status().message()));
+  job.progress = *loaded;
+  job.progress.world_size = job.world();
+  if (job.rank() == 0) {
+    const ShardSetChoice& set = sync->choice;
+    std::cout << absl::StrFormat(
+                     "regrouped in place (generation %d): %d ranks, %d restarted; the %d-shard set of step %d from "
+                     "memory (%d live, %d from copies; %d bytes, not from disk)%s, %s",
+                     job.generation, job.world(), sync->stateless_ranks, set.count, set.step,
+                     set.count - set.from_copies, set.from_copies, sync->bytes,
+                     sync->reached > set.step ? absl::StrFormat("; back from step %d", sync->reached) : "",
+                     RegroupTook(job, survivor))
+              << std::endl;
+  }
+  return StartShardCopies(job);
+}
+
+// --keep-survivors: this rank takes the job's live state. ddp: that of the rank furthest along
+// (live_state.h); `mine` is this rank's progress, nullopt for a replacement without state. The
+// sharded strategies: TakeShardedState with `live`. The new group's rank 0 says whose state and
+// how long the regroup took.
 absl::Status TakeLiveState(Job& job, const std::optional<TrainProgress>& mine,
+                           const std::optional<ShardBytes>& live = std::nullopt,
                            std::optional<RegroupTimes> survivor = std::nullopt) {
+  if (job.sharded()) return TakeShardedState(job, live, survivor);
   auto sync = SyncLiveState(*job.dist.pg, *job.dp, *job.optimizer, mine);
   if (!sync.ok()) return absl::UnavailableError(sync.status().message());
   job.progress = sync->progress;
   if (job.rank() == 0) {
-    auto ms = [](std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
-      return std::chrono::duration<double, std::milli>(to - from).count();
-    };
-    const auto now = std::chrono::steady_clock::now();
-    const std::string took =
-        survivor ? absl::StrFormat(
-                       "%.0f ms after its collective failed (elrun's regroup after %.0f ms, the new "
-                       "group after %.0f ms)",
-                       ms(survivor->failed, now), ms(survivor->failed, survivor->told),
-                       ms(survivor->failed, survivor->grouped))
-        : job.told_at ? absl::StrFormat("%.0f ms after this standby worker was called in", ms(*job.told_at, now))
-                      : absl::StrFormat("%.0f ms after this replacement started", ProcessAgeSeconds() * 1e3);
     std::cout << absl::StrFormat(
                      "regrouped in place (generation %d): %d ranks, %d restarted; the live state of rank %d at step "
                      "%d (%d bytes, not from disk), %s",
                      job.generation, job.world(), sync->stateless_ranks, sync->source_rank, job.progress.step,
-                     sync->bytes, took)
+                     sync->bytes, RegroupTook(job, survivor))
               << std::endl;
   }
   return absl::OkStatus();
 }
+
+absl::Status BuildModel(Job& job, bool joining);
 
 // --keep-survivors: a collective failed (`error`), because a peer died. elrun restarts only that
 // worker and tells this one the new group: every handle on the old group is dropped first (so
@@ -400,8 +467,24 @@ absl::Status RegroupInPlace(Job& job, const std::string& error) {
   RegroupTimes times;
   times.failed = std::chrono::steady_clock::now();
   const auto start = times.failed;
-  if (absl::Status s = job.dp->Rebind(nullptr, nullptr); !s.ok()) return s;
-  if (job.o.sync_bn) AttachSyncBatchNorms(job, nullptr, nullptr);
+  // The sharded strategies: this rank's shard as it stopped, then the wrapper, the optimizer and
+  // the model go (they are built again for the new world). ddp keeps them over the new group.
+  std::optional<ShardBytes> live;
+  if (job.sharded()) {
+    auto shard = job.dp->LiveShard(*job.optimizer, job.progress);
+    if (shard.ok()) {
+      live = *std::move(shard);
+    } else {  // It goes on without: the others' copies may hold its shard.
+      std::cerr << "elrun-train: rank " << job.rank() << ": " << shard.status().message() << std::endl;
+    }
+    job.optimizer.reset();
+    job.optimizer_params.clear();
+    job.dp.reset();
+    job.model.reset();
+  } else {
+    if (absl::Status s = job.dp->Rebind(nullptr, nullptr); !s.ok()) return s;
+    if (job.o.sync_bn) AttachSyncBatchNorms(job, nullptr, nullptr);
+  }
   job.shm.reset();
   job.dist.pg.reset();
   job.dist.store.reset();
@@ -424,9 +507,17 @@ absl::Status RegroupInPlace(Job& job, const std::string& error) {
                                /*await_store=*/true);
   if (!dist.ok()) return absl::UnavailableError(absl::StrCat("regroup: ", dist.status().message()));
   job.dist = std::move(*dist);
-  if (absl::Status s = SetUpSharedMemory(job); !s.ok()) return s;
-  if (job.o.sync_bn) AttachSyncBatchNorms(job, job.dist.pg, job.shm);
-  if (absl::Status s = job.dp->Rebind(job.dist.pg, job.shm); !s.ok()) return s;
+  if (job.sharded()) {
+    try {
+      if (absl::Status s = BuildModel(job, /*joining=*/true); !s.ok()) return s;
+    } catch (const std::exception& error) {
+      return absl::UnavailableError(absl::StrCat("regroup: ", ErrorText(error)));
+    }
+  } else {
+    if (absl::Status s = SetUpSharedMemory(job); !s.ok()) return s;
+    if (job.o.sync_bn) AttachSyncBatchNorms(job, job.dist.pg, job.shm);
+    if (absl::Status s = job.dp->Rebind(job.dist.pg, job.shm); !s.ok()) return s;
+  }
   times.grouped = std::chrono::steady_clock::now();
   SamplerOptions sampler_options = job.sampler->options();
   sampler_options.world_size = job.world();
@@ -434,7 +525,7 @@ absl::Status RegroupInPlace(Job& job, const std::string& error) {
   auto sampler = DistributedSampler::Create(sampler_options);
   if (!sampler.ok()) return sampler.status();
   *job.sampler = std::move(*sampler);
-  if (absl::Status s = TakeLiveState(job, job.progress, times); !s.ok()) return s;
+  if (absl::Status s = TakeLiveState(job, job.progress, live, times); !s.ok()) return s;
   if (job.heartbeat) job.heartbeat->Ready(job.generation);
   return absl::OkStatus();
 }
@@ -510,6 +601,105 @@ absl::Status StandBy(Job& job, std::map<std::string, std::string>& env) {
   return absl::OkStatus();
 }
 
+// The model, its data-parallel wrapper and the optimizer over job.dist, from --seed: collective
+// (the sharded strategies check the ranks built alike; ddp and sharding without a sink broadcast
+// rank 0's values unless `joining`). Also at a sharded strategy's regroup in place, for the new
+// world. Throws c10::Error when a collective fails.
+absl::Status BuildModel(Job& job, bool joining) {
+  const TrainOptions& o = job.o;
+  // Weights are drawn on the CPU from the seed, then moved: the same start on every device.
+  torch::manual_seed(o.seed);
+  MlpOptions mlp;
+  mlp.hidden = o.mlp_hidden;
+  // auto is ATen's Linear on both devices since torch 2.11: its CPU build's Linear (MKL) beat the
+  // oneDNN 1x1-convolution route in train_bench (docs/benchmarks.md), which Debian's reference BLAS needed.
+  job.linear = o.linear == LinearChoice::kOneDnn ? LinearKernel::kOneDnn : LinearKernel::kAten;
+  // The sharded strategies shard each layer as the model is built: no rank ever holds the whole
+  // model (SyncBatchNorm swaps modules after construction, and a CUDA graph captures the wrapper's
+  // construction: those build it whole first, as ddp does).
+  FsdpOptions sharding;
+  sharding.strategy = o.strategy;
+  sharding.activation_checkpointing = o.activation_checkpointing;
+  sharding.offload_optimizer = o.offload_optimizer;
+  auto dtype = [](PrecisionChoice p) {
+    return p == PrecisionChoice::kBf16   ? torch::kBFloat16
+           : p == PrecisionChoice::kFp16 ? torch::kHalf
+                                         : torch::kFloat32;
+  };
+  if (o.param_dtype != PrecisionChoice::kFp32) sharding.param_dtype = dtype(o.param_dtype);
+  // --precision: fsdp gathers and computes in it (FSDP2's MixedPrecisionPolicy); the other
+  // strategies keep whole fp32 parameters and run forward under autocast (torch.autocast).
+  if (o.precision != PrecisionChoice::kFp32) {
+    if (o.strategy == Strategy::kFsdp) {
+      sharding.param_dtype = dtype(o.precision);
+    } else {
+      job.autocast = dtype(o.precision);
+    }
+  }
+  if (o.reduce_dtype) sharding.reduce_dtype = dtype(*o.reduce_dtype);
+  std::unique_ptr<ChildSink> sink;
+  if (!o.sync_bn && !o.cuda_graph) sink = DataParallel::ShardingSink(job.dist.pg, job.device, sharding);
+  absl::StatusOr<std::shared_ptr<Classifier>> model;
+  if (o.model == ModelChoice::kGpt) {
+    GptOptions gpt;
+    gpt.vocabulary = kByteVocabulary;
+    gpt.context = o.gpt_context;
+    gpt.layers = o.gpt_layers;
+    gpt.width = o.gpt_width;
+    gpt.heads = o.gpt_heads;
+    model = MakeGpt(gpt, sink.get());
+  } else if (o.model == ModelChoice::kResMlp) {
+    ResMlpOptions resmlp;
+    resmlp.width = o.resmlp_width;
+    resmlp.blocks = o.resmlp_blocks;
+    resmlp.linear = job.linear;
+    model = MakeResMlp(resmlp, sink.get());
+  } else {
+    model = MakeModel(o.model == ModelChoice::kMlp ? "mlp" : "fashionnet", mlp, job.linear, sink.get());
+  }
+  if (!model.ok()) return model.status();
+  job.model = std::move(*model);
+  job.model->to(job.device);
+  // Channels-last on CPU: there oneDNN's convolutions and ATen's max-pooling and batch norm are
+  // vectorised over channels in NHWC and much faster than in NCHW (docs/benchmarks.md,
+  // "Training"). The weights decide the convolutions' output layout; they are copied, not
+  // contiguous()'d, because a one-channel tensor counts as both layouts and would keep its NCHW
+  // strides (then suggest_memory_format() says NCHW). On CUDA cuDNN takes either; contiguous
+  // until measured otherwise.
+  job.channels_last = o.memory_format == MemoryFormatChoice::kChannelsLast ||
+                      (o.memory_format == MemoryFormatChoice::kAuto && !job.placement.cuda);
+  // Sharded weights are views of flat buffers (contiguous): nothing to convert.
+  if (job.channels_last && sink == nullptr) {
+    for (auto& p : job.model->parameters()) {
+      if (p.dim() == 4) {
+        p.set_data(p.data().to(p.options(), /*non_blocking=*/false, /*copy=*/true, torch::MemoryFormat::ChannelsLast));
+      }
+    }
+  }
+  if (absl::Status s = SetUpSharedMemory(job); !s.ok()) return s;
+  if (o.sync_bn) ConvertSyncBatchNorm(*job.model, job.dist.pg, job.shm);
+  DdpOptions ddp_options;
+  ddp_options.bucket_cap_mb = o.bucket_cap_mb;
+  ddp_options.first_bucket_mb = o.first_bucket_mb;
+  if (o.strategy == Strategy::kDdp) ddp_options.shm = job.shm;
+  ddp_options.broadcast_from_rank0 = !joining;
+  if (o.cuda_graph) {
+    if (!job.placement.cuda) return absl::InvalidArgumentError("--cuda-graph needs CUDA; this rank runs on the CPU");
+    job.graph = std::make_unique<CudaGraphStep>(job.device, o.batch_size);
+    job.graph->OnStream([&] { job.dp = DataParallel::Create(job.model, job.dist.pg, sharding, ddp_options); });
+  } else {
+    job.dp = DataParallel::Create(job.model, job.dist.pg, sharding, ddp_options, std::move(sink));
+  }
+  job.optimizer_params = job.dp->OptimizerParameters();
+  job.optimizer = MakeOptimizer(o, job.optimizer_params);
+  if (o.precision == PrecisionChoice::kFp16) {
+    GradScalerOptions scaling;
+    scaling.init_scale = o.loss_scale;
+    job.scaler = std::make_unique<GradScaler>(scaling, job.dist.pg);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   auto job = std::make_unique<Job>();
   job->o = o;
@@ -580,97 +770,16 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
   job->dist = std::move(*dist);
 
   job->baseline_rss = RssBytes();
-  // Weights are drawn on the CPU from the seed, then moved: the same start on every device.
-  torch::manual_seed(o.seed);
-  MlpOptions mlp;
-  mlp.hidden = o.mlp_hidden;
-  // auto is ATen's Linear on both devices since torch 2.11: its CPU build's Linear (MKL) beat the
-  // oneDNN 1x1-convolution route in train_bench (docs/benchmarks.md), which Debian's reference BLAS needed.
-  job->linear = o.linear == LinearChoice::kOneDnn ? LinearKernel::kOneDnn : LinearKernel::kAten;
-  // The sharded strategies shard each layer as the model is built: no rank ever holds the whole
-  // model (SyncBatchNorm swaps modules after construction, and a CUDA graph captures the wrapper's
-  // construction: those build it whole first, as ddp does).
-  FsdpOptions sharding;
-  sharding.strategy = o.strategy;
-  sharding.activation_checkpointing = o.activation_checkpointing;
-  sharding.offload_optimizer = o.offload_optimizer;
-  auto dtype = [](PrecisionChoice p) {
-    return p == PrecisionChoice::kBf16   ? torch::kBFloat16
-           : p == PrecisionChoice::kFp16 ? torch::kHalf
-                                         : torch::kFloat32;
-  };
-  if (o.param_dtype != PrecisionChoice::kFp32) sharding.param_dtype = dtype(o.param_dtype);
-  // --precision: fsdp gathers and computes in it (FSDP2's MixedPrecisionPolicy); the other
-  // strategies keep whole fp32 parameters and run forward under autocast (torch.autocast).
-  if (o.precision != PrecisionChoice::kFp32) {
-    if (o.strategy == Strategy::kFsdp) {
-      sharding.param_dtype = dtype(o.precision);
-    } else {
-      job->autocast = dtype(o.precision);
-    }
-  }
-  if (o.reduce_dtype) sharding.reduce_dtype = dtype(*o.reduce_dtype);
-  std::unique_ptr<ChildSink> sink;
-  if (!o.sync_bn && !o.cuda_graph) sink = DataParallel::ShardingSink(job->dist.pg, job->device, sharding);
-  absl::StatusOr<std::shared_ptr<Classifier>> model;
-  if (o.model == ModelChoice::kGpt) {
-    GptOptions gpt;
-    gpt.vocabulary = kByteVocabulary;
-    gpt.context = o.gpt_context;
-    gpt.layers = o.gpt_layers;
-    gpt.width = o.gpt_width;
-    gpt.heads = o.gpt_heads;
-    model = MakeGpt(gpt, sink.get());
-  } else if (o.model == ModelChoice::kResMlp) {
-    ResMlpOptions resmlp;
-    resmlp.width = o.resmlp_width;
-    resmlp.blocks = o.resmlp_blocks;
-    resmlp.linear = job->linear;
-    model = MakeResMlp(resmlp, sink.get());
-  } else {
-    model = MakeModel(o.model == ModelChoice::kMlp ? "mlp" : "fashionnet", mlp, job->linear, sink.get());
-  }
-  if (!model.ok()) return model.status();
-  job->model = std::move(*model);
-  job->model->to(job->device);
-  // Channels-last on CPU: there oneDNN's convolutions and ATen's max-pooling and batch norm are
-  // vectorised over channels in NHWC and much faster than in NCHW (docs/benchmarks.md,
-  // "Training"). The weights decide the convolutions' output layout; they are copied, not
-  // contiguous()'d, because a one-channel tensor counts as both layouts and would keep its NCHW
-  // strides (then suggest_memory_format() says NCHW). On CUDA cuDNN takes either; contiguous
-  // until measured otherwise.
-  job->channels_last = o.memory_format == MemoryFormatChoice::kChannelsLast ||
-                       (o.memory_format == MemoryFormatChoice::kAuto && !job->placement.cuda);
-  // Sharded weights are views of flat buffers (contiguous): nothing to convert.
-  if (job->channels_last && sink == nullptr) {
-    for (auto& p : job->model->parameters()) {
-      if (p.dim() == 4) {
-        p.set_data(p.data().to(p.options(), /*non_blocking=*/false, /*copy=*/true, torch::MemoryFormat::ChannelsLast));
-      }
-    }
-  }
-  if (absl::Status s = SetUpSharedMemory(*job); !s.ok()) return s;
-  if (o.sync_bn) ConvertSyncBatchNorm(*job->model, job->dist.pg, job->shm);
-  DdpOptions ddp_options;
-  ddp_options.bucket_cap_mb = o.bucket_cap_mb;
-  ddp_options.first_bucket_mb = o.first_bucket_mb;
-  if (o.strategy == Strategy::kDdp) ddp_options.shm = job->shm;
-  ddp_options.broadcast_from_rank0 = !joining;
-  if (o.cuda_graph) {
-    if (!job->placement.cuda) return absl::InvalidArgumentError("--cuda-graph needs CUDA; this rank runs on the CPU");
-    job->graph = std::make_unique<CudaGraphStep>(job->device, o.batch_size);
-    job->graph->OnStream([&] { job->dp = DataParallel::Create(job->model, job->dist.pg, sharding, ddp_options); });
-  } else {
-    job->dp = DataParallel::Create(job->model, job->dist.pg, sharding, ddp_options, std::move(sink));
-  }
-  job->optimizer_params = job->dp->OptimizerParameters();
-  job->optimizer = MakeOptimizer(o, job->optimizer_params);
-  if (o.precision == PrecisionChoice::kFp16) {
-    GradScalerOptions scaling;
-    scaling.init_scale = o.loss_scale;
-    job->scaler = std::make_unique<GradScaler>(scaling, job->dist.pg);
-  }
+  if (absl::Status s = BuildModel(*job, joining); !s.ok()) return s;
   job->metrics = std::make_unique<Metrics>(job->rank() == 0 ? o.metrics_file : "");
+
+  // Not on CUDA: a survivor's NCCL collective with a dead peer does not fail until the NCCL
+  // watchdog's timeout (it would need ncclCommAbort), so elrun restarts the group at once instead.
+  if (job->heartbeat && job->dp->CanRegroup() && !job->graph && !job->scaler && !job->placement.cuda) {
+    if (!job->control) job->control = ControlChannel::FromEnvironment(env, job->generation);
+  } else {
+    job->control.reset();  // A standby that cannot regroup: it fails as any other worker would.
+  }
 
   job->progress.world_size = job->world();
   if (joining) {
@@ -693,16 +802,12 @@ absl::StatusOr<std::unique_ptr<Job>> Setup(const TrainOptions& o) {
       return absl::UnavailableError(loaded.status().message());
     }
   }
+  if (!joining && job->sharded()) {  // A joining rank's copies started with the state it took.
+    if (absl::Status s = StartShardCopies(*job); !s.ok()) return s;
+  }
   // MakeOptimizer's SGD is a ForeachSgd (CheckCudaGraph refused the others).
   if (job->graph) job->graph->Bind(*job->dp, static_cast<ForeachSgd&>(*job->optimizer));
-  // Not on CUDA: a survivor's NCCL collective with a dead peer does not fail until the NCCL
-  // watchdog's timeout (it would need ncclCommAbort), so elrun restarts the group at once instead.
-  if (job->heartbeat && job->dp->CanRegroup() && !job->graph && !job->scaler && !job->placement.cuda) {
-    if (!job->control) job->control = ControlChannel::FromEnvironment(env, job->generation);
-    if (job->control) job->heartbeat->Ready(job->generation);
-  } else {
-    job->control.reset();  // A standby that cannot regroup: it fails as any other worker would.
-  }
+  if (job->control) job->heartbeat->Ready(job->generation);
   return job;
 }
 
@@ -1015,6 +1120,14 @@ LoopStats RunLoop(Job& job) {
           ++progress.step;
           loop.samples += static_cast<int64_t>(batches[b].size()) * job.world();
           progress.samples_seen = job.sampler->Position(start, static_cast<int64_t>(b) + 1);
+          if (job.shard_copies) {
+            job.shard_copies->Settle();  // This step's collectives completed: so did every rank's last copy.
+            if (progress.step % o.shard_copy_every == 0) {
+              auto own = job.dp->LiveShard(*job.optimizer, progress);
+              absl::Status copied = own.ok() ? job.shard_copies->Refresh(*job.dist.pg, *std::move(own)) : own.status();
+              if (!copied.ok()) throw std::runtime_error(std::string(copied.message()));
+            }
+          }
           if (o.checkpoint_every > 0 && progress.step % o.checkpoint_every == 0) save(false);
           if (job.rank() == 0 && o.log_every > 0 && progress.step % o.log_every == 0) {
             const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();

@@ -344,6 +344,11 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
   app.add_option("--checkpoint-every", o.checkpoint_every, "save every N steps (0: at the end and on SIGTERM)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--shard-copy-every", o.shard_copy_every,
+                 "under elrun --keep-survivors with a sharded strategy: copy the neighbour rank's shards into memory "
+                 "every N steps, so a lost rank's state is rebuilt from memory (0: from the checkpoint)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--threads", o.threads, "intra-op threads per rank")->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket size limit (MiB)")
       ->capture_default_str()

@@ -84,6 +84,9 @@ struct TrainOptions {
   uint64_t seed = 0;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
+  // elrun --keep-survivors with a sharded strategy: each rank copies its neighbour's shards into
+  // memory every N steps (shard_copies.h); 0: none (a lost rank's shards come from the checkpoint).
+  int64_t shard_copy_every = 10;
   int threads = 1;
   double bucket_cap_mb = 25.0;
   double first_bucket_mb = 1.0;

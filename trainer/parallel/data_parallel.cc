@@ -140,6 +140,17 @@ class Fsdp final : public DataParallel {
     return r;
   }
 
+  bool CanRegroup() const override { return true; }
+
+  absl::StatusOr<ShardBytes> LiveShard(torch::optim::Optimizer& optimizer, const TrainProgress& progress) override {
+    return LiveShardBytes(fsdp_, optimizer, progress);
+  }
+
+  absl::StatusOr<TrainProgress> LoadShards(const std::vector<std::vector<char>>& files, const std::string& origin,
+                                           torch::optim::Optimizer& optimizer) override {
+    return LoadShardSet(files, origin, fsdp_, optimizer);
+  }
+
  private:
   FullyShardedDataParallel fsdp_;
 };

@@ -21,6 +21,7 @@
 #include "trainer/nn/module_hooks.h"
 #include "trainer/parallel/ddp.h"
 #include "trainer/parallel/fsdp.h"
+#include "trainer/parallel/sharded_checkpoint.h"
 #include "trainer/parallel/strategy.h"
 
 namespace elrun::trainer {
@@ -65,11 +66,13 @@ class DataParallel {
   // This rank's model-state bytes now, and the peak of params + grads + buffers (+ state).
   virtual MemoryReport Memory(const torch::optim::Optimizer& optimizer) = 0;
 
-  // Regrouping in place (elrun --keep-survivors, live_state.h): only ddp, whose state every rank
-  // holds whole, can; the sharded strategies' state is spread over the ranks and a lost rank's
-  // shards are gone (they restart from their checkpoint instead).
+  // Regrouping in place (elrun --keep-survivors). ddp, whose state every rank holds whole, goes
+  // on over the new group (Rebind) and takes the live state of the rank furthest along
+  // (StateBytes, live_state.h). The sharded strategies' wrapper is built again for the new world
+  // and loads a whole set of shard files that the new group holds in memory (LiveShard,
+  // LoadShards; shard_copies.h).
   virtual bool CanRegroup() const { return false; }
-  // Goes on over `pg` and `shm` (spanning the same ranks; may be null) after the old group
+  // ddp: goes on over `pg` and `shm` (spanning the same ranks; may be null) after the old group
   // failed (DistributedDataParallel::Rebind); a null `pg` only drops the old group's handles.
   virtual absl::Status Rebind(c10::intrusive_ptr<c10d::Backend> /*pg*/, std::shared_ptr<ShmAllreduce> /*shm*/) {
     return absl::UnimplementedError("this strategy cannot regroup in place");
@@ -79,6 +82,17 @@ class DataParallel {
   virtual absl::StatusOr<std::vector<char>> StateBytes(torch::optim::Optimizer& /*optimizer*/,
                                                        const TrainProgress& /*progress*/) {
     return absl::UnimplementedError("this strategy cannot regroup in place");
+  }
+  // The sharded strategies: this rank's shard file now (no collective), and loading a whole set
+  // of them resharded for this wrapper (sharded_checkpoint.h).
+  virtual absl::StatusOr<ShardBytes> LiveShard(torch::optim::Optimizer& /*optimizer*/,
+                                               const TrainProgress& /*progress*/) {
+    return absl::UnimplementedError("this strategy holds no shards");
+  }
+  virtual absl::StatusOr<TrainProgress> LoadShards(const std::vector<std::vector<char>>& /*files*/,
+                                                   const std::string& /*origin*/,
+                                                   torch::optim::Optimizer& /*optimizer*/) {
+    return absl::UnimplementedError("this strategy holds no shards");
   }
   virtual absl::StatusOr<TrainProgress> LoadStateBytes(const std::vector<char>& /*bytes*/,
                                                        const std::string& /*origin*/,

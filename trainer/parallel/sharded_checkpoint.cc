@@ -31,20 +31,25 @@ c10::impl::GenericDict StateDict(const ParamState& state) {
   return dict;
 }
 
-absl::StatusOr<c10::impl::GenericDict> ReadDict(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("no shard file ", path));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+// A shard file's dict from its bytes; `origin` names them in errors.
+absl::StatusOr<c10::impl::GenericDict> ParseDict(const std::vector<char>& bytes, const std::string& origin) {
   try {
     auto dict = torch::pickle_load(bytes).toGenericDict();
     if (!dict.contains("format") || dict.at("format").toStringRef() != kFormat) {
-      return absl::InvalidArgumentError(absl::StrCat(path, " is not an elrun sharded checkpoint"));
+      return absl::InvalidArgumentError(absl::StrCat(origin, " is not an elrun sharded checkpoint"));
     }
     return dict;
   } catch (const c10::Error& error) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, " is not an elrun sharded checkpoint: ", error.what_without_backtrace()));
+        absl::StrCat(origin, " is not an elrun sharded checkpoint: ", error.what_without_backtrace()));
   }
+}
+
+absl::StatusOr<c10::impl::GenericDict> ReadDict(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("no shard file ", path));
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return ParseDict(bytes, path);
 }
 
 // Copies elements [begin, begin + out.numel()) of the unpadded flat buffer that `shards` (the
@@ -61,6 +66,44 @@ void CutFromShards(const std::vector<torch::Tensor>& shards, int64_t saved_shard
   }
 }
 
+absl::StatusOr<TrainProgress> LoadFromDicts(const std::vector<c10::impl::GenericDict>& files, const std::string& where,
+                                            FullyShardedDataParallel& fsdp, torch::optim::Optimizer& optimizer);
+
+// The dict of this rank's shard file (every rank's is shard 0 of 1 for no_shard). Throws
+// c10::Error.
+c10::impl::GenericDict ShardDict(FullyShardedDataParallel& fsdp, torch::optim::Optimizer& optimizer,
+                                 const TrainProgress& progress) {
+  const int count = fsdp.shard_count();
+  const int k = count == 1 ? 0 : fsdp.rank();
+  c10::impl::GenericList units(c10::AnyType::get());
+  for (size_t u = 0; u < fsdp.units().size(); ++u) {
+    const FsdpUnitInfo& info = fsdp.units()[u];
+    c10::impl::GenericDict unit(c10::StringType::get(), c10::AnyType::get());
+    unit.insert("name", info.name);
+    c10::List<std::string> names;
+    for (const auto& name : info.param_names) names.push_back(name);
+    unit.insert("param_names", names);
+    unit.insert("numel", info.numel);
+    unit.insert("shard_numel", info.shard_numel);
+    unit.insert("shard", CpuCopy(fsdp.parameters()[u]));
+    unit.insert("state", StateDict(ExportParamState(optimizer, fsdp.parameters()[u])));
+    units.push_back(unit);
+  }
+  c10::Dict<std::string, torch::Tensor> buffers;
+  if (k == 0) {
+    for (const auto& b : fsdp.module().named_buffers()) buffers.insert(b.key(), CpuCopy(b.value()));
+  }
+  c10::impl::GenericDict file(c10::StringType::get(), c10::AnyType::get());
+  file.insert("format", std::string(kFormat));
+  file.insert("shard", static_cast<int64_t>(k));
+  file.insert("shard_count", static_cast<int64_t>(count));
+  file.insert("optimizer_kind", *OptimizerKind(optimizer));
+  file.insert("units", units);
+  file.insert("buffers", buffers);
+  InsertProgress(file, progress);
+  return file;
+}
+
 absl::StatusOr<TrainProgress> LoadOwnShards(const std::string& dir, FullyShardedDataParallel& fsdp,
                                             torch::optim::Optimizer& optimizer) {
   const std::string root = dir + "/sharded";
@@ -68,9 +111,6 @@ absl::StatusOr<TrainProgress> LoadOwnShards(const std::string& dir, FullySharded
   std::string step_name;
   if (!latest || !(latest >> step_name)) return absl::NotFoundError(absl::StrCat("no sharded checkpoint in ", dir));
   const std::string step_dir = absl::StrCat(root, "/", step_name);
-  absl::StatusOr<std::string> kind = OptimizerKind(optimizer);
-  if (!kind.ok()) return kind.status();
-
   auto first = ReadDict(ShardFile(step_dir, 0, 1));  // A no_shard checkpoint has one file...
   int count = 1;
   if (!first.ok()) {
@@ -88,12 +128,19 @@ absl::StatusOr<TrainProgress> LoadOwnShards(const std::string& dir, FullySharded
     if (!file.ok()) return file.status();
     files.push_back(*file);
   }
-  const std::string where = absl::StrCat(step_dir, ": ");
-  if (files[0].at("optimizer_kind").toStringRef() != *kind) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, "holds ", files[0].at("optimizer_kind").toStringRef(), " state; this run uses ", *kind));
-  }
+  return LoadFromDicts(files, absl::StrCat(step_dir, ": "), fsdp, optimizer);
+}
+
+// Cuts `files` (a whole set, in shard order) for `fsdp`'s shards; `where` prefixes errors.
+absl::StatusOr<TrainProgress> LoadFromDicts(const std::vector<c10::impl::GenericDict>& files, const std::string& where,
+                                            FullyShardedDataParallel& fsdp, torch::optim::Optimizer& optimizer) {
+  absl::StatusOr<std::string> kind = OptimizerKind(optimizer);
+  if (!kind.ok()) return kind.status();
   try {
+    if (files[0].at("optimizer_kind").toStringRef() != *kind) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "holds ", files[0].at("optimizer_kind").toStringRef(), " state; this run uses ", *kind));
+    }
     torch::NoGradGuard no_grad;
     const auto& infos = fsdp.units();
     std::vector<c10::List<c10::IValue>> saved_units;
@@ -112,6 +159,10 @@ absl::StatusOr<TrainProgress> LoadOwnShards(const std::string& dir, FullySharded
             absl::StrCat(where, "unit ", u, " ('", infos[u].name, "') has other parameters than the model's"));
       }
       const int64_t saved_shard = saved.at("shard_numel").toInt();
+      if (saved_shard <= 0 || saved_shard * static_cast<int64_t>(saved_units.size()) < infos[u].numel) {
+        return absl::InvalidArgumentError(absl::StrCat(where, "unit ", u, " ('", infos[u].name, "') has shards of ",
+                                                       saved_shard, " elements, too few for ", infos[u].numel));
+      }
       const int64_t begin = begin_unit * infos[u].shard_numel;
       std::vector<torch::Tensor> shards;
       std::map<std::string, std::vector<torch::Tensor>> state_shards;
@@ -172,32 +223,7 @@ absl::Status SaveSharded(const std::string& dir, FullyShardedDataParallel& fsdp,
   }
   if (status.ok() && (count > 1 || fsdp.rank() == 0)) {
     try {
-      c10::impl::GenericList units(c10::AnyType::get());
-      for (size_t u = 0; u < fsdp.units().size(); ++u) {
-        const FsdpUnitInfo& info = fsdp.units()[u];
-        c10::impl::GenericDict unit(c10::StringType::get(), c10::AnyType::get());
-        unit.insert("name", info.name);
-        c10::List<std::string> names;
-        for (const auto& name : info.param_names) names.push_back(name);
-        unit.insert("param_names", names);
-        unit.insert("numel", info.numel);
-        unit.insert("shard_numel", info.shard_numel);
-        unit.insert("shard", CpuCopy(fsdp.parameters()[u]));
-        unit.insert("state", StateDict(ExportParamState(optimizer, fsdp.parameters()[u])));
-        units.push_back(unit);
-      }
-      c10::Dict<std::string, torch::Tensor> buffers;
-      if (k == 0) {
-        for (const auto& b : fsdp.module().named_buffers()) buffers.insert(b.key(), CpuCopy(b.value()));
-      }
-      c10::impl::GenericDict file(c10::StringType::get(), c10::AnyType::get());
-      file.insert("format", std::string(kFormat));
-      file.insert("shard", static_cast<int64_t>(k));
-      file.insert("shard_count", static_cast<int64_t>(count));
-      file.insert("optimizer_kind", *OptimizerKind(optimizer));
-      file.insert("units", units);
-      file.insert("buffers", buffers);
-      InsertProgress(file, progress);
+      const c10::impl::GenericDict file = ShardDict(fsdp, optimizer, progress);
       status = WriteAtomically(ShardFile(step_dir, k, count), SaveForPython(file));
     } catch (const c10::Error& error) {
       status = absl::InternalError(absl::StrCat("save shard: ", error.what_without_backtrace()));
@@ -276,6 +302,42 @@ absl::Status ExportConsolidated(const std::string& path, FullyShardedDataParalle
     return status.ok() ? absl::AbortedError(absl::StrCat("rank 0 failed to write ", path)) : status;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<ShardBytes> LiveShardBytes(FullyShardedDataParallel& fsdp, torch::optim::Optimizer& optimizer,
+                                          const TrainProgress& progress) {
+  try {
+    ShardBytes result;
+    result.count = fsdp.shard_count();
+    result.shard = result.count == 1 ? 0 : fsdp.rank();
+    result.step = progress.step;
+    result.bytes = SaveForPython(ShardDict(fsdp, optimizer, progress));
+    return result;
+  } catch (const c10::Error& error) {
+    return absl::InternalError(absl::StrCat("serialise shard: ", error.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<TrainProgress> LoadShardSet(const std::vector<std::vector<char>>& files, const std::string& origin,
+                                           FullyShardedDataParallel& fsdp, torch::optim::Optimizer& optimizer) {
+  if (files.empty()) return absl::InvalidArgumentError(absl::StrCat(origin, ": no shard"));
+  std::vector<c10::impl::GenericDict> dicts;
+  for (size_t k = 0; k < files.size(); ++k) {
+    const std::string name = absl::StrCat(origin, " (shard ", k, " of ", files.size(), ")");
+    auto dict = ParseDict(files[k], name);
+    if (!dict.ok()) return dict.status();
+    try {
+      if (dict->at("shard").toInt() != static_cast<int64_t>(k) ||
+          dict->at("shard_count").toInt() != static_cast<int64_t>(files.size())) {
+        return absl::InvalidArgumentError(absl::StrCat(name, " says it is shard ", dict->at("shard").toInt(), " of ",
+                                                       dict->at("shard_count").toInt()));
+      }
+    } catch (const c10::Error& error) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", error.what_without_backtrace()));
+    }
+    dicts.push_back(*std::move(dict));
+  }
+  return LoadFromDicts(dicts, absl::StrCat(origin, ": "), fsdp, optimizer);
 }
 
 }  // namespace elrun::trainer

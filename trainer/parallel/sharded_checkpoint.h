@@ -17,8 +17,10 @@
 #ifndef ELRUN_TRAINER_PARALLEL_SHARDED_CHECKPOINT_H_
 #define ELRUN_TRAINER_PARALLEL_SHARDED_CHECKPOINT_H_
 
+#include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -36,6 +38,26 @@ absl::Status SaveSharded(const std::string& dir, FullyShardedDataParallel& fsdp,
 // model (units, names, sizes) or the optimizer type.
 absl::StatusOr<TrainProgress> LoadSharded(const std::string& dir, FullyShardedDataParallel& fsdp,
                                           torch::optim::Optimizer& optimizer);
+
+// One shard file of a set, held in memory (elrun --keep-survivors: shard_copies.h): shard `shard`
+// of `count`, at optimizer step `step`, in the file's format.
+struct ShardBytes {
+  int shard = 0;
+  int count = 1;
+  int64_t step = 0;
+  std::vector<char> bytes;
+};
+
+// This rank's shard file as it would be saved now, without writing it or any collective.
+// Internal when serialising fails.
+absl::StatusOr<ShardBytes> LiveShardBytes(FullyShardedDataParallel& fsdp, torch::optim::Optimizer& optimizer,
+                                          const TrainProgress& progress);
+
+// Loads a whole set of shard files (`files[k]` is shard k of files.size()), resharded for
+// `fsdp`, as LoadSharded does from disk but with no collective. `origin` names them in errors;
+// InvalidArgument when they are not such a set or do not match the model or the optimizer.
+absl::StatusOr<TrainProgress> LoadShardSet(const std::vector<std::vector<char>>& files, const std::string& origin,
+                                           FullyShardedDataParallel& fsdp, torch::optim::Optimizer& optimizer);
 
 // The unsharded optimizer state by parameter name (empty before the first step).
 std::map<std::string, ParamState> FullOptimizerState(FullyShardedDataParallel& fsdp,
