@@ -14,13 +14,19 @@ reported step 110 (10 steps after a checkpoint) it faults one worker:
 and records, from the fault:
   resume_s    the first step line after the fault (DDP steps only when every rank takes part),
   recovery_s  the first step line past the step reached before the fault (redone steps included),
-plus the job's final test accuracy. A worker is named by its RANK (/proc/PID/environ; a standby
-spare, ELRUN_STANDBY=1, is never a target).
+plus the job's final test accuracy and step_ms, the median time between rank 0's step lines before
+the fault. A worker is named by its RANK (/proc/PID/environ; a standby spare, ELRUN_STANDBY=1, is
+never a target).
+
+--strategy zero1|zero2|fsdp|no_shard runs the job sharded (--shard-copy-every N, default 10: under
+--keep-survivors each rank copies its neighbour's shards into memory every N steps, and a lost
+rank's shards come back from that copy, every rank going back to its step); the result then goes
+to docs/results/regroup_bench_<strategy>.json unless --json says otherwise.
 
 Writes the result (JSON, --json, default docs/results/regroup_bench.json), prints its markdown
 report (regroup_report.py) and draws the plot (--png). Python stdlib + matplotlib only.
 
-  /usr/bin/python3 scripts/bench/regroup_bench.py [--runs 5] [--nproc 2]
+  /usr/bin/python3 scripts/bench/regroup_bench.py [--runs 5] [--nproc 2] [--strategy fsdp --fault-at 115]
 """
 import argparse
 import os
@@ -96,21 +102,22 @@ def workers(root):
     return found
 
 
-def one_run(argv, nproc, fault, timeout):
-    """Runs the job once; returns {resume_s, recovery_s, step_before, wall_s, accuracy} or raises."""
+def one_run(argv, nproc, fault, timeout, trainer_extra=(), fault_at=FAULT_AT):
+    """Runs the job once; returns {resume_s, recovery_s, step_before, step_ms, wall_s, accuracy} or
+    raises."""
     work = tempfile.mkdtemp(prefix="regroup_bench.")
     flag = "--no_python" if "torchrun" in " ".join(argv) else "--no-python"
     extra = ["--worker-timeout", "2"] if fault == "stop-1" else []
     cmd = argv + extra + ["--standalone", "--nproc-per-node", str(nproc), "--max-restarts", "1", flag,
                           paths.binary("elrun-train"), "--log-every", "1", "--checkpoint-every",
                           str(CHECKPOINT_EVERY), "--max-steps", str(MAX_STEPS), "--checkpoint-dir",
-                          os.path.join(work, "ckpt")]
+                          os.path.join(work, "ckpt")] + list(trainer_extra)
     env = clean_env()
     env.update(OMP_NUM_THREADS="1")
     start = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
-    output, high, faulted, out = b"", -1, None, {}
+    output, high, faulted, out, stepped = b"", -1, None, {}, []
     fd = proc.stdout.fileno()
     os.set_blocking(fd, False)
     try:
@@ -132,8 +139,9 @@ def one_run(argv, nproc, fault, timeout):
                     continue
                 step = int(match.group(1))
                 if faulted is None:
+                    stepped.append(now)
                     high = max(high, step)
-                    if high >= FAULT_AT:
+                    if high >= fault_at:
                         target = workers(proc.pid).get(0 if fault == "kill-0" else 1)
                         if target is None:
                             raise RuntimeError("no worker of the rank to fault")
@@ -152,6 +160,8 @@ def one_run(argv, nproc, fault, timeout):
         accuracy = ACCURACY.findall(output)
         out["accuracy"] = float(accuracy[-1]) if accuracy else None
         out["wall_s"] = time.monotonic() - start
+        gaps = sorted(b - a for a, b in zip(stepped[10:], stepped[11:]))  # Past the first steps' warm-up.
+        out["step_ms"] = gaps[len(gaps) // 2] * 1e3 if gaps else None
         return out
     finally:
         if proc.poll() is None:
@@ -175,16 +185,27 @@ def main():
     ap.add_argument("--faults", default=",".join(FAULTS), help="which faults, of " + ", ".join(FAULTS))
     ap.add_argument("--timeout", type=float, default=180.0, help="seconds for one run")
     ap.add_argument("--elrun", default=paths.binary("elrun"))
-    ap.add_argument("--json", default=results.default_path(BENCH))
-    ap.add_argument("--png", default=os.path.join(paths.PLOTS_DIR, BENCH + ".png"))
+    ap.add_argument("--fault-at", type=int, default=FAULT_AT,
+                    help="fault once rank 0 reported this step (with copies every 10 steps, 115 lands between two)")
+    ap.add_argument("--strategy", default="ddp", choices=("ddp", "no_shard", "zero1", "zero2", "fsdp"))
+    ap.add_argument("--shard-copy-every", type=int, default=10,
+                    help="elrun-train's --shard-copy-every for a sharded --strategy")
+    ap.add_argument("--json", default=None, help="default: docs/results/regroup_bench[_<strategy>].json")
+    ap.add_argument("--png", default=None, help="default: the JSON's name, under docs/benchmarks")
     args = ap.parse_args()
+    name = BENCH if args.strategy == "ddp" else BENCH + "_" + args.strategy
+    args.json = args.json or results.default_path(name)
+    args.png = args.png or os.path.join(paths.PLOTS_DIR, name + ".png")
+    trainer_extra = [] if args.strategy == "ddp" else ["--strategy", args.strategy, "--shard-copy-every",
+                                                        str(args.shard_copy_every)]
     started = time.monotonic()
     cases = []
     for fault in args.faults.split(","):
         group = [{"launcher": name, "fault": fault, "nproc": args.nproc, "argv": argv, "runs": [], "errors": []}
                  for name, argv in launchers(args.elrun).items()
                  if not (fault == "stop-1" and "torchrun" in name)]
-        round_robin(group, args.runs, lambda case: one_run(case["argv"], args.nproc, fault, args.timeout),
+        round_robin(group, args.runs,
+                    lambda case: one_run(case["argv"], args.nproc, fault, args.timeout, trainer_extra, args.fault_at),
                     lambda case, i, sample: f"{case['launcher']} {fault} run {i}" + (
                         f": resume {sample['resume_s']:.3f} s, recovery {sample['recovery_s']:.3f} s, "
                         f"accuracy {sample['accuracy']}" if sample else ""))
@@ -195,7 +216,8 @@ def main():
     record.update(machine=dict(machine_info([("elrun", args.elrun), ("elrun-train", paths.binary("elrun-train"))])),
                   cases=cases,
                   options={"runs": args.runs, "nproc": args.nproc, "max_steps": MAX_STEPS,
-                           "checkpoint_every": CHECKPOINT_EVERY, "fault_at": FAULT_AT},
+                           "checkpoint_every": CHECKPOINT_EVERY, "fault_at": args.fault_at, "strategy": args.strategy,
+                           "shard_copy_every": args.shard_copy_every if args.strategy != "ddp" else None},
                   elapsed_s=time.monotonic() - started)
     results.publish(args, record, regroup_report)
 

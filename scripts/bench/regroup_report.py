@@ -13,14 +13,20 @@ FAULT_WORDS = {"kill-1": "kill -9 of rank 1", "kill-0": "kill -9 of rank 0 (stor
 
 def markdown(result):
     o = result["options"]
-    how = (f"- **job**: elrun-train (FashionNet, Fashion-MNIST, DDP through shared memory), "
+    strategy = o.get("strategy", "ddp")
+    recorded = any("step_ms" in run for case in result["cases"] for run in case["runs"])
+    parallel = ("DDP through shared memory" if strategy == "ddp" else
+                f"--strategy {strategy}, under --keep-survivors a copy of the neighbour's shards every "
+                f"{o['shard_copy_every']} steps")
+    how = (f"- **job**: elrun-train (FashionNet, Fashion-MNIST, {parallel}), "
            f"--nproc-per-node {o['nproc']}, --max-restarts 1, a checkpoint every {o['checkpoint_every']} steps, "
            f"--max-steps {o['max_steps']}; the fault when rank 0 reported step {o['fault_at']}; times from rank 0's "
-           f"per-step lines as they reached the benchmark")
+           f"per-step lines as they reached the benchmark" +
+           ("; step time: the median gap between them before the fault" if recorded else ""))
     lines = report_head(TITLE, list(result["machine"].items()), how, "see the command")
     lines += ["| fault | launcher | runs | fault to stepping again, s (median, min-max) | fault to past the step "
-              "reached, s | test accuracy | target (--keep-survivors) |",
-              "|---|---|---|---|---|---|---|"]
+              "reached, s | step time, ms | test accuracy | target (--keep-survivors) |",
+              "|---|---|---|---|---|---|---|---|"]
     for case in result["cases"]:
         recovery = summary(case, "recovery_s")
         target = ""
@@ -28,13 +34,17 @@ def markdown(result):
             t = TARGET_S[case["fault"]]
             target = f"<= {t} s: {verdict(recovery[0], t) if recovery else 'NO'}"
         failed = f" ({len(case['errors'])} failed)" if case["errors"] else ""
+        # Results from before step_ms was recorded have none.
+        step_ms = cell(summary(case, "step_ms"), 1) if recorded else "not recorded"
         lines.append(f"| {FAULT_WORDS.get(case['fault'], case['fault'])} | {case['launcher']} | "
                      f"{len(case['runs'])}{failed} | {cell(summary(case, 'resume_s'))} | {cell(recovery)} | "
-                     f"{cell(summary(case, 'accuracy'), 4)} | {target} |")
+                     f"{step_ms} | {cell(summary(case, 'accuracy'), 4)} | {target} |")
     for case in result["cases"]:
         for error in case["errors"][:2]:
             lines.append(f"- failed run, {case['launcher']}, {case['fault']}: `{error[-200:]}`")
-    lines += ["", "The target is met on the median time to pass the step reached (nothing is redone in place).",
+    redone = ("nothing is redone in place" if strategy == "ddp" else
+              "in place, the steps since the last copy are redone")
+    lines += ["", f"The target is met on the median time to pass the step reached ({redone}).",
               "", f"Elapsed: {fmt(result['elapsed_s'], 0)} s."]
     return "\n".join(lines)
 
@@ -65,6 +75,7 @@ def plot_result(result, path):
     ax.set_xticks(range(len(faults)))
     ax.set_xticklabels([FAULT_WORDS.get(f, f) for f in faults], fontsize=8)
     ax.set_ylabel("fault to past the step reached, s (median)")
-    ax.set_title(f"One fault in a {result['options']['nproc']}-worker elrun-train job (2-core CPU)")
+    strategy = result["options"].get("strategy", "ddp")
+    ax.set_title(f"One fault in a {result['options']['nproc']}-worker elrun-train job, {strategy} (2-core CPU)")
     ax.legend(fontsize=7)
     save_figure(fig, path)

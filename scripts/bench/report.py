@@ -38,6 +38,9 @@ BENCHMARKS = [
     ("regroup_bench", regroup_report,
      "what one fault (kill -9 of rank 1 or 0, SIGSTOP) costs an elrun-train job on one node: the group "
      "restarted (elrun's default, torchrun) against elrun --keep-survivors, with and without a standby spare"),
+    ("regroup_bench_fsdp", regroup_report,
+     "the same with --strategy fsdp: under --keep-survivors a lost rank's shards come back from its "
+     "neighbour's in-memory copy (regroup_bench.py --strategy fsdp)", regroup_report.TITLE + ", fsdp"),
     ("rdzv_bench", rdzv_report,
      "rendezvous formation of N agents and recovery after `kill -9` of one of 4: elrun's gRPC "
      "rendezvous (daemon and embedded) against torchrun's c10d"),
