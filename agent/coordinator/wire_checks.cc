@@ -67,6 +67,11 @@ bool IsUnsafeCodePoint(uint32_t cp) {
 
 bool IsHostOrAddress(absl::string_view text) {
   if (text.empty() || text.size() > 253) return false;
+  // Only printable ASCII: inet_pton reads up to a NUL, so "10.0.0.1\0<anything>" parsed as an
+  // address, and whatever followed the NUL reached other nodes' consoles.
+  for (char c : text) {
+    if (c <= 0x20 || c >= 0x7F) return false;
+  }
   std::string copy(text);
   unsigned char buffer[16];
   if (inet_pton(AF_INET, copy.c_str(), buffer) == 1) return true;

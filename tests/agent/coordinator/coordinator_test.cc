@@ -622,6 +622,7 @@ TEST_CASE("malformed joins are refused without a trace") {
   refuse([](v1::Join& j) { j.set_master_port(70000); });
   refuse([](v1::Join& j) { j.set_master_addr(""); });
   refuse([](v1::Join& j) { j.set_master_addr("10.0.0.1\nLD_PRELOAD=/tmp/x.so"); });
+  refuse([](v1::Join& j) { j.set_master_addr(std::string("10.0.0.1\0\n[elrun] error: FORGED LINE", 36)); });
   refuse([](v1::Join& j) { j.set_master_addr("\x1b]0;owned\x07"); });
   refuse([](v1::Join& j) { j.mutable_settings()->set_min_nodes(3); });
   refuse([](v1::Join& j) { j.mutable_settings()->set_heartbeat_timeout_ms(0); });

@@ -16,7 +16,11 @@ TEST_CASE("host names and address literals pass; anything else does not") {
                           std::string("\x1b[2J"), std::string("host name"), std::string("-leading"),
                           std::string("trailing-"), std::string("a..b"), std::string("trailing."), std::string("1.2.3"),
                           std::string("999.1.1.1"), std::string("[::1]"), std::string("host:29500"), std::string("a/b"),
-                          std::string(64, 'x') + ".org", std::string(254, 'a'), std::string("h\xc3\xa9")}) {
+                          std::string(64, 'x') + ".org", std::string(254, 'a'), std::string("h\xc3\xa9"),
+                          // An address literal with a NUL and a forged console line behind it
+                          // (issue 31's attack: inet_pton stopped at the NUL and accepted it).
+                          std::string("10.0.0.1\0\n[elrun] error: FORGED LINE\x1b[2J", 40), std::string("::1\0x", 5),
+                          std::string("10.0.0.1\t"), std::string("10.0.0.1 ")}) {
     CHECK_FALSE_MESSAGE(IsHostOrAddress(bad), EscapeForConsole(bad));
   }
   absl::Status s = CheckHostOrAddress("master_addr", "evil\nX=1");
@@ -60,7 +64,9 @@ TEST_CASE("a round no honest coordinator could send is refused, naming the field
                  Case{[](v1::RoundStarted& r) { r.set_role_world_size(5); }, "role_world_size = 5"},
                  Case{[](v1::RoundStarted& r) { r.set_role_rank_offset(3); }, "role_rank_offset = 3"},
                  Case{[](v1::RoundStarted& r) { r.set_round(2); }, "round = 2"},
-                 Case{[](v1::RoundStarted& r) { r.set_master_addr("x\n"); }, "master_addr 'x\\n'"}}) {
+                 Case{[](v1::RoundStarted& r) { r.set_master_addr("x\n"); }, "master_addr 'x\\n'"},
+                 Case{[](v1::RoundStarted& r) { r.set_master_addr(std::string("10.0.0.1\0\x1b[2J", 13)); },
+                      "master_addr '10.0.0.1\\x00\\x1b[2J'"}}) {
     v1::RoundStarted r = GoodRound();
     c.mutate(r);
     absl::Status s = ValidateRoundStarted(r, expect);
