@@ -140,6 +140,10 @@ std::string MetricsText(const CoordinatorSnapshot& snapshot, const GateCounts& g
   absl::StrAppend(&out, "elrun_rdzv_connections_total{result=\"admitted\"} ", gate.admitted, "\n");
   absl::StrAppend(&out, "elrun_rdzv_connections_total{result=\"refused\"} ", gate.refused, "\n");
   absl::StrAppend(&out, "elrun_rdzv_connections_total{result=\"silent_closed\"} ", gate.silent_closed, "\n");
+  absl::StrAppend(&out, "elrun_rdzv_connections_total{result=\"unauthenticated_closed\"} ", gate.unauthenticated_closed,
+                  "\n");
+  absl::StrAppend(&out, "elrun_rdzv_connections_total{result=\"evicted\"} ", gate.evicted, "\n");
+  absl::StrAppend(&out, "elrun_rdzv_connections_total{result=\"authenticated\"} ", gate.authenticated, "\n");
   return out;
 }
 

@@ -14,9 +14,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <map>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -34,6 +39,10 @@ constexpr size_t kBufferBytes = 16 * 1024;
 constexpr int kReservedFds = 256;
 constexpr int kFdsPerConnection = 3;  // Ours: client and backend; gRPC's: the backend's peer.
 constexpr int kMaxConnections = 4096;
+// How fast an address's count of recent admissions fades, and how many addresses it is kept for.
+constexpr std::chrono::duration<double> kRecentHalfLife{10.0};
+constexpr size_t kMaxRecentPeers = 65536;
+constexpr std::chrono::milliseconds kBusiestFresh{100};
 
 // One direction of a relayed connection: bytes read from `from`, not yet written to `to`.
 struct Direction {
@@ -49,11 +58,27 @@ struct Connection {
   int client = -1;
   int backend = -1;
   std::string peer;
-  Direction up;        // client -> backend
-  Direction down;      // backend -> client
-  bool heard = false;  // The client sent its first bytes.
-  Clock::time_point silent_deadline;
+  std::string name;            // The abstract unix address its backend socket is bound to.
+  Direction up;                // client -> backend
+  Direction down;              // backend -> client
+  bool heard = false;          // The client sent its first bytes.
+  bool authenticated = false;  // The server said its session proved the token.
+  Clock::time_point accepted;
 };
+
+using Deadlines = std::deque<std::pair<Clock::time_point, std::weak_ptr<Connection>>>;
+
+constexpr char kNamePrefix[] = "elrun-gate/";
+
+// Binds `fd` (AF_UNIX) to the abstract address `name`; false when it cannot.
+bool BindAbstract(int fd, const std::string& name) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (name.size() + 1 > sizeof(address.sun_path)) return false;
+  std::memcpy(address.sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: abstract.
+  const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return ::bind(fd, reinterpret_cast<sockaddr*>(&address), length) == 0;
+}
 
 absl::Status Errno(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
@@ -92,6 +117,19 @@ class ConnectionGate::Relay {
     return absl::OkStatus();
   }
 
+  void Authenticated(const std::string& peer) {
+    const size_t at = peer.find(kNamePrefix);
+    if (at == std::string::npos) return;
+    {
+      absl::MutexLock lock(&mu_);
+      if (authenticated_.size() >= 4096) return;  // The relay thread is far behind; it is only a hint.
+      authenticated_.push_back(peer.substr(at));
+    }
+    uint64_t one = 1;
+    ssize_t ignored = ::write(wake_, &one, sizeof(one));
+    (void)ignored;
+  }
+
   ~Relay() {
     if (thread_.joinable()) {
       stop_ = true;
@@ -128,16 +166,23 @@ class ConnectionGate::Relay {
   void Run() {
     std::vector<epoll_event> events(256);
     while (!stop_) {
+      std::optional<Clock::time_point> next;
+      for (const Deadlines* deadlines : {&silent_, &unauthenticated_}) {
+        if (!deadlines->empty() && (!next || deadlines->front().first < *next)) next = deadlines->front().first;
+      }
       int timeout_ms = -1;
-      if (!silent_.empty()) {
-        auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(silent_.front().first - Clock::now());
+      if (next) {
+        auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(*next - Clock::now());
         timeout_ms = static_cast<int>(std::max<int64_t>(0, wait.count() + 1));
       }
       int n = ::epoll_wait(epoll_, events.data(), static_cast<int>(events.size()), timeout_ms);
       if (n < 0 && errno != EINTR) break;
       for (int i = 0; i < n; ++i) {
         int fd = events[i].data.fd;
-        if (fd == wake_) continue;
+        if (fd == wake_) {
+          TakeAuthenticated();
+          continue;
+        }
         if (std::find(listeners_.begin(), listeners_.end(), fd) != listeners_.end()) {
           AcceptAll(fd);
           continue;
@@ -146,7 +191,100 @@ class ConnectionGate::Relay {
         if (it != connections_.end()) Pump(std::shared_ptr<Connection>(it->second));
       }
       CloseSilent();
+      CloseUnauthenticated();
     }
+  }
+
+  // Marks the connections the server named since the last call.
+  void TakeAuthenticated() {
+    uint64_t count = 0;
+    ssize_t ignored = ::read(wake_, &count, sizeof(count));
+    (void)ignored;
+    std::vector<std::string> names;
+    {
+      absl::MutexLock lock(&mu_);
+      names.swap(authenticated_);
+    }
+    for (const std::string& name : names) {
+      auto it = by_name_.find(name);
+      if (it == by_name_.end()) continue;
+      std::shared_ptr<Connection> c = it->second.lock();
+      if (c && !c->authenticated) {
+        c->authenticated = true;
+        Count([](GateCounts& counts) { ++counts.authenticated; });
+      }
+    }
+  }
+
+  // Drops the leading entries of order_ that can no longer make room (closed or authenticated).
+  void PruneOrder() {
+    while (!order_.empty()) {
+      std::shared_ptr<Connection> c = order_.front().lock();
+      if (c && c->client >= 0 && !c->authenticated) break;
+      order_.pop_front();
+    }
+  }
+
+  // How many connections `peer` has been admitted recently: each admission adds 1, halved every
+  // kRecentHalfLife.
+  double RecentAdmissions(const std::string& peer, Clock::time_point now) const {
+    auto it = recent_.find(peer);
+    if (it == recent_.end()) return 0;
+    const double age_s = std::chrono::duration<double>(now - it->second.at).count();
+    return it->second.score * std::exp2(-age_s / kRecentHalfLife.count());
+  }
+
+  void CountAdmission(const std::string& peer, Clock::time_point now) {
+    const double score = RecentAdmissions(peer, now) + 1;
+    recent_[peer] = {score, now};
+    if (recent_.size() > kMaxRecentPeers) {  // A spray of addresses: forget the quiet ones.
+      for (auto it = recent_.begin(); it != recent_.end();) {
+        it = RecentAdmissions(it->first, now) < 0.5 ? recent_.erase(it) : std::next(it);
+      }
+    }
+  }
+
+  // At the total limit: the unauthenticated connection whose address was admitted most often
+  // lately (the oldest of those), when that is clearly more often than `newcomer`'s. A flood
+  // that reconnects as fast as it is closed then makes room only for quieter addresses - a
+  // job's agents - and not for itself. nullptr when none.
+  std::shared_ptr<Connection> BusiestUnauthenticated(const std::string& newcomer) {
+    const Clock::time_point now = Clock::now();
+    const double bar = RecentAdmissions(newcomer, now) + 0.5;
+    // A flood's own newcomers are refused without a scan while the last one's busiest address
+    // is fresh (counts only fade between scans; one admitted since may be missed for so long):
+    // scanning for each of them kept the relay thread too busy to accept a job's agents.
+    if (now - busiest_.at < kBusiestFresh && bar >= busiest_.score) return nullptr;
+    PruneOrder();
+    std::shared_ptr<Connection> victim;
+    double busiest = 0;
+    std::map<std::string, double> scores;  // Of each address met in this scan.
+    for (const auto& entry : order_) {
+      std::shared_ptr<Connection> c = entry.lock();
+      if (!c || c->client < 0 || c->authenticated) continue;
+      auto [it, added] = scores.try_emplace(c->peer, 0.0);
+      if (added) it->second = RecentAdmissions(c->peer, now);
+      if (it->second > busiest) {  // Strictly: the oldest of equals stays chosen.
+        busiest = it->second;
+        victim = c;
+      }
+    }
+    busiest_ = {busiest, now};
+    return busiest > bar ? victim : nullptr;
+  }
+
+  // At `peer`'s own limit: its oldest unauthenticated connection that has had min_auth_window to
+  // authenticate. nullptr when none.
+  std::shared_ptr<Connection> OldestUnauthenticatedOf(const std::string& peer) {
+    PruneOrder();
+    const Clock::time_point cutoff = Clock::now() - limits_.min_auth_window;
+    for (const auto& entry : order_) {
+      std::shared_ptr<Connection> c = entry.lock();
+      if (!c || c->client < 0 || c->authenticated) continue;
+      if (c->accepted > cutoff) return nullptr;  // In admission order: every later one is younger.
+      if (c->peer == peer) return c;
+    }
+    return nullptr;
   }
 
   void AcceptAll(int listener) {
@@ -174,17 +312,34 @@ class ConnectionGate::Relay {
 
   void Admit(int client, const std::string& peer) {
     int open = static_cast<int>(connections_.size() / 2);
-    // Counted before the close, so that a peer that sees its end also sees the count.
-    if (open >= max_connections_ || per_peer_[peer] >= max_per_peer_) {
-      Count([](GateCounts& c) { ++c.refused; });
-      ::close(client);
-      return;
+    auto found = per_peer_.find(peer);
+    const bool peer_full = found != per_peer_.end() && found->second >= max_per_peer_;
+    if (open >= max_connections_ || peer_full) {
+      // Room from an unauthenticated connection (of this peer when its own limit is the one
+      // reached), or none: the new one is closed.
+      std::shared_ptr<Connection> victim;
+      if (limits_.auth_timeout.count() > 0) {
+        victim = peer_full ? OldestUnauthenticatedOf(peer) : BusiestUnauthenticated(peer);
+      }
+      if (victim == nullptr) {
+        // Counted before the close, so that a peer that sees its end also sees the count.
+        Count([](GateCounts& c) { ++c.refused; });
+        ::close(client);
+        return;
+      }
+      Count([](GateCounts& c) { ++c.evicted; });
+      Close(victim);
     }
     int backend = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     sockaddr_un address{};
     address.sun_family = AF_UNIX;
     std::strncpy(address.sun_path, backend_.c_str(), sizeof(address.sun_path) - 1);
-    if (backend < 0 || ::connect(backend, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    // Named, so that the server can say which connection authenticated (gRPC reports the name as
+    // the call's peer). Unique while bound: this process, this gate, a sequence number.
+    const std::string name =
+        absl::StrCat(kNamePrefix, ::getpid(), "/", reinterpret_cast<uintptr_t>(this), "/", next_connection_++);
+    if (backend < 0 || !BindAbstract(backend, name) ||
+        ::connect(backend, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
       Count([](GateCounts& c) { ++c.refused; });
       if (backend >= 0) ::close(backend);
       ::close(client);
@@ -194,11 +349,18 @@ class ConnectionGate::Relay {
     connection->client = client;
     connection->backend = backend;
     connection->peer = peer;
-    connection->silent_deadline = Clock::now() + limits_.first_bytes_timeout;
+    connection->name = name;
+    connection->accepted = Clock::now();
+    CountAdmission(peer, connection->accepted);
     connections_[client] = connection;
     connections_[backend] = connection;
+    by_name_[name] = connection;
     ++per_peer_[peer];
-    silent_.emplace_back(connection->silent_deadline, connection);
+    silent_.emplace_back(connection->accepted + limits_.first_bytes_timeout, connection);
+    if (limits_.auth_timeout.count() > 0) {
+      unauthenticated_.emplace_back(connection->accepted + limits_.auth_timeout, connection);
+      order_.push_back(connection);
+    }
     Watch(client, EPOLLIN, EPOLL_CTL_ADD);
     Watch(backend, EPOLLIN, EPOLL_CTL_ADD);
     Count([](GateCounts& c) {
@@ -207,11 +369,12 @@ class ConnectionGate::Relay {
     });
   }
 
-  // Moves what can be moved in both directions; closes the connection when both are done or
-  // either side failed.
+  // Moves what can be moved in both directions; closes the connection when either side failed
+  // or the server's side is done (gRPC ended the connection: nothing the client sends matters
+  // any more, and a client that never closes must not keep its place).
   void Pump(std::shared_ptr<Connection> c) {
     bool ok = Transfer(c->client, c->up, c->backend, &c->heard) && Transfer(c->backend, c->down, c->client, nullptr);
-    if (!ok || (c->up.shut && c->down.shut)) {
+    if (!ok || c->down.shut) {
       Close(c);
       return;
     }
@@ -272,6 +435,7 @@ class ConnectionGate::Relay {
       ::close(fd);
     }
     c->client = c->backend = -1;
+    by_name_.erase(c->name);
     if (--per_peer_[c->peer] <= 0) per_peer_.erase(c->peer);
     Count([](GateCounts& counts) { --counts.open; });
   }
@@ -287,6 +451,20 @@ class ConnectionGate::Relay {
         Close(c);
       }
     }
+  }
+
+  // Closes the connections that have not authenticated by their deadline.
+  void CloseUnauthenticated() {
+    auto now = Clock::now();
+    while (!unauthenticated_.empty() && unauthenticated_.front().first <= now) {
+      std::shared_ptr<Connection> c = unauthenticated_.front().second.lock();
+      unauthenticated_.pop_front();
+      if (c && !c->authenticated && c->client >= 0) {
+        Count([](GateCounts& counts) { ++counts.unauthenticated_closed; });
+        Close(c);
+      }
+    }
+    PruneOrder();
   }
 
   template <typename F>
@@ -309,9 +487,20 @@ class ConnectionGate::Relay {
   // Owned by the relay thread (and the destructor once it has stopped):
   std::map<int, std::shared_ptr<Connection>> connections_;  // By client and by backend fd.
   std::map<std::string, int> per_peer_;
-  std::deque<std::pair<Clock::time_point, std::weak_ptr<Connection>>> silent_;  // By deadline.
+  std::map<std::string, std::weak_ptr<Connection>> by_name_;
+  Deadlines silent_;                             // First bytes, by deadline.
+  Deadlines unauthenticated_;                    // Authentication, by deadline.
+  std::deque<std::weak_ptr<Connection>> order_;  // Unauthenticated ones, in admission order.
+  struct Recent {
+    double score = 0;  // Admissions, decayed to `at`.
+    Clock::time_point at;
+  };
+  std::map<std::string, Recent> recent_;  // By peer address.
+  Recent busiest_;                        // The busiest unauthenticated address at the last scan.
+  uint64_t next_connection_ = 0;
   mutable absl::Mutex mu_;
   GateCounts counts_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> authenticated_ ABSL_GUARDED_BY(mu_);  // Named by the server, not yet taken.
 };
 
 absl::StatusOr<std::unique_ptr<ConnectionGate>> ConnectionGate::Start(const std::string& listen,
@@ -340,6 +529,7 @@ int ConnectionGate::port() const { return relay_->port(); }
 int ConnectionGate::max_connections() const { return relay_->max_connections(); }
 int ConnectionGate::max_per_peer() const { return relay_->max_per_peer(); }
 GateCounts ConnectionGate::counts() const { return relay_->counts(); }
+void ConnectionGate::Authenticated(const std::string& peer) { relay_->Authenticated(peer); }
 
 int RaiseOpenFileLimit() {
   rlimit limit{};

@@ -1,9 +1,18 @@
 // The coordinator's front door: accepts TCP connections itself and relays each admitted one to
 // the gRPC server, which listens only on a private unix socket. Limits apply before gRPC sees a
-// byte: connections in all and per peer address (beyond them a connection is closed at once),
-// and a deadline for a connection's first bytes. A full descriptor table never stops the gate
-// from accepting (a reserve descriptor is given up to accept and close), whereas gRPC 1.51's own
-// listener stops for good after one EMFILE. TLS, tokens and HTTP/2 stay end to end with gRPC.
+// byte: connections in all and per peer address, a deadline for a connection's first bytes, and
+// one for its authentication: the server names the connections whose session proved the token
+// (Authenticated, by the name each relayed connection binds its unix socket to, which gRPC
+// reports as the call's peer), and one that has not within auth_timeout is closed. At the total
+// limit an unauthenticated connection from the address admitted most often lately makes room for
+// a newcomer from a clearly quieter address; at an address's own limit, its oldest
+// unauthenticated connection that has had min_auth_window (else the newcomer is closed at once).
+// So a flood of connections that never authenticate, however fast it reconnects, cannot keep a
+// job's agents out, and an authenticated connection is never closed to make room. When
+// gRPC ends a connection the gate closes the client's side too, whatever the client does. A
+// full descriptor table never stops the gate from accepting (a reserve descriptor is given up to
+// accept and close), whereas gRPC 1.51's own listener stops for good after one EMFILE. TLS,
+// tokens and HTTP/2 stay end to end with gRPC.
 // Thread-safe; one relay thread.
 #ifndef ELRUN_AGENT_GRPC_CONNECTION_GATE_H_
 #define ELRUN_AGENT_GRPC_CONNECTION_GATE_H_
@@ -27,13 +36,21 @@ struct GateLimits {
   int max_per_peer = 0;
   // A connection that sends nothing for this long after it was accepted is closed.
   std::chrono::milliseconds first_bytes_timeout{5000};
+  // A connection not Authenticated this long after it was accepted is closed; 0: never.
+  std::chrono::milliseconds auth_timeout{5000};
+  // At an address's own limit, its unauthenticated connection younger than this is not closed
+  // to make room.
+  std::chrono::milliseconds min_auth_window{1000};
 };
 
 struct GateCounts {
-  int open = 0;                // Connections being relayed now.
-  uint64_t admitted = 0;       // Since the start.
-  uint64_t refused = 0;        // Closed at once: over a limit, or no descriptor left.
-  uint64_t silent_closed = 0;  // Closed for sending nothing within first_bytes_timeout.
+  int open = 0;                         // Connections being relayed now.
+  uint64_t admitted = 0;                // Since the start.
+  uint64_t refused = 0;                 // Closed at once: over a limit, or no descriptor left.
+  uint64_t silent_closed = 0;           // Closed for sending nothing within first_bytes_timeout.
+  uint64_t unauthenticated_closed = 0;  // Closed for not authenticating within auth_timeout.
+  uint64_t evicted = 0;                 // Unauthenticated, closed at a limit to admit another.
+  uint64_t authenticated = 0;           // Connections the server named as authenticated.
 };
 
 class ConnectionGate {
@@ -52,6 +69,11 @@ class ConnectionGate {
   int max_connections() const;
   int max_per_peer() const;
   GateCounts counts() const;
+  // The server's word that the connection gRPC reported as `peer` (a call's peer, e.g.
+  // "unix-abstract:elrun-gate/...") has authenticated: it is no longer closed for not
+  // authenticating nor to make room. Names that are not a live connection of this gate are
+  // ignored.
+  void Authenticated(const std::string& peer);
 
   class Relay;
 

@@ -109,13 +109,31 @@ class Ticker {
   std::thread thread_;
 };
 
+// Tells the gate which connections authenticated. The gate starts after the server and stops
+// before it, so it is attached and detached under a lock.
+class GateLink {
+ public:
+  void Attach(ConnectionGate* gate) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    gate_ = gate;
+  }
+  void Authenticated(const std::string& peer) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (gate_ != nullptr) gate_->Authenticated(peer);
+  }
+
+ private:
+  absl::Mutex mu_;
+  ConnectionGate* gate_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
 // One agent's stream, in raw bytes so that a message that does not parse is told apart from
 // the agent's end. Reads feed the coordinator; the coordinator's sends are queued and written
 // one at a time. Deletes itself when gRPC is done with it.
 class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>, public SessionSink {
  public:
-  SessionReactor(Coordinator* coordinator, Ticker* ticker, SessionId id)
-      : coordinator_(coordinator), ticker_(ticker), id_(id) {
+  SessionReactor(Coordinator* coordinator, Ticker* ticker, GateLink* link, std::string peer, SessionId id)
+      : coordinator_(coordinator), ticker_(ticker), link_(link), peer_(std::move(peer)), id_(id) {
     connected_ = true;
     coordinator_->OnConnect(id_, this, std::chrono::steady_clock::now());
     ticker_->Wake();  // Its first-Join deadline may be the earliest.
@@ -144,6 +162,9 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   }
 
   void Send(const v1::CoordinatorMessage& message) override {
+    // A Welcome answers a Join the coordinator accepted (its proof of the token, when there is
+    // one): the connection keeps its place at the gate.
+    if (message.has_welcome() && !welcomed_.exchange(true)) link_->Authenticated(peer_);
     absl::MutexLock lock(&mu_);
     if (finish_requested_) return;
     outbox_.push_back(Serialize(message));
@@ -190,8 +211,11 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
 
   Coordinator* const coordinator_;
   Ticker* const ticker_;
+  GateLink* const link_;
+  const std::string peer_;  // The call's peer: the gate's name for the connection.
   const SessionId id_;
   std::atomic<bool> connected_{false};
+  std::atomic<bool> welcomed_{false};
   grpc::ByteBuffer incoming_;  // Only touched by the read chain.
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> outbox_ ABSL_GUARDED_BY(mu_);  // front() is being written.
@@ -202,16 +226,18 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
 
 class Service final : public v1::Rendezvous::WithRawCallbackMethod_Session<v1::Rendezvous::Service> {
  public:
-  Service(Coordinator* coordinator, Ticker* ticker) : coordinator_(coordinator), ticker_(ticker) {}
+  Service(Coordinator* coordinator, Ticker* ticker, GateLink* link)
+      : coordinator_(coordinator), ticker_(ticker), link_(link) {}
 
   // The token is proven inside the session (Challenge, Join, Welcome), never sent.
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(grpc::CallbackServerContext*) override {
-    return new SessionReactor(coordinator_, ticker_, next_id_++);
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(grpc::CallbackServerContext* context) override {
+    return new SessionReactor(coordinator_, ticker_, link_, context->peer(), next_id_++);
   }
 
  private:
   Coordinator* const coordinator_;
   Ticker* const ticker_;
+  GateLink* const link_;
   std::atomic<SessionId> next_id_{1};
 };
 
@@ -227,6 +253,7 @@ class CoordinatorServer::Impl {
     }
   }
   Coordinator coordinator;
+  GateLink link;
   std::unique_ptr<Ticker> ticker;
   std::unique_ptr<Service> service;
   std::unique_ptr<grpc::Server> server;
@@ -302,7 +329,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
     credentials = grpc::SslServerCredentials(ssl);
   }
   impl->ticker = std::make_unique<Ticker>(&impl->coordinator);
-  impl->service = std::make_unique<Service>(&impl->coordinator, impl->ticker.get());
+  impl->service = std::make_unique<Service>(&impl->coordinator, impl->ticker.get(), &impl->link);
   grpc::ServerBuilder builder;
   int bound = 0;
   builder.AddListeningPort("unix:" + impl->socket_path, credentials, &bound);
@@ -329,6 +356,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
     return gate.status();
   }
   impl->gate = *std::move(gate);
+  impl->link.Attach(impl->gate.get());
   return std::unique_ptr<CoordinatorServer>(new CoordinatorServer(std::move(impl)));
 }
 
@@ -344,6 +372,7 @@ Coordinator& CoordinatorServer::coordinator() { return impl_->coordinator; }
 
 void CoordinatorServer::Shutdown() {
   std::call_once(impl_->shutdown_once, [this] {
+    impl_->link.Attach(nullptr);
     impl_->gate.reset();  // No new connections; the relayed ones end, so gRPC sees them go.
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
     impl_->server->Wait();

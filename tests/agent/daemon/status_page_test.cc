@@ -61,6 +61,9 @@ TEST_CASE("metrics in Prometheus text format, every label present even at zero")
   gate.open = 2;
   gate.admitted = 7;
   gate.refused = 1;
+  gate.unauthenticated_closed = 5;
+  gate.evicted = 6;
+  gate.authenticated = 3;
   std::string text = MetricsText(Sample(), gate);
   for (const char* line : {"# TYPE elrun_rdzv_jobs gauge\n",
                            "elrun_rdzv_jobs{phase=\"running\"} 1\n",
@@ -79,6 +82,9 @@ TEST_CASE("metrics in Prometheus text format, every label present even at zero")
                            "elrun_rdzv_connections_open 2\n",
                            "elrun_rdzv_connections_total{result=\"admitted\"} 7\n",
                            "elrun_rdzv_connections_total{result=\"refused\"} 1\n",
+                           "elrun_rdzv_connections_total{result=\"unauthenticated_closed\"} 5\n",
+                           "elrun_rdzv_connections_total{result=\"evicted\"} 6\n",
+                           "elrun_rdzv_connections_total{result=\"authenticated\"} 3\n",
                            "# TYPE elrun_rdzv_node_goodput gauge\n",
                            "elrun_rdzv_node_goodput{run_id=\"job\",node_id=\"node-a\"} 0.5\n",
                            "elrun_rdzv_node_step{run_id=\"job\",node_id=\"node-a\"} 120\n",

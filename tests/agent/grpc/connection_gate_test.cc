@@ -1,5 +1,7 @@
 // The coordinator's connection gate with real sockets: relaying, the per-peer and total limits,
-// silent connections.
+// silent connections, connections that never authenticate, room made from unauthenticated ones
+// at a limit (for quieter addresses), and a connection the server ended closed whatever its client
+// does.
 #include "agent/grpc/connection_gate.h"
 
 #include <doctest/doctest.h>
@@ -13,15 +15,22 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
 namespace elrun::rdzv {
 namespace {
 
-// A unix-socket backend that echoes every connection's bytes back, one thread.
+// A unix-socket backend that echoes every connection's bytes back, one thread. "bye" closes the
+// connection from its side (as gRPC does when it ends one). It records the name each accepted
+// connection's peer is bound to (the gate's name for it), in order.
 class EchoBackend {
  public:
   explicit EchoBackend(const std::string& path) : path_(path) {
@@ -33,6 +42,15 @@ class EchoBackend {
     REQUIRE(::listen(listener_, 512) == 0);
     thread_ = std::thread([this] { Run(); });
   }
+  // The gate's name of the n-th connection accepted (0-based), as gRPC reports a peer; waits up
+  // to 10 s for it.
+  std::string PeerName(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [&] { return names_.size() > n; };
+    mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(10));
+    return names_.size() > n ? "unix-abstract:" + names_[n] : "";
+  }
+
   ~EchoBackend() {
     stop_ = true;
     ::shutdown(listener_, SHUT_RDWR);
@@ -50,7 +68,11 @@ class EchoBackend {
         if (fds[i].revents == 0) continue;
         char buffer[4096];
         ssize_t n = ::recv(fds[i].fd, buffer, sizeof(buffer), 0);
-        if (n > 0) {
+        if (n == 3 && std::string(buffer, 3) == "bye") {
+          ::close(fds[i].fd);
+          accepted_.erase(std::find(accepted_.begin(), accepted_.end(), fds[i].fd));
+          fds[i].fd = -1;  // poll skips it.
+        } else if (n > 0) {
           ssize_t ignored = ::send(fds[i].fd, buffer, static_cast<size_t>(n), MSG_NOSIGNAL);
           (void)ignored;
         } else {
@@ -59,10 +81,16 @@ class EchoBackend {
         }
       }
       if (fds[0].revents & POLLIN) {
-        int fd = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+        sockaddr_un peer{};
+        socklen_t length = sizeof(peer);
+        int fd = ::accept4(listener_, reinterpret_cast<sockaddr*>(&peer), &length, SOCK_CLOEXEC);
         if (fd >= 0) {
           accepted_.push_back(fd);
           fds.push_back({fd, POLLIN, 0});
+          const size_t offset = offsetof(sockaddr_un, sun_path) + 1;  // Abstract: sun_path[0] is 0.
+          absl::MutexLock lock(&mu_);
+          names_.push_back(length > offset && peer.sun_path[0] == '\0' ? std::string(peer.sun_path + 1, length - offset)
+                                                                       : std::string());
         }
       }
     }
@@ -71,6 +99,8 @@ class EchoBackend {
   int listener_ = -1;
   std::atomic<bool> stop_{false};
   std::vector<int> accepted_;  // Owned by the thread until it stops.
+  absl::Mutex mu_;
+  std::vector<std::string> names_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 
@@ -121,7 +151,10 @@ struct Fixture {
   SocketDir dir;
   std::string path = dir.path + "/backend.sock";
   EchoBackend backend{path};
-  std::unique_ptr<ConnectionGate> Start(GateLimits limits) {
+  // Without auth_timeout given, the gate's authentication is off: the echo backend proves
+  // nothing.
+  std::unique_ptr<ConnectionGate> Start(GateLimits limits, bool authenticate = false) {
+    if (!authenticate) limits.auth_timeout = std::chrono::milliseconds(0);
     auto gate = ConnectionGate::Start("127.0.0.1:0", path, limits);
     REQUIRE_MESSAGE(gate.ok(), gate.status().ToString());
     return *std::move(gate);
@@ -224,6 +257,122 @@ TEST_CASE("a connection that sends nothing is closed after first_bytes_timeout")
   CHECK(Receive(talker, 1) == "u");  // The one that spoke is kept.
   ::close(silent);
   ::close(talker);
+}
+
+// True once `gate` shows `done`, polled for up to 10 s (the relay thread counts asynchronously).
+template <typename F>
+bool Eventually(const ConnectionGate& gate, F done) {
+  for (int i = 0; i < 1000; ++i) {
+    if (done(gate.counts())) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done(gate.counts());
+}
+
+TEST_CASE("a connection that does not authenticate within auth_timeout is closed; a named one stays") {
+  Fixture f;
+  GateLimits limits;
+  limits.auth_timeout = std::chrono::milliseconds(300);
+  auto gate = f.Start(limits, /*authenticate=*/true);
+  // Both speak (the first-bytes deadline is not what closes them): issue 31's idle connections
+  // sent their bytes, then waited for ever.
+  int proven = Connect(gate->port());
+  ::send(proven, "p", 1, MSG_NOSIGNAL);
+  CHECK(Receive(proven, 1) == "p");
+  int idle = Connect(gate->port());
+  ::send(idle, "i", 1, MSG_NOSIGNAL);
+  CHECK(Receive(idle, 1) == "i");
+  const std::string name = f.backend.PeerName(0);
+  CHECK(name.rfind("unix-abstract:elrun-gate/", 0) == 0);
+  CHECK(f.backend.PeerName(1) != name);
+  gate->Authenticated(name);
+  gate->Authenticated("unix-abstract:elrun-gate/no/such/connection");  // Ignored.
+  gate->Authenticated("ipv4:127.0.0.1:1");                             // Ignored.
+  auto started = std::chrono::steady_clock::now();
+  CHECK(Receive(idle, 1).empty());  // Closed by the gate.
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(5));
+  CHECK(Eventually(*gate, [](const GateCounts& c) { return c.unauthenticated_closed == 1; }));
+  CHECK(gate->counts().authenticated == 1);
+  CHECK(gate->counts().silent_closed == 0);
+  ::send(proven, "q", 1, MSG_NOSIGNAL);
+  CHECK(Receive(proven, 1) == "q");  // The authenticated one is kept.
+  ::close(idle);
+  ::close(proven);
+}
+
+TEST_CASE("at the total limit a quieter address's newcomer takes the place of the busiest one's") {
+  Fixture f;
+  GateLimits limits;
+  limits.max_connections = 3;
+  limits.auth_timeout = std::chrono::seconds(30);
+  auto gate = f.Start(limits, /*authenticate=*/true);
+  auto echoes = [](int fd, const char* byte) {
+    ::send(fd, byte, 1, MSG_NOSIGNAL);
+    return Receive(fd, 1) == byte;
+  };
+  int a = Connect(gate->port(), "127.0.0.21");
+  REQUIRE(echoes(a, "a"));
+  gate->Authenticated(f.backend.PeerName(0));
+  // A flooder's address, admitted twice: the table is full.
+  int b = Connect(gate->port(), "127.0.0.22");
+  REQUIRE(echoes(b, "b"));
+  int c = Connect(gate->port(), "127.0.0.22");
+  REQUIRE(echoes(c, "c"));
+  REQUIRE(Eventually(*gate, [](const GateCounts& counts) { return counts.authenticated == 1; }));
+  // A newcomer from a quiet address takes the place of the flooder's oldest.
+  int d = Connect(gate->port(), "127.0.0.23");
+  CHECK(echoes(d, "d"));
+  CHECK(Receive(b, 1).empty());
+  CHECK(gate->counts().evicted == 1);
+  // The flooder's own newcomer makes no room: no address was admitted clearly more often.
+  int e = Connect(gate->port(), "127.0.0.22");
+  CHECK_FALSE(echoes(e, "e"));
+  CHECK(gate->counts().refused == 1);
+  // Another quiet newcomer: the flooder's remaining connection goes, not d's nor a's.
+  int g = Connect(gate->port(), "127.0.0.24");
+  CHECK(echoes(g, "g"));
+  CHECK(Receive(c, 1).empty());
+  CHECK(echoes(d, "D"));
+  CHECK(echoes(a, "A"));  // Authenticated: never made to room.
+  CHECK(gate->counts().evicted == 2);
+  for (int fd : {a, b, c, d, e, g}) ::close(fd);
+}
+
+TEST_CASE("at the per-address limit only that address's unauthenticated connections make room") {
+  Fixture f;
+  GateLimits limits;
+  limits.max_per_peer = 2;
+  limits.auth_timeout = std::chrono::seconds(30);
+  limits.min_auth_window = std::chrono::milliseconds(0);
+  auto gate = f.Start(limits, /*authenticate=*/true);
+  int other = Connect(gate->port(), "127.0.0.31");  // The oldest, of another address.
+  ::send(other, "o", 1, MSG_NOSIGNAL);
+  REQUIRE(Receive(other, 1) == "o");
+  int first = Connect(gate->port(), "127.0.0.32");
+  ::send(first, "1", 1, MSG_NOSIGNAL);
+  REQUIRE(Receive(first, 1) == "1");
+  int second = Connect(gate->port(), "127.0.0.32");
+  ::send(second, "2", 1, MSG_NOSIGNAL);
+  REQUIRE(Receive(second, 1) == "2");
+  int third = Connect(gate->port(), "127.0.0.32");
+  ::send(third, "3", 1, MSG_NOSIGNAL);
+  CHECK(Receive(third, 1) == "3");
+  CHECK(Receive(first, 1).empty());  // Its own oldest, not the other address's.
+  ::send(other, "p", 1, MSG_NOSIGNAL);
+  CHECK(Receive(other, 1) == "p");
+  CHECK(gate->counts().evicted == 1);
+  for (int fd : {other, first, second, third}) ::close(fd);
+}
+
+TEST_CASE("a connection the server ended is closed, though its client never closes") {
+  Fixture f;
+  auto gate = f.Start({});
+  int fd = Connect(gate->port());
+  ::send(fd, "bye", 3, MSG_NOSIGNAL);
+  CHECK(Receive(fd, 1).empty());
+  // The gate let go of it: before, it kept the connection until the client closed its side too.
+  CHECK(Eventually(*gate, [](const GateCounts& c) { return c.open == 0; }));
+  ::close(fd);
 }
 
 TEST_CASE("a port in use is kAlreadyExists, a malformed address InvalidArgument") {

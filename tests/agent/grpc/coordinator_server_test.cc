@@ -222,6 +222,47 @@ TEST_CASE("the private socket directory goes with the server, and a killed one's
   CHECK(::access(stale.c_str(), F_OK) != 0);
 }
 
+TEST_CASE("a connection whose session never proves the token is closed by the gate; a joined agent's stays") {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.token = "s3cret";
+  options.gate.auth_timeout = std::chrono::milliseconds(500);
+  auto started = CoordinatorServer::Start(options);
+  REQUIRE_MESSAGE(started.ok(), started.status().ToString());
+  auto server = *std::move(started);
+  auto a = Connect(server->port());
+  CHECK(JoinAs(*a, "a", "s3cret").front().has_waiting());
+  // Issue 31's idle connection: it speaks HTTP/2 and opens a session, then never joins. A
+  // connection of its own: gRPC shares one among channels to the same address otherwise.
+  grpc::ChannelArguments own;
+  own.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto channel =
+      grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(server->port()), grpc::InsecureChannelCredentials(), own);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  grpc::internal::RpcMethod method("/elrun.rdzv.v1.Rendezvous/Session", grpc::internal::RpcMethod::BIDI_STREAMING,
+                                   channel);
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> idle(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.get(), method,
+                                                                                            &context));
+  const auto opened = std::chrono::steady_clock::now();
+  grpc::ByteBuffer challenge;
+  CHECK(idle->Read(&challenge));
+  while (idle->Read(&challenge)) {
+  }
+  const grpc::Status ended = idle->Finish();
+  CHECK(ended.error_code() == grpc::StatusCode::UNAVAILABLE);                  // The connection went, not the session.
+  CHECK(std::chrono::steady_clock::now() - opened < std::chrono::seconds(5));  // Not the 10 s first-Join limit.
+  const GateCounts counts = server->gate_counts();
+  CHECK(counts.authenticated == 1);  // The agent's connection, named by gRPC's peer.
+  CHECK(counts.unauthenticated_closed == 1);
+  // The agent's connection outlived the deadline: its node is still in, and a second one forms
+  // the round with it.
+  auto b = Connect(server->port());
+  CHECK(JoinAs(*b, "b", "s3cret").back().has_round_started());
+  CHECK(Next(*a).back().has_round_started());
+}
+
 TEST_CASE("a second server on the same port fails to start") {
   auto server = StartServer();
   ServerOptions options;
