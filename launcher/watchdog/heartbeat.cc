@@ -309,6 +309,12 @@ void HeartbeatServer::OnTick() {
       // SIGSTOP (or a debugger): no stacks will come; the grace would only add to the cost.
       hung.stack_signal = 0;
       absl::StrAppend(&hung.why, "; it is stopped (SIGSTOP or a tracer), so no stacks");
+      // Its peers wait on it in a collective. Those whose own timeout falls due in a later scan
+      // (their last beat came a little after its) would find no peer stopped any more and be
+      // killed too: each gets another --worker-timeout from now, to regroup once it is gone.
+      for (int group : live) {
+        if (group != hung.group && stopped.count(group) == 0) table_.Rearm(group, now);
+      }
     }
     spdlog::error("{}: {}{}", Name(hung.group), hung.why,
                   hung.stack_signal
