@@ -22,6 +22,13 @@ namespace {
 // one leaves it to expire, which is a delete-only commit too.
 constexpr std::chrono::seconds kSpareLeaseTtl{60};
 
+// How far ahead of a reader's wall clock an entry's time may be and still move the log's clock:
+// the writer's clock was read before the entry was written, so an honest one is ahead only by
+// the clocks' disagreement (NTP keeps a job's hosts within milliseconds).
+constexpr int64_t kMaxClockAheadMs = 10000;
+// Lease-less presence keys (forged: no node writes one) a node passes over in the line.
+constexpr int kMaxGhostsPassed = 64;
+
 TimePoint LogTime(int64_t ms) { return TimePoint(std::chrono::milliseconds(ms)); }
 
 // A session's Challenge nonce, the same on every replica and known to the agent itself as soon
@@ -171,8 +178,11 @@ absl::StatusOr<std::optional<EtcdRendezvous::FirstLook>> EtcdRendezvous::Registe
   if (joined_fast->succeeded()) {
     FirstLook seen{"", joined_fast->header().revision()};
     const auto& responses = joined_fast->responses();
+    // A tail without a lease was not written by a node (they write it under theirs): a forged
+    // one could name a key that never goes, and this node would wait for it for ever. Not a
+    // hint then; the line is read instead.
     if (responses.size() == 4 && responses[3].response_txn().succeeded() &&
-        responses[0].response_range().kvs_size() == 1) {
+        responses[0].response_range().kvs_size() == 1 && responses[0].response_range().kvs(0).lease() != 0) {
       seen.ahead = responses[0].response_range().kvs(0).value();
     }
     return seen;
@@ -199,7 +209,7 @@ absl::StatusOr<std::optional<EtcdRendezvous::FirstLook>> EtcdRendezvous::Registe
   if (!present.ok()) return present.status();
   const auto& responses = present->responses();
   if (!present->succeeded() && responses.size() == 4 && responses[3].response_txn().succeeded() &&
-      responses[0].response_range().kvs_size() == 1) {
+      responses[0].response_range().kvs_size() == 1 && responses[0].response_range().kvs(0).lease() != 0) {
     return FirstLook{responses[0].response_range().kvs(0).key(), present->header().revision()};
   }
   return std::nullopt;
@@ -420,12 +430,22 @@ absl::Status EtcdRendezvous::LookAround(std::string* ahead, int64_t* at) {
   *at = read->header().revision();
   const etcdpb::RangeResponse* predecessor = &read->responses(1).response_range();
   etcdpb::RangeResponse looked;
-  if (hint && predecessor->kvs_size() == 0) {  // Gone: read the line at the same revision.
+  // Gone: read the line at the same revision. A presence without a lease is no node's (each
+  // puts its own under its lease) and would never go: passed over, a bounded number of times.
+  for (int ghosts = 0; ghosts < kMaxGhostsPassed; ++ghosts) {
+    const bool gone = hint && ghosts == 0 && predecessor->kvs_size() == 0;
+    const bool ghost = predecessor->kvs_size() > 0 && predecessor->kvs(0).lease() == 0;
+    if (!gone && !ghost) break;
+    if (ghost) line.set_max_create_revision(predecessor->kvs(0).create_revision() - 1);
     line.set_revision(*at);
     auto read_line = client_->Range(line);
     if (!read_line.ok()) return read_line.status();
     looked = *std::move(read_line);
     predecessor = &looked;
+  }
+  if (predecessor->kvs_size() > 0 && predecessor->kvs(0).lease() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("more than ", kMaxGhostsPassed, " presence keys without a lease ahead of this node in ", nodes));
   }
   *ahead = predecessor->kvs_size() > 0 ? predecessor->kvs(0).key() : "";
   const etcdpb::RangeResponse* outputs = &read->responses(0).response_range();
@@ -690,7 +710,12 @@ void EtcdRendezvous::Apply(const mvccpb::KeyValue& kv) {
   applied_ = kv.create_revision();
   v1::LogEntry entry;
   if (!entry.ParseFromString(kv.value())) return;  // Skipped by every replica alike.
-  log_time_ms_ = std::max(log_time_ms_, entry.time_ms());
+  // A time from etcd is checked before it drives a decision: one far ahead of this reader's
+  // clock (a forged entry: INT64_MAX, or a tick 30 days ahead, made every timeout fall due at
+  // once) moves nothing; the entry itself still applies at the log's time. (A replica reading it
+  // much later, its clock past the entry's, would take it: only a writer whose clock ran ahead
+  // by more than kMaxClockAheadMs makes replicas disagree.)
+  if (entry.time_ms() <= clock_->WallMs() + kMaxClockAheadMs) log_time_ms_ = std::max(log_time_ms_, entry.time_ms());
   TimePoint now = LogTime(log_time_ms_);
   uint64_t session = entry.session();
   bool live = sessions_.count(session) > 0;

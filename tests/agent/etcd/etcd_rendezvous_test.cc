@@ -1,6 +1,7 @@
 // The etcd-v3 backend on a fake etcd and a clock the test moves: a round forms through etcd,
 // the lead passes on when the leader leaves, a node cut off from etcd loses its lease and its
-// place, timeouts fall due in log time, and what etcd hands back is checked before use. (The
+// place, timeouts fall due in log time, and what etcd hands back is checked before use (forged
+// times, lease-less presence and tail keys included). (The
 // same backend against a real 3-member etcd cluster: tests/integration/rdzv_etcd_test.py.)
 #include "agent/etcd/etcd_rendezvous.h"
 
@@ -10,6 +11,7 @@
 
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -246,6 +248,68 @@ TEST_CASE("a session that never joins is closed when its first-join timeout fall
   // The node that joined was not touched: its one-node round started at the last call.
   CHECK(job.nodes.at("a").AwaitRound().group_world_size() == 1);
   CHECK_FALSE(job.nodes.at("a").rdzv->ended());
+}
+
+TEST_CASE("a log time far ahead of the reader's clock moves no timeout") {
+  // Issue 31's attacks: a log entry at INT64_MAX ms, and a tick 30 days ahead, made every
+  // timeout fall due at once. Here the idle session's first-join deadline must still wait its
+  // 10 s of log time.
+  Job job;
+  job.first_join_timeout = milliseconds(10000);
+  job.settings = Settings(1, 2);
+  Node& a = job.Open("a");  // The job is live from here: the forged entries stay in its log.
+  std::unique_ptr<EtcdKv> intruder = job.etcd.Connect("intruder");
+  etcdpb::TxnRequest forged;
+  int n = 0;
+  for (int64_t time_ms : {std::numeric_limits<int64_t>::max(), job.clock->WallMs() + int64_t{30} * 24 * 3600 * 1000}) {
+    v1::LogEntry tick;
+    tick.set_time_ms(time_ms);
+    tick.set_tick(true);
+    auto* put = forged.add_success()->mutable_request_put();
+    put->set_key(absl::StrCat("/elrun/rdzv/job/log/t/forged", n++));
+    put->set_value(tick.SerializeAsString());
+  }
+  REQUIRE(intruder->Txn(forged).ok());
+  job.Join(a);
+  Node& idle = job.Open("idle");  // Connects after the forged entries, never joins.
+  job.Pass(milliseconds(9000), {"a", "idle"});
+  CHECK_FALSE(idle.rdzv->ended());
+  job.Pass(milliseconds(1000), {"a"});  // At 10 s of log time, and not before.
+  CHECK_FALSE(idle.AwaitEnded().ok());
+  CHECK(job.nodes.at("a").AwaitRound().group_world_size() == 1);
+}
+
+// Puts `key` = `value` with no lease, as someone who can write the job's keys but is no node.
+void PutWithoutLease(FakeEtcd& etcd, const std::string& key, const std::string& value) {
+  std::unique_ptr<EtcdKv> intruder = etcd.Connect("intruder");
+  etcdpb::TxnRequest put;
+  put.add_success()->mutable_request_put()->set_key(key);
+  put.mutable_success(0)->mutable_request_put()->set_value(value);
+  REQUIRE(intruder->Txn(put).ok());
+}
+
+TEST_CASE("a presence key without a lease is no node: the line passes over it and a round forms") {
+  // Issue 31's ghost: it sits first in the line and never goes, so no node ever took the lead.
+  Job job;
+  job.settings = Settings(2, 2);
+  PutWithoutLease(job.etcd, "/elrun/rdzv/job/nodes/ghost", "");
+  Node& a = job.Open("a");
+  Node& b = job.Open("b");
+  job.Join(a);
+  job.Join(b);
+  Form(job, {"a", "b"});
+}
+
+TEST_CASE("a tail without a lease is no hint: a node that reads it still finds its place") {
+  // Issue 31's forged tail: it named a key that never existed, and the first node waited on it.
+  Job job;
+  job.settings = Settings(2, 2);
+  PutWithoutLease(job.etcd, "/elrun/rdzv/job/tail", "/elrun/rdzv/job/nodes/nobody");
+  Node& a = job.Open("a");
+  Node& b = job.Open("b");
+  job.Join(a);
+  job.Join(b);
+  Form(job, {"a", "b"});
 }
 
 TEST_CASE("what etcd hands back is checked: an unreadable output ends the session, a bad log entry is skipped") {
