@@ -190,8 +190,9 @@ class ConnectionGate::Relay {
         auto it = connections_.find(fd);
         if (it != connections_.end()) Pump(std::shared_ptr<Connection>(it->second));
       }
-      CloseSilent();
-      CloseUnauthenticated();
+      CloseDue(silent_, &Connection::heard, &GateCounts::silent_closed);
+      CloseDue(unauthenticated_, &Connection::authenticated, &GateCounts::unauthenticated_closed);
+      PruneOrder();
     }
   }
 
@@ -440,31 +441,18 @@ class ConnectionGate::Relay {
     Count([](GateCounts& counts) { --counts.open; });
   }
 
-  // Closes the connections whose client has sent nothing by its deadline.
-  void CloseSilent() {
+  // Closes the connections of `deadlines` that are due and not yet `done` (their first bytes,
+  // their authentication), counting each in `counter`.
+  void CloseDue(Deadlines& deadlines, bool Connection::*done, uint64_t GateCounts::*counter) {
     auto now = Clock::now();
-    while (!silent_.empty() && silent_.front().first <= now) {
-      std::shared_ptr<Connection> c = silent_.front().second.lock();
-      silent_.pop_front();
-      if (c && !c->heard && c->client >= 0) {
-        Count([](GateCounts& counts) { ++counts.silent_closed; });
+    while (!deadlines.empty() && deadlines.front().first <= now) {
+      std::shared_ptr<Connection> c = deadlines.front().second.lock();
+      deadlines.pop_front();
+      if (c && !((*c).*done) && c->client >= 0) {
+        Count([counter](GateCounts& counts) { ++(counts.*counter); });
         Close(c);
       }
     }
-  }
-
-  // Closes the connections that have not authenticated by their deadline.
-  void CloseUnauthenticated() {
-    auto now = Clock::now();
-    while (!unauthenticated_.empty() && unauthenticated_.front().first <= now) {
-      std::shared_ptr<Connection> c = unauthenticated_.front().second.lock();
-      unauthenticated_.pop_front();
-      if (c && !c->authenticated && c->client >= 0) {
-        Count([](GateCounts& counts) { ++counts.unauthenticated_closed; });
-        Close(c);
-      }
-    }
-    PruneOrder();
   }
 
   template <typename F>

@@ -147,6 +147,13 @@ void ReduceScatterOp::Finish(const torch::Tensor& output, double scale, bool acc
   received_ = torch::Tensor();
 }
 
+void Broadcast(c10d::Backend& pg, torch::Tensor& tensor, int root) {
+  std::vector<torch::Tensor> tensors{tensor};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  pg.broadcast(tensors, options)->wait();
+}
+
 void BroadcastFromRank0(c10d::Backend& pg, const std::vector<torch::Tensor>& tensors, CommBytes* bytes) {
   torch::NoGradGuard no_grad;
   c10d::BroadcastOptions options;

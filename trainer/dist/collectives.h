@@ -85,6 +85,8 @@ inline constexpr int64_t kBroadcastBucketBytes = 16 << 20;
 void BroadcastFromRank0(c10d::Backend& pg, const std::vector<torch::Tensor>& tensors, CommBytes* bytes = nullptr);
 
 // Synchronous forms, for tests and simple callers.
+// Broadcasts `tensor` from `root` in place (one tensor, no bucketing).
+void Broadcast(c10d::Backend& pg, torch::Tensor& tensor, int root);
 void AllGather(c10d::Backend& pg, const torch::Tensor& shard, const torch::Tensor& full, CommBytes* bytes = nullptr);
 void ReduceScatter(c10d::Backend& pg, const torch::Tensor& input, const torch::Tensor& output,
                    CommBytes* bytes = nullptr);

@@ -6,16 +6,6 @@
 #include "trainer/dist/collectives.h"
 
 namespace elrun::trainer {
-namespace {
-
-void Broadcast(c10d::Backend& pg, torch::Tensor& tensor, int root) {
-  std::vector<torch::Tensor> tensors{tensor};
-  c10d::BroadcastOptions options;
-  options.rootRank = root;
-  pg.broadcast(tensors, options)->wait();
-}
-
-}  // namespace
 
 absl::StatusOr<LiveSync> SyncLiveState(c10d::Backend& pg, DataParallel& dp, torch::optim::Optimizer& optimizer,
                                        const std::optional<TrainProgress>& mine) {

@@ -39,13 +39,6 @@ std::vector<char> ToBytes(const torch::Tensor& wire) {
   return std::vector<char>(data, data + cpu.numel());
 }
 
-void Broadcast(c10d::Backend& pg, torch::Tensor& tensor, int root) {
-  std::vector<torch::Tensor> tensors{tensor};
-  c10d::BroadcastOptions options;
-  options.rootRank = root;
-  pg.broadcast(tensors, options)->wait();
-}
-
 }  // namespace
 
 absl::Status ShardCopies::Refresh(c10d::Backend& pg, ShardBytes own) {

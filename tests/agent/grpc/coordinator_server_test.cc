@@ -150,6 +150,16 @@ TEST_CASE("messages over the size limit are refused") {
   CHECK(server->coordinator().job_count() == 0);
 }
 
+// A Session stream in raw bytes on `channel`, under `context`.
+std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> RawSession(
+    const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext* context) {
+  grpc::internal::RpcMethod method("/elrun.rdzv.v1.Rendezvous/Session", grpc::internal::RpcMethod::BIDI_STREAMING,
+                                   channel);
+  return std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.get(), method,
+                                                                                            context));
+}
+
 // Sends `bytes` as one raw message on a Session stream and returns how the stream ended. A
 // second message from the coordinator (after its Challenge: the bytes parsed) cancels the
 // stream; `replies` counts them.
@@ -157,11 +167,7 @@ grpc::Status SendRaw(int port, const std::string& bytes, int* replies = nullptr)
   auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::internal::RpcMethod method("/elrun.rdzv.v1.Rendezvous/Session", grpc::internal::RpcMethod::BIDI_STREAMING,
-                                   channel);
-  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
-      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.get(), method,
-                                                                                            &context));
+  auto stream = RawSession(channel, &context);
   grpc::Slice slice(bytes);
   grpc::ByteBuffer buffer(&slice, 1);
   stream->Write(buffer);
@@ -240,11 +246,7 @@ TEST_CASE("a connection whose session never proves the token is closed by the ga
       grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(server->port()), grpc::InsecureChannelCredentials(), own);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  grpc::internal::RpcMethod method("/elrun.rdzv.v1.Rendezvous/Session", grpc::internal::RpcMethod::BIDI_STREAMING,
-                                   channel);
-  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> idle(
-      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.get(), method,
-                                                                                            &context));
+  auto idle = RawSession(channel, &context);
   const auto opened = std::chrono::steady_clock::now();
   grpc::ByteBuffer challenge;
   CHECK(idle->Read(&challenge));

@@ -7,22 +7,11 @@
 
 #include <doctest/doctest.h>
 
-#include <mutex>
-
+#include "tests/trainer/parallel/small_mlp.h"
 #include "tests/trainer/rank_threads.h"
-#include "trainer/app/models.h"
 
 namespace elrun::trainer {
 namespace {
-
-const MlpOptions kMlp{12, {10, 7}, 3};  // Units of 130, 77 and 24 elements: uneven over 2 and 3.
-
-std::shared_ptr<Classifier> Model(int seed) {
-  static std::mutex mu;  // The default generator is global and the ranks are threads.
-  std::lock_guard<std::mutex> lock(mu);
-  torch::manual_seed(seed);
-  return *MakeModel("mlp", kMlp);
-}
 
 ShardKey Live(int shard, int count, int64_t step) { return ShardKey{shard, count, step, false}; }
 ShardKey Copy(int shard, int count, int64_t step) { return ShardKey{shard, count, step, true}; }
@@ -104,7 +93,7 @@ struct Trained {
 
 Trained TrainOnThree(const std::string& strategy, int steps) {
   Trained trained;
-  std::vector<std::shared_ptr<Classifier>> models{Model(1), Model(1), Model(1)};
+  std::vector<std::shared_ptr<Classifier>> models{SmallMlp(1), SmallMlp(1), SmallMlp(1)};
   RunRanks(3, [&](int rank, PG pg) {
     FsdpOptions options;
     options.strategy = *ParseStrategy(strategy);
@@ -139,7 +128,7 @@ TEST_CASE("A rank lost from 3 is rebuilt from its neighbour's copy on 2 ranks, e
     Trained trained = TrainOnThree(strategy, 3);
     // Old rank 1 is gone; old ranks 0 and 2 are the new ranks 0 and 1.
     const std::vector<int> old_rank{0, 2};
-    std::vector<std::shared_ptr<Classifier>> models{Model(5), Model(5)};
+    std::vector<std::shared_ptr<Classifier>> models{SmallMlp(5), SmallMlp(5)};
     RunRanks(2, [&](int rank, PG pg) {
       auto sync = GatherShardSet(*pg, std::nullopt, trained.copies[old_rank[rank]].held());
       REQUIRE_MESSAGE(sync.ok(), sync.status().ToString());
@@ -204,7 +193,7 @@ TEST_CASE("Two neighbours lost at once leave no whole set, and every rank says s
 
 TEST_CASE("Shard files that are not one whole set are refused with a reason") {
   Trained trained = TrainOnThree("fsdp", 1);
-  auto model = Model(3);
+  auto model = SmallMlp(3);
   RunRanks(1, [&](int, PG pg) {
     FullyShardedDataParallel fsdp(model, pg);
     torch::optim::Adam adam(fsdp.parameters(), torch::optim::AdamOptions(0.01));

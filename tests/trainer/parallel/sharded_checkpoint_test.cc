@@ -8,23 +8,14 @@
 
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 
 #include "tests/temp_dir.h"
+#include "tests/trainer/parallel/small_mlp.h"
 #include "tests/trainer/rank_threads.h"
 #include "trainer/app/models.h"
 
 namespace elrun::trainer {
 namespace {
-
-const MlpOptions kMlp{12, {10, 7}, 3};  // Units of 130, 77 and 24 elements: uneven over 2 and 3.
-
-std::shared_ptr<Classifier> Model(int seed) {
-  static std::mutex mu;  // The default generator is global and the ranks are threads.
-  std::lock_guard<std::mutex> lock(mu);
-  torch::manual_seed(seed);
-  return *MakeModel("mlp", kMlp);
-}
 
 struct Snapshot {
   std::map<std::string, torch::Tensor> params;
@@ -48,7 +39,7 @@ void CheckEqual(const Snapshot& a, const Snapshot& b) {
 Snapshot Run(int world, const std::string& strategy, const std::string& dir, int steps, bool expect_resume) {
   Snapshot snapshot;
   std::vector<std::shared_ptr<Classifier>> models;
-  for (int r = 0; r < world; ++r) models.push_back(Model(100 + r));
+  for (int r = 0; r < world; ++r) models.push_back(SmallMlp(100 + r));
   RunRanks(world, [&](int rank, PG pg) {
     FsdpOptions options;
     options.strategy = *ParseStrategy(strategy);
@@ -120,7 +111,7 @@ TEST_CASE("A save that fails on one rank leaves the previous checkpoint current 
   Snapshot first = Run(2, "fsdp", dir, 1, false);
   // Rank 1's next file can not be written: a directory is in its way.
   std::filesystem::create_directories(dir + "/sharded/step-2-of-2/shard-1-of-2.pt/blocker");
-  std::vector<std::shared_ptr<Classifier>> models{Model(1), Model(2)};
+  std::vector<std::shared_ptr<Classifier>> models{SmallMlp(1), SmallMlp(2)};
   RunRanks(2, [&](int rank, PG pg) {
     FullyShardedDataParallel fsdp(models[rank], pg);
     torch::optim::Adam adam(fsdp.parameters());
@@ -140,7 +131,7 @@ TEST_CASE("A save that fails on one rank leaves the previous checkpoint current 
 TEST_CASE("The consolidated export opens with LoadCheckpoint in one plain process") {
   const std::string dir = elrun::testing::MakeTempDir("sharded");
   Snapshot trained = Run(3, "fsdp", dir, 2, false);
-  std::vector<std::shared_ptr<Classifier>> models{Model(1), Model(2), Model(3)};
+  std::vector<std::shared_ptr<Classifier>> models{SmallMlp(1), SmallMlp(2), SmallMlp(3)};
   const std::string path = dir + "/consolidated.pt";
   RunRanks(3, [&](int rank, PG pg) {
     FullyShardedDataParallel fsdp(models[rank], pg);
@@ -148,7 +139,7 @@ TEST_CASE("The consolidated export opens with LoadCheckpoint in one plain proces
     TrainProgress progress = *LoadSharded(dir, fsdp, adam);
     REQUIRE(ExportConsolidated(path, fsdp, adam, progress).ok());
   });
-  auto plain = Model(9);
+  auto plain = SmallMlp(9);
   torch::optim::Adam adam(plain->parameters(), torch::optim::AdamOptions(0.01));
   auto progress = LoadCheckpoint(path, *plain, adam);
   REQUIRE_MESSAGE(progress.ok(), progress.status().ToString());
@@ -172,7 +163,7 @@ TEST_CASE("Checkpoints of another model or optimizer are refused with a reason")
     CHECK(loaded.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(std::string(loaded.status().message()).find("units") != std::string::npos);
   });
-  auto same = Model(4);
+  auto same = SmallMlp(4);
   RunRanks(1, [&](int, PG pg) {
     FullyShardedDataParallel fsdp(same, pg);
     torch::optim::SGD sgd(fsdp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
