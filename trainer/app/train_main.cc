@@ -309,12 +309,6 @@ absl::Status SetUpSharedMemory(Job& job) {
   return absl::OkStatus();
 }
 
-// The message of `error`, without LibTorch's backtrace.
-std::string ErrorText(const std::exception& error) {
-  if (const auto* c10 = dynamic_cast<const c10::Error*>(&error)) return c10->what_without_backtrace();
-  return error.what();
-}
-
 // How long building a regrouped process group may take: a replacement worker starts in about a
 // second.
 constexpr std::chrono::seconds kRegroupTimeout{60};

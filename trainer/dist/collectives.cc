@@ -147,6 +147,11 @@ void ReduceScatterOp::Finish(const torch::Tensor& output, double scale, bool acc
   received_ = torch::Tensor();
 }
 
+std::string ErrorText(const std::exception& error) {
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&error)) return c10->what_without_backtrace();
+  return error.what();
+}
+
 void Broadcast(c10d::Backend& pg, torch::Tensor& tensor, int root) {
   std::vector<torch::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;

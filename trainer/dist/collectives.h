@@ -16,6 +16,8 @@
 #define ELRUN_TRAINER_DIST_COLLECTIVES_H_
 
 #include <cstdint>
+#include <exception>
+#include <string>
 
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -83,6 +85,10 @@ class ReduceScatterOp {
 // temporary is one bucket.
 inline constexpr int64_t kBroadcastBucketBytes = 16 << 20;
 void BroadcastFromRank0(c10d::Backend& pg, const std::vector<torch::Tensor>& tensors, CommBytes* bytes = nullptr);
+
+// The message of an exception from a collective, without LibTorch's backtrace: c10::Error's
+// (from collectives), or Gloo's own as it is (gloo::IoException from a failed send or receive).
+std::string ErrorText(const std::exception& error);
 
 // Synchronous forms, for tests and simple callers.
 // Broadcasts `tensor` from `root` in place (one tensor, no bucketing).

@@ -71,10 +71,8 @@ absl::StatusOr<LiveSync> SyncLiveState(c10d::Backend& pg, DataParallel& dp, torc
     }
     sync.progress.world_size = world;
     return sync;
-  } catch (const c10::Error& error) {
-    return absl::UnavailableError(absl::StrCat("regroup: ", error.what_without_backtrace()));
   } catch (const std::exception& error) {
-    return absl::UnavailableError(absl::StrCat("regroup: ", error.what()));
+    return absl::UnavailableError(absl::StrCat("regroup: ", ErrorText(error)));
   }
 }
 

@@ -21,13 +21,6 @@ constexpr int kKeyFields = 4;  // shard, count, step, copy.
 
 void Wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
 
-// Gloo throws its own exceptions (gloo::IoException) from a failed send or receive, and c10::Error
-// from collectives.
-std::string ErrorText(const std::exception& error) {
-  if (const auto* c10 = dynamic_cast<const c10::Error*>(&error)) return c10->what_without_backtrace();
-  return error.what();
-}
-
 // A view of `bytes` as a tensor (no copy; `bytes` outlives it).
 torch::Tensor View(std::vector<char>& bytes) {
   return torch::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, torch::kUInt8);

@@ -288,28 +288,28 @@ void PutWithoutLease(FakeEtcd& etcd, const std::string& key, const std::string& 
   REQUIRE(intruder->Txn(put).ok());
 }
 
-TEST_CASE("a presence key without a lease is no node: the line passes over it and a round forms") {
-  // Issue 31's ghost: it sits first in the line and never goes, so no node ever took the lead.
-  Job job;
-  job.settings = Settings(2, 2);
-  PutWithoutLease(job.etcd, "/elrun/rdzv/job/nodes/ghost", "");
-  Node& a = job.Open("a");
-  Node& b = job.Open("b");
-  job.Join(a);
-  job.Join(b);
-  Form(job, {"a", "b"});
-}
-
-TEST_CASE("a tail without a lease is no hint: a node that reads it still finds its place") {
-  // Issue 31's forged tail: it named a key that never existed, and the first node waited on it.
-  Job job;
-  job.settings = Settings(2, 2);
-  PutWithoutLease(job.etcd, "/elrun/rdzv/job/tail", "/elrun/rdzv/job/nodes/nobody");
-  Node& a = job.Open("a");
-  Node& b = job.Open("b");
-  job.Join(a);
-  job.Join(b);
-  Form(job, {"a", "b"});
+TEST_CASE("keys without a lease are no node and no hint: the first node finds its place and a round forms") {
+  struct Forged {
+    const char* key;
+    const char* value;
+    const char* attack;
+  };
+  for (const Forged& forged : {
+           // Issue 31's ghost: it sat first in the line and never went, so no node took the lead.
+           Forged{"/elrun/rdzv/job/nodes/ghost", "", "a presence key without a lease"},
+           // Its forged tail: it named a key that never existed, and the first node waited on it.
+           Forged{"/elrun/rdzv/job/tail", "/elrun/rdzv/job/nodes/nobody", "a tail without a lease"},
+       }) {
+    CAPTURE(forged.attack);
+    Job job;
+    job.settings = Settings(2, 2);
+    PutWithoutLease(job.etcd, forged.key, forged.value);
+    Node& a = job.Open("a");
+    Node& b = job.Open("b");
+    job.Join(a);
+    job.Join(b);
+    Form(job, {"a", "b"});
+  }
 }
 
 TEST_CASE("what etcd hands back is checked: an unreadable output ends the session, a bad log entry is skipped") {

@@ -102,13 +102,7 @@ Trained TrainOnThree(const std::string& strategy, int steps) {
     auto gen = at::detail::createCPUGenerator(rank);
     TrainProgress progress;
     progress.world_size = 3;
-    for (int s = 0; s < steps; ++s) {
-      adam.zero_grad();
-      torch::nn::functional::cross_entropy(fsdp.forward(torch::randn({4, 12}, gen)), torch::randint(0, 3, {4}, gen))
-          .backward();
-      adam.step();
-      ++progress.step;
-    }
+    TrainSmallMlp(fsdp, adam, gen, steps, progress);
     auto own = LiveShardBytes(fsdp, adam, progress);
     REQUIRE(own.ok());
     REQUIRE(trained.copies[rank].Refresh(*pg, *std::move(own)).ok());

@@ -54,13 +54,7 @@ Snapshot Run(int world, const std::string& strategy, const std::string& dir, int
       CHECK(loaded.status().code() == absl::StatusCode::kNotFound);
     }
     auto gen = at::detail::createCPUGenerator(progress.step * 10 + rank);
-    for (int s = 0; s < steps; ++s) {
-      adam.zero_grad();
-      torch::nn::functional::cross_entropy(fsdp.forward(torch::randn({4, 12}, gen)), torch::randint(0, 3, {4}, gen))
-          .backward();
-      adam.step();
-      ++progress.step;
-    }
+    TrainSmallMlp(fsdp, adam, gen, steps, progress);
     progress.world_size = world;
     REQUIRE(SaveSharded(dir, fsdp, adam, progress).ok());
     auto params = fsdp.FullParameters();
