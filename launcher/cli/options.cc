@@ -100,6 +100,9 @@ constexpr OptionDef kOptions[] = {
      "Bind each worker's CPUs and memory near its GPU: node, socket, exclusive or core-complex."},
     {"report-file", "", false, "PATH", "",
      "At the end, write this node's goodput report (JSON: wall time, time lost per fault, steps redone) here."},
+    {"history-file", "", false, "PATH", "",
+     "Multi-node jobs: append this node's history here as it happens, one JSON line per event (joined, "
+     "round and ranks, workers started and gone, round ended, coordinator lost, left)."},
     {"inject-faults", "", false, "PLAN", "",
      "For experiments: kill or stop this node's workers (or elrun) on purpose, e.g. "
      "kill-worker@20-40s,stop-worker:1@step100,kill-worker@every30s (see docs/operations.md)."},
@@ -224,6 +227,7 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest, 
   spec->duplicate_stderr_filters = ParseFilterList(r["duplicate-stderr-filters"]);
   spec->virtual_local_rank = r.Flag("virtual-local-rank");
   spec->report_file = r["report-file"];
+  spec->history_file = r["history-file"];
   spec->auto_heartbeat = r.Flag("auto-heartbeat");
   spec->keep_survivors = r.Flag("keep-survivors");
   for (const std::string& module : ParseFilterList(r["preload"])) {

@@ -10,6 +10,7 @@
 #include "agent/coordinator/wire_checks.h"
 #include "launcher/report/console.h"
 #include "launcher/report/failure_report.h"
+#include "launcher/spec/json_value.h"
 
 namespace elrun {
 namespace {
@@ -236,6 +237,8 @@ void ElasticAgent::Join() {
   }
   phase_ = Phase::kJoining;
   join_deadline_ = clock_.SteadyNow() + rdzv_.join_timeout + std::chrono::seconds(5);
+  Record("join", {{"round", json::Number(static_cast<double>(round_))},
+                  {"holds_survivors", json::Bool(join->holds_survivors())}});
   session_.Send(message);  // A broken stream shows up as the client's end.
 }
 
@@ -258,9 +261,20 @@ void ElasticAgent::OnRoundStarted(const v1::RoundStarted& round) {
   spdlog::info("round {}: group rank {} of {}, world size {}, restart count {}, master {}:{}{}", round_,
                node_.group_rank, node_.group_world_size, node_.world_size, restart_count, node_.master_addr,
                node_.master_port, round.keep_survivors() ? "; regrouping the workers kept alive" : "");
+  Record("round", {{"round", json::Number(static_cast<double>(round_))},
+                   {"group_rank", json::Number(node_.group_rank)},
+                   {"groups", json::Number(node_.group_world_size)},
+                   {"world", json::Number(node_.world_size)},
+                   {"rank_offset", json::Number(node_.rank_offset)},
+                   {"nproc", json::Number(spec_.nproc_per_node)},
+                   {"restarts", json::Number(restart_count)},
+                   {"master", json::Text(absl::StrCat(node_.master_addr, ":", node_.master_port))},
+                   {"keep", json::Bool(round.keep_survivors())}});
   if (supervisor_ && supervisor_->held()) {
     if (round.keep_survivors()) {
       phase_ = Phase::kRunning;
+      supervisor_round_ = round_;
+      Record("regrouped", {{"round", json::Number(static_cast<double>(round_))}, {"attempt", json::Number(attempt)}});
       supervisor_->Regroup(attempt, restart_count);
       CheckSupervisor();
       return;
@@ -297,6 +311,9 @@ void ElasticAgent::StartWorkers(int attempt, int restart_count, bool join_live) 
         [this](const WorkerFailure& failure) { on_fault_("worker failed", DescribeFirstFailure({failure})); });
   }
   phase_ = Phase::kRunning;
+  supervisor_round_ = round_;
+  gone_recorded_ = false;
+  Record("workers_started", {{"round", json::Number(static_cast<double>(round_))}, {"attempt", json::Number(attempt)}});
   supervisor_->Start(attempt, restart_count, join_live && keep);
   CheckSupervisor();
 }
@@ -304,6 +321,8 @@ void ElasticAgent::StartWorkers(int attempt, int restart_count, bool join_live) 
 void ElasticAgent::OnRoundEnded(const v1::RoundEnded& ended) {
   spdlog::warn("round {} ended ({}: {}); stopping the workers and rejoining", ended.round(), ReasonName(ended.reason()),
                rdzv::EscapeForConsole(ended.detail()));
+  Record("round_ended", {{"round", json::Number(static_cast<double>(ended.round()))},
+                         {"reason", json::Text(ReasonName(ended.reason()))}});
   if (on_fault_) {
     on_fault_("new round", absl::StrCat("round ", ended.round(), " ended: ", ReasonName(ended.reason()), ": ",
                                         rdzv::EscapeForConsole(ended.detail())));
@@ -326,6 +345,7 @@ void ElasticAgent::OnRoundEnded(const v1::RoundEnded& ended) {
 void ElasticAgent::OnJobEnded(const v1::JobEnded& ended) {
   end_detail_ = rdzv::EscapeForConsole(ended.detail());
   end_code_ = ended.success() ? kExitSuccess : kExitJobFailed;
+  Record("job_ended", {{"success", json::Bool(ended.success())}});
   if (supervisor_ && !supervisor_->done()) {  // Running, stopping, or kept for the next round.
     phase_ = Phase::kStoppingForEnd;
     supervisor_->Stop();
@@ -339,6 +359,7 @@ void ElasticAgent::OnStreamEnded(const absl::Status& status) {
   if (status.code() == absl::StatusCode::kUnavailable || status.code() == absl::StatusCode::kCancelled) {
     Report(absl::StrCat("lost the rendezvous coordinator at ", rdzv_.Endpoint(), ": ",
                         rdzv::EscapeForConsole(status.message())));
+    Record("coordinator_lost", {{"why", json::Text(rdzv::EscapeForConsole(status.message()))}});
   } else {
     Report(absl::StrCat("the rendezvous at ", rdzv_.Endpoint(),
                         " refused this node: ", rdzv::EscapeForConsole(status.message())));
@@ -361,6 +382,7 @@ void ElasticAgent::CheckSupervisor() {
     return;
   }
   if (!supervisor_ || !supervisor_->done()) return;
+  RecordWorkersGone();
   int code = supervisor_->exit_code();
   if (code >= 128) {
     Finish(code);
@@ -372,6 +394,8 @@ void ElasticAgent::CheckSupervisor() {
       v1::WorkersEnded* ended = message.mutable_workers_ended();
       ended->set_round(round_);
       ended->set_success(code == kExitSuccess);
+      Record("workers_ended",
+             {{"round", json::Number(static_cast<double>(round_))}, {"success", json::Bool(code == kExitSuccess)}});
       if (code != kExitSuccess) {
         ended->set_failure(DescribeFirstFailure(supervisor_->failures()));
         failed_ = std::move(supervisor_);
@@ -400,7 +424,19 @@ void ElasticAgent::CheckSupervisor() {
 }
 
 void ElasticAgent::Finish(int code) {
-  if (!exit_code_) exit_code_ = code;
+  if (exit_code_) return;
+  exit_code_ = code;
+  Record("left", {{"exit_code", json::Number(code)}});
+}
+
+void ElasticAgent::Record(const std::string& event, const RoundHistory::Fields& fields) {
+  if (history_ != nullptr) history_->Record(event, fields);
+}
+
+void ElasticAgent::RecordWorkersGone() {
+  if (gone_recorded_) return;
+  gone_recorded_ = true;
+  Record("workers_gone", {{"round", json::Number(static_cast<double>(supervisor_round_))}});
 }
 
 // Prints one error line about the rendezvous and keeps it for the error file.

@@ -21,6 +21,7 @@
 #include "launcher/os/clock.h"
 #include "launcher/os/port_reservation.h"
 #include "launcher/os/process_table.h"
+#include "launcher/report/round_history.h"
 #include "launcher/spec/exit_status.h"
 #include "launcher/spec/job_spec.h"
 #include "launcher/spec/rdzv_settings.h"
@@ -85,6 +86,8 @@ class ElasticAgent {
   }
   // --keep-survivors' standby spare (standby_worker.h) for every group this agent runs.
   void SetStandby(Supervisor::Standby standby) { standby_ = std::move(standby); }
+  // --history-file: what this node is told and does, as it happens (round_history.h).
+  void SetHistory(RoundHistory* history) { history_ = history; }
   void OnWorkerReady(int pid, int64_t generation) {
     if (supervisor_) supervisor_->OnWorkerReady(pid, generation);
   }
@@ -132,6 +135,9 @@ class ElasticAgent {
   void CheckSupervisor();
   void Finish(int code);
   void Report(const std::string& error);
+  void Record(const std::string& event, const RoundHistory::Fields& fields);
+  // The supervisor ended: records that the workers of its round are gone.
+  void RecordWorkersGone();
 
   const JobSpec& spec_;
   const RdzvSettings& rdzv_;
@@ -147,6 +153,9 @@ class ElasticAgent {
   std::optional<PortReservation> held_port_;  // The port the last Join offered.
   Phase phase_ = Phase::kJoining;
   std::unique_ptr<Supervisor> supervisor_;  // The current round's workers.
+  uint64_t supervisor_round_ = 0;           // The round supervisor_'s workers run (or ran) in.
+  RoundHistory* history_ = nullptr;         // --history-file; null without.
+  bool gone_recorded_ = false;              // workers_gone recorded for supervisor_.
   std::unique_ptr<Supervisor> failed_;      // The last group that failed here, for the report.
   NodeAssignment node_;                     // The current round's.
   ControlAdder add_control_;                // --keep-survivors.

@@ -7,6 +7,7 @@
 #include <grpc/support/log.h>
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 
 #include <spdlog/spdlog.h>
@@ -23,6 +24,7 @@
 #include "launcher/os/host_info.h"
 #include "launcher/os/port_reservation.h"
 #include "launcher/report/console.h"
+#include "launcher/report/round_history.h"
 #include "launcher/spec/job_spec.h"
 #include "launcher/worker/attempt_builder.h"
 
@@ -235,6 +237,16 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
   RealClock clock;
   ElasticAgent agent(spec, rdzv, rt.table(), clock, session, builder, *master_addr, node_id, PortReservation::Take);
   agent_ptr = &agent;
+  std::unique_ptr<RoundHistory> history;
+  if (!spec.history_file.empty()) {
+    absl::StatusOr<std::unique_ptr<RoundHistory>> opened = RoundHistory::Open(spec.history_file, node_id, clock);
+    if (!opened.ok()) {
+      PrintError(std::string(opened.status().message()));
+      return kExitJobFailed;
+    }
+    history = std::move(*opened);
+    agent.SetHistory(history.get());
+  }
   rt.OnWatchdogSignal([&agent](int pid, const std::string& why) { agent.OnWorkerSignalled(pid, why); });
   const bool etcd = spec.rdzv_backend == "etcd-v3";
   if (spec.keep_survivors && etcd) {

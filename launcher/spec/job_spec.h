@@ -64,6 +64,7 @@ struct JobSpec {
 
   // Goodput and experiments.
   std::string report_file;    // --report-file: the goodput report's JSON; empty: none.
+  std::string history_file;   // --history-file: the elastic agent's history (round_history.h).
   std::string inject_faults;  // --inject-faults plan (fault_plan.h), validated; empty: none.
   uint64_t inject_seed = 0;
 

@@ -73,15 +73,17 @@ TEST_CASE("the forkserver, auto heartbeats, the goodput report and fault injecti
   CHECK(plain.preload.empty());
   CHECK_FALSE(plain.auto_heartbeat);
   CHECK(plain.report_file.empty());
+  CHECK(plain.history_file.empty());
   CHECK(plain.inject_faults.empty());
   CHECK(plain.inject_seed == 0);
   JobSpec spec = MustParse({"--start-method", "forkserver", "--preload", "numpy,my_pkg.models", "--auto-heartbeat",
                             "--report-file", "/tmp/r.json", "--inject-faults", "kill-worker@5s", "--inject-seed",
-                            "18446744073709551615", "x.py"});
+                            "18446744073709551615", "--history-file", "/tmp/h.jsonl", "x.py"});
   CHECK(spec.start_method == "forkserver");
   CHECK(spec.preload == std::vector<std::string>{"numpy", "my_pkg.models"});
   CHECK(spec.auto_heartbeat);
   CHECK(spec.report_file == "/tmp/r.json");
+  CHECK(spec.history_file == "/tmp/h.jsonl");
   CHECK(spec.inject_faults == "kill-worker@5s");
   CHECK(spec.inject_seed == 18446744073709551615ull);
   CHECK(MustParse({"x.py"}, FakeEnv{{{"PET_AUTO_HEARTBEAT", "1"}}}).auto_heartbeat);

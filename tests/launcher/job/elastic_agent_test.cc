@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <csignal>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -282,6 +283,50 @@ TEST_CASE("RoundEnded stops the workers, then the agent rejoins without a second
   CHECK(f.table.spawned().size() == 4);
   f.Send(f.Round(2, 0));  // An old round again: ignored while running.
   CHECK(f.table.spawned().size() == 4);
+}
+
+// The --history-file lines, as parsed values: event names in order, and each line's fields.
+std::vector<std::string> HistoryEvents(const std::string& path) {
+  std::vector<std::string> events;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    size_t at = line.find("\"event\":\"");
+    REQUIRE(at != std::string::npos);
+    at += 9;
+    events.push_back(line.substr(at, line.find('"', at) - at));
+  }
+  return events;
+}
+
+TEST_CASE("--history-file: each line says what the node was told and did, in order, with a wall time") {
+  Fixture f;
+  const std::string path = f.dir + "/history.jsonl";
+  auto history = RoundHistory::Open(path, "nodeA", f.clock);
+  REQUIRE(history.ok());
+  f.agent.SetHistory(history->get());
+  f.Handshake();
+  f.Send(f.Round(1));
+  v1::CoordinatorMessage ended;
+  ended.mutable_round_ended()->set_round(1);
+  ended.mutable_round_ended()->set_reason(v1::RoundEnded::NODE_LOST);
+  f.Send(ended);
+  f.ExitAll(ExitStatus::Signaled(SIGTERM));
+  f.Send(f.Round(2, 0));
+  f.agent.OnSessionEnded(absl::UnavailableError("keepalive watchdog timeout"));
+  f.ExitAll(ExitStatus::Signaled(SIGTERM));
+  REQUIRE(f.agent.done());
+  CHECK(HistoryEvents(path) == std::vector<std::string>{"join", "round", "workers_started", "round_ended",
+                                                        "workers_gone", "join", "round", "workers_started",
+                                                        "coordinator_lost", "workers_gone", "left"});
+  std::ifstream in(path);
+  std::string line;
+  for (int i = 0; i < 2; ++i) std::getline(in, line);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(f.clock.WallNow().time_since_epoch()).count();
+  CHECK(line == "{\"t_ms\":" + std::to_string(ms) +
+                    ",\"node\":\"nodeA\",\"event\":\"round\",\"round\":1,\"group_rank\":1,\"groups\":2,"
+                    "\"world\":4,\"rank_offset\":2,\"nproc\":2,\"restarts\":0,\"master\":\"10.0.0.1:29500\","
+                    "\"keep\":false}");
+  CHECK_FALSE(RoundHistory::Open(f.dir + "/no/such/dir/h.jsonl", "nodeA", f.clock).ok());
 }
 
 TEST_CASE("a failure is reported with its description; the job's end then fails this node") {
