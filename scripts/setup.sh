@@ -38,6 +38,9 @@ PACKAGES=(
   # The etcd v3 rendezvous backend: a real etcd cluster for its tests, and etcd's own .proto
   # files, from which the build generates the client stubs (agent/etcd/BUILD).
   etcd-server etcd-client golang-etcd-server-dev
+  # Network faults between test hosts (scripts/elrun_tools/netlab.py): nftables drops and loses
+  # packets inside the tests' own network namespaces.
+  nftables
 )
 
 missing=()

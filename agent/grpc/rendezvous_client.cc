@@ -34,7 +34,11 @@ class RendezvousClient::Stream {
 };
 
 std::chrono::milliseconds KeepaliveInterval(std::chrono::milliseconds silence_timeout) {
-  return std::max(kMinKeepalivePing, silence_timeout / 3);
+  return std::max(kMinKeepalivePing, silence_timeout / 2);
+}
+
+std::chrono::milliseconds KeepaliveTimeout(std::chrono::milliseconds silence_timeout) {
+  return std::max(kMinKeepalivePing, silence_timeout);
 }
 
 absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Open(const ClientOptions& options) {
@@ -64,10 +68,10 @@ absl::StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Open(const C
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   // A coordinator that stops answering (SIGSTOP, a dead host without a RST) is noticed by
-  // its missing ping acks, not by TCP's retransmission timeout of many minutes.
-  int keepalive_ms = static_cast<int>(KeepaliveInterval(options.silence_timeout).count());
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_ms);
+  // its missing ping acks (and unacknowledged data: TCP_USER_TIMEOUT), not by TCP's
+  // retransmission timeout of many minutes; a shorter silence is waited out.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(KeepaliveInterval(options.silence_timeout).count()));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(KeepaliveTimeout(options.silence_timeout).count()));
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Retry a refused or failed connection within a second (a coordinator that starts later, or

@@ -30,14 +30,19 @@ struct ClientOptions {
   TlsFiles tls;          // The token is proven by the agent over the stream (session_auth.h).
   // How long to wait for the coordinator to become reachable (it may start after this node).
   std::chrono::milliseconds connect_timeout{600000};
-  // A coordinator that answers no keepalive ping for this long is lost (heartbeat_timeout).
+  // A coordinator that answers no keepalive ping (or acknowledges nothing sent) for this long
+  // is lost: heartbeat_timeout - heartbeat_interval (elastic_job.cc).
   std::chrono::milliseconds silence_timeout{5000};
 };
 
-// The keepalive ping interval and ping timeout for a silence timeout: each a third of it, so
-// that a silent coordinator is noticed within it; never below kMinKeepalivePing, which the
-// coordinator's server accepts.
+// The keepalive ping interval for a silence timeout: half of it, never below kMinKeepalivePing,
+// which the coordinator's server accepts. The ping timeout is the silence timeout itself (at
+// least kMinKeepalivePing), and gRPC makes it the socket's TCP_USER_TIMEOUT too: a link cut is
+// noticed once what was sent has gone unacknowledged for the silence timeout, and a silent
+// coordinator (SIGSTOP) within 1.5 times it. A shorter silence is waited out: a cut that TCP's
+// retransmissions bridge within it costs the node nothing (tests/integration/net_faults_test.py).
 std::chrono::milliseconds KeepaliveInterval(std::chrono::milliseconds silence_timeout);
+std::chrono::milliseconds KeepaliveTimeout(std::chrono::milliseconds silence_timeout);
 
 class RendezvousClient : public AgentChannel {
  public:

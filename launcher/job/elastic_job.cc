@@ -106,7 +106,10 @@ absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> OpenChannel(const JobSpec& s
   options.endpoint = rdzv.Endpoint();
   options.tls = {rdzv.tls_cert, rdzv.tls_key, rdzv.tls_ca};
   options.connect_timeout = rdzv.join_timeout;
-  options.silence_timeout = rdzv.heartbeat_timeout;
+  // The coordinator drops this node heartbeat_timeout after the last heartbeat it got, at most
+  // one interval before the first one that goes unanswered: a node cut off notices no later,
+  // and stops its workers before the others can form a round without it.
+  options.silence_timeout = rdzv.heartbeat_timeout - rdzv.heartbeat_interval;
   auto opened = rdzv::RendezvousClient::Open(options);
   if (!opened.ok()) return opened.status();
   return std::unique_ptr<rdzv::AgentChannel>(*std::move(opened));

@@ -10,8 +10,8 @@ import rdzv_harness
 from rdzv_harness import RdzvTestCase
 
 HEARTBEAT_TIMEOUT_S = 1.5
-# Pings each keepalive interval (1 s at least), unanswered for another: about 2 s, then the
-# workers' SIGTERM and exit. Before the fix the agents waited for ever.
+# Pings each keepalive interval (1 s at least), unanswered for heartbeat_timeout: about 2.5 s,
+# then the workers' SIGTERM and exit. Before the fix the agents waited for ever.
 EXIT_BOUND_S = 8.0
 
 
