@@ -954,6 +954,7 @@ struct LoopStats {
   std::vector<double> step_ms;
   std::string loop_times;  // LoopTimesJson.
   bool signalled = false;  // SIGTERM reached some rank: all save and exit 143 together.
+  absl::Status last_save;  // The last checkpoint's save (its error fails the job at the end).
 };
 
 MemoryReport Memory(Job& job) {
@@ -1065,17 +1066,23 @@ LoopStats RunLoop(Job& job) {
   const TrainOptions& o = job.o;
   TrainProgress& progress = job.progress;
   const std::string& checkpoint = o.checkpoint_dir;
+  LoopStats loop;
+  // A save that fails (a full disk) leaves the last checkpoint saved current and intact (every
+  // file is written aside and renamed into place; a sharded set is published only when every
+  // rank wrote its shard). Training goes on after a periodic one; the last one fails the job.
   auto save = [&](bool final) {
     if (checkpoint.empty()) return;
     if (job.scaler) {
       progress.loss_scale = job.scaler->scale();
       progress.loss_scale_growth_tracker = job.scaler->growth_tracker();
     }
-    absl::Status saved = final ? job.dp->Export(checkpoint, *job.optimizer, progress)
-                               : job.dp->Save(checkpoint, *job.optimizer, progress);
-    if (!saved.ok()) std::cerr << "elrun-train: " << saved.message() << std::endl;
+    loop.last_save = final ? job.dp->Export(checkpoint, *job.optimizer, progress)
+                           : job.dp->Save(checkpoint, *job.optimizer, progress);
+    if (!loop.last_save.ok()) {
+      std::cerr << "elrun-train: the checkpoint of step " << progress.step
+                << " was not saved: " << loop.last_save.message() << "; the last one saved stays current" << std::endl;
+    }
   };
-  LoopStats loop;
   const auto start_time = std::chrono::steady_clock::now();
   const absl::StatusOr<ThreadTimes> start_times = CurrentThreadTimes();
   const double dataset = static_cast<double>(job.train_size());
@@ -1182,6 +1189,10 @@ int Train(const TrainOptions& o) {
   const Evaluation evaluation = Evaluate(**job);
   PrintSample(**job);
   Report(**job, loop, evaluation);
+  if (!loop.last_save.ok()) {
+    std::cerr << "elrun-train: the job's final checkpoint was not saved: " << loop.last_save.message() << std::endl;
+    return 1;
+  }
   return 0;
 }
 

@@ -104,12 +104,19 @@ c10::impl::GenericDict ShardDict(FullyShardedDataParallel& fsdp, torch::optim::O
   return file;
 }
 
+// The set LATEST names under `root` (dir/sharded), or "" when none is published.
+std::string LatestSet(const std::string& root) {
+  std::ifstream latest(root + "/LATEST");
+  std::string step_name;
+  if (!latest || !(latest >> step_name)) return "";
+  return step_name;
+}
+
 absl::StatusOr<TrainProgress> LoadOwnShards(const std::string& dir, FullyShardedDataParallel& fsdp,
                                             torch::optim::Optimizer& optimizer) {
   const std::string root = dir + "/sharded";
-  std::ifstream latest(root + "/LATEST");
-  std::string step_name;
-  if (!latest || !(latest >> step_name)) return absl::NotFoundError(absl::StrCat("no sharded checkpoint in ", dir));
+  const std::string step_name = LatestSet(root);
+  if (step_name.empty()) return absl::NotFoundError(absl::StrCat("no sharded checkpoint in ", dir));
   const std::string step_dir = absl::StrCat(root, "/", step_name);
   auto first = ReadDict(ShardFile(step_dir, 0, 1));  // A no_shard checkpoint has one file...
   int count = 1;
@@ -229,7 +236,17 @@ absl::Status SaveSharded(const std::string& dir, FullyShardedDataParallel& fsdp,
       status = absl::InternalError(absl::StrCat("save shard: ", error.what_without_backtrace()));
     }
   }
+  // A set that is not published is removed (by rank 0, once every rank is done with it), so a
+  // full disk does not fill up further with sets that no LATEST names - unless it is the set
+  // already current (the same step saved again, e.g. on SIGTERM), whose files were replaced
+  // whole or not at all.
+  auto drop_set = [&] {
+    if (fsdp.rank() != 0 || LatestSet(root) == step_name) return;
+    std::error_code ignored;
+    fs::remove_all(step_dir, ignored);
+  };
   if (!AllOk(pg, status.ok())) {
+    drop_set();
     return status.ok() ? absl::AbortedError(absl::StrCat("sharded checkpoint ", step_dir,
                                                          " not made current: another rank failed to save"))
                        : status;
@@ -237,6 +254,7 @@ absl::Status SaveSharded(const std::string& dir, FullyShardedDataParallel& fsdp,
   if (fsdp.rank() == 0) {
     std::string text = step_name + "\n";
     status = WriteAtomically(root + "/LATEST", std::vector<char>(text.begin(), text.end()));
+    if (!status.ok()) drop_set();
     if (status.ok()) {  // Older sets are no longer reachable.
       std::error_code error;
       for (const auto& entry : fs::directory_iterator(root, error)) {
