@@ -275,12 +275,14 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
         job->scale_up_at = due;
         v1::CoordinatorMessage waiting;
         waiting.mutable_waiting()->set_nodes_joined(Count(*job, NodeState::kPending));
+        waiting.mutable_waiting()->set_job_running(true);
         Send(id, waiting);
       }
     } else {
       SetState(*job, node, NodeState::kWaitListed);
       v1::CoordinatorMessage waiting;
       waiting.mutable_waiting()->set_wait_listed(true);
+      waiting.mutable_waiting()->set_job_running(true);
       Send(id, waiting);
     }
     return absl::OkStatus();
@@ -414,6 +416,7 @@ void Coordinator::CompleteRound(Job& job, TimePoint now) {
       joined[i]->group_rank = -1;
       v1::CoordinatorMessage waiting;
       waiting.mutable_waiting()->set_wait_listed(true);
+      waiting.mutable_waiting()->set_job_running(true);
       Send(joined[i]->session, waiting);
     }
     joined.resize(job.settings.max_nodes());

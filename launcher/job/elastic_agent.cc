@@ -93,6 +93,11 @@ void ElasticAgent::OnMessage(const v1::CoordinatorMessage& message) {
   if (message.has_waiting()) {
     spdlog::info(message.waiting().wait_listed() ? "the job has its maximum of nodes; waiting for a place"
                                                  : "joined; waiting for the round to complete");
+    if (message.waiting().job_running() && !lost_cause_.empty()) {
+      // Rejoined a job that lives on: from here on, as any Join (a place may take a while).
+      lost_cause_.clear();
+      join_deadline_ = clock_.SteadyNow() + rdzv_.join_timeout + std::chrono::seconds(5);
+    }
   }
 }
 
@@ -100,6 +105,23 @@ void ElasticAgent::OnSessionEnded(const absl::Status& status) {
   if (exit_code_ || stream_lost_) return;
   stream_lost_ = true;
   OnStreamEnded(status);
+}
+
+void ElasticAgent::OnNewSession(std::string node_id) {
+  wants_session_ = false;
+  stream_lost_ = false;
+  challenged_ = false;
+  authenticated_ = false;
+  node_id_ = std::move(node_id);
+  phase_ = Phase::kJoining;
+  join_deadline_ = rejoin_deadline_;
+}
+
+void ElasticAgent::OnNewSessionFailed(const absl::Status& status) {
+  wants_session_ = false;
+  Report(absl::StrCat("lost the rendezvous coordinator at ", rdzv_.Endpoint(), ": ", lost_cause_,
+                      "; could not rejoin: ", rdzv::EscapeForConsole(status.message())));
+  Finish(kExitJobFailed);
 }
 
 std::optional<std::chrono::steady_clock::time_point> ElasticAgent::Deadline() const {
@@ -142,6 +164,11 @@ void ElasticAgent::OnDeadline() {
       }
     }
   }
+  if (phase_ == Phase::kJoining && now >= join_deadline_ && !exit_code_ && !lost_cause_.empty()) {
+    Report(absl::StrCat("lost the rendezvous coordinator at ", rdzv_.Endpoint(), ": ", lost_cause_,
+                        "; could not rejoin the job within rejoin_timeout (", RejoinTimeout().count() / 1000.0, " s)"));
+    Finish(kExitJobFailed);
+  }
   if (phase_ == Phase::kJoining && now >= join_deadline_ && !exit_code_) {
     Report(absl::StrCat("no rendezvous round formed at ", rdzv_.Endpoint(), " within join_timeout (",
                         rdzv_.join_timeout.count() / 1000.0,
@@ -176,6 +203,10 @@ void ElasticAgent::OnWelcome(const v1::Welcome& welcome) {
     return;
   }
   authenticated_ = true;
+}
+
+std::chrono::milliseconds ElasticAgent::RejoinTimeout() const {
+  return rdzv_.rejoin_timeout.value_or(rdzv_.heartbeat_timeout);
 }
 
 // Ends this node's part in the job as failed: its workers (if any) are stopped first.
@@ -236,7 +267,10 @@ void ElasticAgent::Join() {
     }
   }
   phase_ = Phase::kJoining;
-  join_deadline_ = clock_.SteadyNow() + rdzv_.join_timeout + std::chrono::seconds(5);
+  // Rejoining after a lost session: a round, or word that the job runs on, is due by the end of
+  // the time to rejoin (the job may have ended meanwhile and its run id begun anew).
+  join_deadline_ =
+      lost_cause_.empty() ? clock_.SteadyNow() + rdzv_.join_timeout + std::chrono::seconds(5) : rejoin_deadline_;
   Record("join", {{"round", json::Number(static_cast<double>(round_))},
                   {"holds_survivors", json::Bool(join->holds_survivors())}});
   session_.Send(message);  // A broken stream shows up as the client's end.
@@ -253,6 +287,7 @@ void ElasticAgent::OnRoundStarted(const v1::RoundStarted& round) {
     Finish(kExitJobFailed);
     return;
   }
+  lost_cause_.clear();  // Rejoined, if the last session was lost.
   node_ = NodeAssignment{round.group_rank(),       round.group_world_size(), round.rank_offset(), round.world_size(),
                          round.role_rank_offset(), round.role_world_size(),  round.master_addr(), round.master_port()};
   round_ = round.round();
@@ -356,10 +391,37 @@ void ElasticAgent::OnJobEnded(const v1::JobEnded& ended) {
 }
 
 void ElasticAgent::OnStreamEnded(const absl::Status& status) {
-  if (status.code() == absl::StatusCode::kUnavailable || status.code() == absl::StatusCode::kCancelled) {
+  const bool lost = status.code() == absl::StatusCode::kUnavailable || status.code() == absl::StatusCode::kCancelled;
+  const std::string why = rdzv::EscapeForConsole(status.message());
+  if (lost) Record("coordinator_lost", {{"why", json::Text(why)}});
+  // A session that proved itself and then went away: rejoin, unless the job is ending or the
+  // time to rejoin is over (a new session that could not connect ends here too).
+  const auto now = clock_.SteadyNow();
+  if (lost && (authenticated_ || !lost_cause_.empty()) && phase_ != Phase::kStoppingForEnd &&
+      RejoinTimeout().count() > 0) {
+    if (lost_cause_.empty()) {
+      lost_cause_ = why;
+      rejoin_deadline_ = now + RejoinTimeout();
+    }
+    if (now < rejoin_deadline_) {
+      spdlog::warn("lost the rendezvous coordinator at {}: {}; {} to rejoin the job (for up to {} s)", rdzv_.Endpoint(),
+                   why, supervisor_ && !supervisor_->done() ? "stopping this node's workers" : "trying",
+                   std::chrono::duration<double>(rejoin_deadline_ - now).count());
+      if (supervisor_ && !supervisor_->done()) {
+        phase_ = Phase::kStoppingForRejoin;
+        supervisor_->Stop();
+        CheckSupervisor();
+      } else {
+        if (supervisor_ && supervisor_->exit_code() == kExitJobFailed) failed_ = std::move(supervisor_);
+        supervisor_.reset();
+        wants_session_ = true;
+      }
+      return;
+    }
+  }
+  if (lost) {
     Report(absl::StrCat("lost the rendezvous coordinator at ", rdzv_.Endpoint(), ": ",
-                        rdzv::EscapeForConsole(status.message())));
-    Record("coordinator_lost", {{"why", json::Text(rdzv::EscapeForConsole(status.message()))}});
+                        lost_cause_.empty() ? why : absl::StrCat(lost_cause_, "; could not rejoin: ", why)));
   } else {
     Report(absl::StrCat("the rendezvous at ", rdzv_.Endpoint(),
                         " refused this node: ", rdzv::EscapeForConsole(status.message())));
@@ -418,6 +480,11 @@ void ElasticAgent::CheckSupervisor() {
       if (code == kExitJobFailed) failed_ = std::move(supervisor_);
       supervisor_.reset();
       Finish(end_code_);
+      break;
+    case Phase::kStoppingForRejoin:
+      if (code == kExitJobFailed) failed_ = std::move(supervisor_);
+      supervisor_.reset();
+      wants_session_ = true;
       break;
     default: break;
   }

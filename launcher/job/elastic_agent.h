@@ -96,6 +96,18 @@ class ElasticAgent {
   void OnMessage(const rdzv::v1::CoordinatorMessage& message);
   // The session ended (the coordinator refused this node, died, or went silent).
   void OnSessionEnded(const absl::Status& status);
+  // After a session that was lost (UNAVAILABLE: the coordinator silent or unreachable; etcd:
+  // this node's lease lost) the agent stops its workers, which a new round elsewhere may already
+  // have replaced, and asks for a new session (wants_session) to rejoin the job through, until
+  // rdzv.rejoin_timeout after the loss; then it leaves with the loss as its cause.
+  bool wants_session() const { return wants_session_; }
+  // The caller opened a new session (its messages now come to OnMessage): the agent answers its
+  // Challenge with a Join as `node_id` (a fresh one: the coordinator may still hold the last).
+  void OnNewSession(std::string node_id);
+  // No new session could be opened: the agent leaves, with the loss and this as the cause.
+  void OnNewSessionFailed(const absl::Status& status);
+  // When the current rejoin attempt gives up; the caller opens no session past it.
+  std::chrono::steady_clock::time_point rejoin_deadline() const { return rejoin_deadline_; }
   void OnWorkerExit(int pid, ExitStatus status);
   // elrun signalled worker `pid` for `why` (the FileTimer watchdog): its failure carries it.
   void OnWorkerSignalled(int pid, const std::string& why);
@@ -118,7 +130,16 @@ class ElasticAgent {
  private:
   // kStoppingForStart: a round began that does not keep the workers this node held; they are
   // stopped before its workers start.
-  enum class Phase { kJoining, kRunning, kReported, kStoppingForRound, kStoppingForStart, kStoppingForEnd };
+  // kStoppingForRejoin: the session was lost; the workers stop, then a new session is asked for.
+  enum class Phase {
+    kJoining,
+    kRunning,
+    kReported,
+    kStoppingForRound,
+    kStoppingForStart,
+    kStoppingForEnd,
+    kStoppingForRejoin
+  };
 
   void OnChallenge(const rdzv::v1::Challenge& challenge);
   void OnWelcome(const rdzv::v1::Welcome& welcome);
@@ -136,6 +157,7 @@ class ElasticAgent {
   void Finish(int code);
   void Report(const std::string& error);
   void Record(const std::string& event, const RoundHistory::Fields& fields);
+  std::chrono::milliseconds RejoinTimeout() const;
   // The supervisor ended: records that the workers of its round are gone.
   void RecordWorkersGone();
 
@@ -146,7 +168,7 @@ class ElasticAgent {
   RendezvousSession& session_;
   AttemptBuilder& builder_;
   const std::string master_addr_;
-  const std::string node_id_;
+  std::string node_id_;    // This session's (OnNewSession).
   const std::string key_;  // TokenKey of the token; empty without one.
   const PortPicker pick_port_;
 
@@ -174,6 +196,10 @@ class ElasticAgent {
   std::string rendezvous_error_;
   std::optional<int> exit_code_;
   bool stream_lost_ = false;
+  bool wants_session_ = false;
+  // Since the session was lost and until a round starts again: the loss, its time's deadline.
+  std::string lost_cause_;
+  std::chrono::steady_clock::time_point rejoin_deadline_;
   bool challenged_ = false;     // The session's Challenge arrived (and the first Join left).
   bool authenticated_ = false;  // The coordinator proved the token (Welcome).
   std::string server_nonce_;

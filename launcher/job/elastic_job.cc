@@ -7,6 +7,8 @@
 #include <grpc/support/log.h>
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -34,20 +36,23 @@ namespace {
 namespace v1 = rdzv::v1;
 
 // The agent's session over its channel: sends only queue (the channel's writer thread sends).
+// Use() moves it to a new channel after the last one was lost.
 class ClientSession : public RendezvousSession {
  public:
-  explicit ClientSession(rdzv::AgentChannel& channel) : channel_(channel) {}
+  explicit ClientSession(rdzv::AgentChannel* channel) : channel_(channel) {}
+  void Use(rdzv::AgentChannel* channel) { channel_ = channel; }
   void Send(const v1::AgentMessage& message) override {
-    channel_.Write(message);  // A broken session shows up as the channel's end.
+    channel_->Write(message);  // A broken session shows up as the channel's end.
   }
 
  private:
-  rdzv::AgentChannel& channel_;
+  rdzv::AgentChannel* channel_;
 };
 
 // The etcd-v3 backend's channel: this node's session in the job's rendezvous in etcd.
 absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> OpenEtcd(const JobSpec& spec, const RdzvSettings& rdzv,
-                                                             const std::string& node_id) {
+                                                             const std::string& node_id,
+                                                             std::chrono::milliseconds connect_timeout) {
   rdzv::EtcdRendezvousOptions options;
   options.etcd.endpoints = rdzv.etcd_endpoints;
   options.etcd.tls = {rdzv.tls_cert, rdzv.tls_key, rdzv.tls_ca};
@@ -58,7 +63,7 @@ absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> OpenEtcd(const JobSpec& spec
   options.run_id = spec.rdzv_id;
   options.node_id = node_id;
   options.lease_ttl = rdzv.heartbeat_timeout;
-  options.first_join_timeout = rdzv.join_timeout;
+  options.first_join_timeout = connect_timeout;
   options.token = rdzv.token;
   auto opened = rdzv::EtcdRendezvous::Open(options);
   if (!opened.ok()) {
@@ -98,14 +103,16 @@ absl::StatusOr<std::unique_ptr<rdzv::CoordinatorServer>> MaybeHostCoordinator(co
   return nullptr;  // Another elrun on this machine hosts it.
 }
 
-// This node's channel to the rendezvous: its session in etcd, or its stream to the coordinator.
+// This node's channel to the rendezvous as `node_id`: its session in etcd, or its stream to the
+// coordinator, which it waits up to connect_timeout to reach.
 absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> OpenChannel(const JobSpec& spec, const RdzvSettings& rdzv,
-                                                                const std::string& node_id) {
-  if (spec.rdzv_backend == "etcd-v3") return OpenEtcd(spec, rdzv, node_id);
+                                                                const std::string& node_id,
+                                                                std::chrono::milliseconds connect_timeout) {
+  if (spec.rdzv_backend == "etcd-v3") return OpenEtcd(spec, rdzv, node_id, connect_timeout);
   rdzv::ClientOptions options;
   options.endpoint = rdzv.Endpoint();
   options.tls = {rdzv.tls_cert, rdzv.tls_key, rdzv.tls_ca};
-  options.connect_timeout = rdzv.join_timeout;
+  options.connect_timeout = connect_timeout;
   // The coordinator drops this node heartbeat_timeout after the last heartbeat it got, at most
   // one interval before the first one that goes unanswered: a node cut off notices no later,
   // and stops its workers before the others can form a round without it.
@@ -152,20 +159,54 @@ void ShareStragglerPaces(ElasticAgent& agent, HeartbeatServer* heartbeat) {
       });
 }
 
+// Opens a channel to the rendezvous as the given node id, waiting up to the given time.
+using ChannelOpener = std::function<absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>>(
+    const std::string& node_id, std::chrono::milliseconds connect_timeout)>;
+
+// Sessions one node may open in one job: the first and its rejoins after losses.
+constexpr int kMaxSessions = 1000;
+
 // Runs the agent on the runtime's loop until it is done: signals, the channel's messages and
-// end, worker exits and the agent's deadlines. An error when the loop itself failed.
-absl::Status RunAgent(JobRuntime& rt, ElasticAgent& agent, rdzv::AgentChannel& channel) {
+// end, worker exits and the agent's deadlines. When the agent lost its session and wants a new
+// one to rejoin through, `channel` is replaced by one that `open` makes (as node_id-rN). An error
+// when the loop itself failed.
+absl::Status RunAgent(JobRuntime& rt, ElasticAgent& agent, ClientSession& session,
+                      std::unique_ptr<rdzv::AgentChannel>& channel, const std::string& node_id,
+                      const ChannelOpener& open) {
   absl::Status status = rt.HandleSignals([&](int signo) { agent.OnSignal(signo); });
-  auto on_channel_event = [&] {
-    for (const v1::CoordinatorMessage& message : channel.Take()) agent.OnMessage(message);
-    if (std::optional<absl::Status> ended = channel.ended()) agent.OnSessionEnded(*ended);
-  };
-  if (status.ok()) status = rt.loop().Add(channel.event_fd(), on_channel_event);
-  if (status.ok()) {
-    agent.Start();
-    status = rt.RunUntil([&] { return agent.done(); }, [&] { return agent.Deadline(); }, [&] { agent.OnDeadline(); });
+  if (status.ok()) agent.Start();
+  for (int number = 1; status.ok() && number <= kMaxSessions; ++number) {
+    if (number > 1) {
+      channel.reset();  // Leaves the lost session for good.
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(agent.rejoin_deadline() -
+                                                                        std::chrono::steady_clock::now());
+      const std::string id = absl::StrCat(node_id, "-r", number - 1);
+      absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> opened =
+          open(id, std::max<std::chrono::milliseconds>(left, std::chrono::milliseconds(100)));
+      if (!opened.ok()) {  // It waited what was left of the time to rejoin (etcd), or cannot (TLS files).
+        agent.OnNewSessionFailed(opened.status());
+        break;
+      }
+      channel = *std::move(opened);
+      session.Use(channel.get());
+      agent.OnNewSession(id);
+    }
+    rdzv::AgentChannel& current = *channel;
+    auto on_channel_event = [&] {
+      for (const v1::CoordinatorMessage& message : current.Take()) agent.OnMessage(message);
+      if (std::optional<absl::Status> ended = current.ended()) agent.OnSessionEnded(*ended);
+    };
+    status = rt.loop().Add(current.event_fd(), on_channel_event);
+    if (status.ok()) {
+      status = rt.RunUntil([&] { return agent.done() || agent.wants_session(); }, [&] { return agent.Deadline(); },
+                           [&] { agent.OnDeadline(); });
+    }
+    rt.loop().Remove(current.event_fd());
+    if (agent.done()) break;
   }
-  rt.loop().Remove(channel.event_fd());
+  if (status.ok() && !agent.done()) {
+    agent.OnNewSessionFailed(absl::ResourceExhaustedError(absl::StrCat("rejoined ", kMaxSessions - 1, " times")));
+  }
   return status;
 }
 
@@ -216,7 +257,7 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
     return kExitJobFailed;
   }
   const std::string node_id = absl::StrCat(HostName(), ":", ::getpid(), ":", RandomRunId().substr(0, 6));
-  absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> channel = OpenChannel(spec, rdzv, node_id);
+  absl::StatusOr<std::unique_ptr<rdzv::AgentChannel>> channel = OpenChannel(spec, rdzv, node_id, rdzv.join_timeout);
   if (!channel.ok()) {
     PrintError(std::string(channel.status().message()));
     return kExitJobFailed;
@@ -236,7 +277,7 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
         std::max<std::chrono::milliseconds>(std::chrono::seconds(10), rdzv.heartbeat_timeout + std::chrono::seconds(5));
     builder.SetWorkerEnv("ELRUN_REGROUP_WAIT_MS", std::to_string(wait.count()));
   }
-  ClientSession session(**channel);
+  ClientSession session(channel->get());
   RealClock clock;
   ElasticAgent agent(spec, rdzv, rt.table(), clock, session, builder, *master_addr, node_id, PortReservation::Take);
   agent_ptr = &agent;
@@ -286,7 +327,10 @@ int RunElasticJob(const JobSpec& spec, const std::map<std::string, std::string>&
       return progress;
     });
   }
-  if (absl::Status status = RunAgent(rt, agent, **channel); !status.ok()) {
+  const ChannelOpener reopen = [&spec, &rdzv](const std::string& id, std::chrono::milliseconds connect_timeout) {
+    return OpenChannel(spec, rdzv, id, connect_timeout);
+  };
+  if (absl::Status status = RunAgent(rt, agent, session, *channel, node_id, reopen); !status.ok()) {
     PrintError(std::string(status.message()));
     return kExitJobFailed;
   }

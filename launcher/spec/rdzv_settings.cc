@@ -12,7 +12,7 @@ namespace elrun {
 namespace {
 
 constexpr const char* kKnownKeys =
-    "join_timeout, last_call_timeout, close_timeout, heartbeat_interval, heartbeat_timeout, "
+    "join_timeout, last_call_timeout, close_timeout, heartbeat_interval, heartbeat_timeout, rejoin_timeout, "
     "keep_alive_interval, keep_alive_max_attempt, is_host, token, token_file, run_token, "
     "run_token_file, tls_cert, tls_key, tls_ca, etcd_prefix, etcd_user, etcd_password_file, "
     "protocol, cacert, cert, key, "
@@ -81,7 +81,9 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec, const std::m
     auto seconds = [&](std::chrono::milliseconds* out) -> absl::Status {
       auto parsed = ParseSeconds(value);
       if (!parsed.ok()) return Bad(key, value, parsed.status().message());
-      if (parsed->count() <= 0 && key != "last_call_timeout") return Bad(key, value, "must be > 0");
+      if (parsed->count() <= 0 && key != "last_call_timeout" && key != "rejoin_timeout") {
+        return Bad(key, value, "must be > 0");
+      }
       *out = *parsed;
       return absl::OkStatus();
     };
@@ -96,6 +98,10 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec, const std::m
       status = seconds(&settings.heartbeat_interval);
     } else if (key == "heartbeat_timeout") {
       status = seconds(&settings.heartbeat_timeout);
+    } else if (key == "rejoin_timeout") {
+      std::chrono::milliseconds rejoin;
+      status = seconds(&rejoin);
+      if (status.ok()) settings.rejoin_timeout = rejoin;
     } else if (key == "keep_alive_interval") {
       std::chrono::milliseconds interval;
       status = seconds(&interval);
@@ -151,6 +157,7 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec, const std::m
   if (keep_alive_interval || keep_alive_attempts) {
     settings.heartbeat_timeout = settings.heartbeat_interval * keep_alive_attempts.value_or(5);
   }
+  if (!settings.rejoin_timeout) settings.rejoin_timeout = settings.heartbeat_timeout;
   if (settings.heartbeat_timeout <= settings.heartbeat_interval) {
     return absl::InvalidArgumentError(
         absl::StrCat("--rdzv-conf: heartbeat_timeout (", settings.heartbeat_timeout.count(),

@@ -24,6 +24,10 @@ struct RdzvSettings {
   std::chrono::milliseconds close_timeout{30000};
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds heartbeat_timeout{5000};
+  // After losing the coordinator (silent, unreachable; etcd: this node's lease lost), how long a
+  // node whose workers it stopped keeps trying to rejoin the job; 0: it leaves at once. Unset:
+  // heartbeat_timeout.
+  std::optional<std::chrono::milliseconds> rejoin_timeout;
   std::optional<bool> is_host;  // Unset: guess from the endpoint being a local address.
   std::string token;            // Admission to the coordinator. Never logged.
   // The run's own credential on a coordinator that serves many runs; empty: the token is.

@@ -230,7 +230,8 @@ class EtcdRendezvousTest(RdzvTestCase):
 
     def three_nodes_and_their_leader(self, cluster):
         agents = [self.agent(cluster, node, nnodes="2:3", nproc=1) for node in (1, 2, 3)]
-        self.check_round(self.wait_workers(3, alive=agents, what="round 1's 3 workers"), 3, 3)
+        self.first_records = self.wait_workers(3, alive=agents, what="round 1's 3 workers")
+        self.check_round(self.first_records, 3, 3)
         leader = self.leading_agent(cluster, agents)
         return leader, [a for a in agents if a is not leader]
 
@@ -247,11 +248,14 @@ class EtcdRendezvousTest(RdzvTestCase):
         print("leading agent lost %.2f s after kill -9 (lease TTL %d s)" % (lost_after, LEASE_S))
         self.assertEqual(cluster.keys(PREFIX), [])
 
-    def test_leading_agent_stalled_is_deposed_and_leaves(self):
+    def test_leading_agent_stalled_is_deposed_then_rejoins(self):
         # SIGSTOP the leading agent past its lease: the next in line leads the survivors' new
-        # round; resumed, the stalled agent finds its lease gone, writes nothing and exits 1.
+        # round; resumed, the stalled agent finds its lease gone, stops its worker (it writes
+        # nothing into the job's log as it was) and rejoins as a new node: the job grows back to
+        # 3 nodes in round 3, no restart spent. Before, it left the job (exit 1).
         cluster = self.cluster()
         stalled, survivors = self.three_nodes_and_their_leader(cluster)
+        stalled_fds = self.pidfds([r for r in self.first_records if r["node"] == stalled.node])
         stalled.proc.send_signal(signal.SIGSTOP)
         try:
             second = self.wait_workers(2, alive=survivors, what="round 2 of the 2 survivors",
@@ -260,10 +264,13 @@ class EtcdRendezvousTest(RdzvTestCase):
             stalled.proc.send_signal(signal.SIGCONT)
         self.check_round(second, 2, 2)
         self.leading_agent(cluster, survivors)
-        self.assertAllExit([stalled], 1)
+        self.assertDead(stalled_fds, "the stalled node's round-1 worker and its grandchild")
+        third = self.wait_workers(3, alive=survivors + [stalled], what="round 3, the stalled node back",
+                                  timeout=LOSS_BOUND_S + 30)
+        self.check_round(third, 3, 3)
         self.assertIn("etcd lease", stalled.result().err)  # Expired, or ended (its replica saw it).
-        self.release(3)  # The stalled node's worker too, if it still runs.
-        self.assertAllExit(survivors, 0)
+        self.release(3)
+        self.assertAllExit(survivors + [stalled], 0)
         self.assertEqual(cluster.keys(PREFIX), [])
 
     def test_two_jobs_on_one_cluster_stay_apart(self):

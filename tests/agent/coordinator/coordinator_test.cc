@@ -339,7 +339,8 @@ TEST_CASE("nodes beyond max wait, and get a place when one frees up") {
   REQUIRE(h.Join(2).ok());
   REQUIRE(h.Has(2, v1::CoordinatorMessage::kWaiting));
   CHECK(h.Sink(2).messages.back().waiting().wait_listed());
-  CHECK(h.Sink(0).messages.empty());  // The running round is not disturbed.
+  CHECK(h.Sink(2).messages.back().waiting().job_running());  // A rejoining node knows the job lives on.
+  CHECK(h.Sink(0).messages.empty());                         // The running round is not disturbed.
   h.coordinator.OnDisconnect(h.agents[1].id, h.now);
   REQUIRE(h.Join(0).ok());
   CHECK(h.Started(2).group_world_size() == 2);
@@ -833,6 +834,7 @@ TEST_CASE("a scale-up ends the round at most once per last_call_timeout, however
     int n = 10 + cycle;
     REQUIRE(h.Join(n).ok());
     CHECK_FALSE(h.Sink(n).messages.back().waiting().wait_listed());
+    CHECK(h.Sink(n).messages.back().waiting().job_running());
     h.Advance(milliseconds(100));
     REQUIRE(h.Heartbeat(0).ok());
     h.coordinator.OnDisconnect(h.agents[n].id, h.now);

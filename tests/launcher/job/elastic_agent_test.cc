@@ -312,6 +312,7 @@ TEST_CASE("--history-file: each line says what the node was told and did, in ord
   f.Send(ended);
   f.ExitAll(ExitStatus::Signaled(SIGTERM));
   f.Send(f.Round(2, 0));
+  f.rdzv.rejoin_timeout = std::chrono::milliseconds(0);
   f.agent.OnSessionEnded(absl::UnavailableError("keepalive watchdog timeout"));
   f.ExitAll(ExitStatus::Signaled(SIGTERM));
   REQUIRE(f.agent.done());
@@ -350,8 +351,9 @@ TEST_CASE("a failure is reported with its description; the job's end then fails 
   CHECK(f.agent.failed() != nullptr);
 }
 
-TEST_CASE("losing the session while workers run stops them and fails this node") {
+TEST_CASE("with rejoin_timeout 0, losing the session while workers run stops them and fails this node") {
   Fixture f;
+  f.rdzv.rejoin_timeout = std::chrono::milliseconds(0);
   f.Handshake();
   f.Send(f.Round(1));
   f.agent.OnSessionEnded(absl::UnavailableError("keepalive watchdog timeout"));
@@ -361,6 +363,87 @@ TEST_CASE("losing the session while workers run stops them and fails this node")
   CHECK(f.agent.done());
   CHECK(f.agent.exit_code() == kExitJobFailed);
   CHECK(f.agent.rendezvous_error() == "lost the rendezvous coordinator at 127.0.0.1:29400: keepalive watchdog timeout");
+}
+
+TEST_CASE("a lost session: the workers stop, then the agent rejoins through a new session as a new node id") {
+  Fixture f;
+  f.Handshake();
+  f.Send(f.Round(1));
+  const int first = f.table.spawned()[0].first;
+  f.agent.OnSessionEnded(absl::UnavailableError("recvmsg:Connection timed out"));
+  CHECK(f.table.WasSignaled(first, SIGTERM));
+  CHECK_FALSE(f.agent.wants_session());  // Not before the workers are gone.
+  f.ExitAll(ExitStatus::Signaled(SIGTERM));
+  CHECK(f.agent.wants_session());
+  CHECK_FALSE(f.agent.done());
+  CHECK(f.agent.rejoin_deadline() == f.clock.SteadyNow() + f.rdzv.heartbeat_timeout);  // The default.
+  f.session.sent.clear();
+  f.agent.OnNewSession("nodeA-r1");
+  CHECK_FALSE(f.agent.wants_session());
+  v1::Join join = f.Handshake();  // The new session proves the token again, as the new id.
+  CHECK(join.node_id() == "nodeA-r1");
+  CHECK(join.proof() ==
+        rdzv::AgentProof(rdzv::TokenKey("s3cret"), f.server_nonce, join.client_nonce(), "job", "nodeA-r1"));
+  f.Send(f.Round(3, 0));  // The round the others formed meanwhile was 2.
+  CHECK(f.table.spawned().size() == 4);
+  // Lost again later: a new time to rejoin starts from that loss.
+  f.clock.Advance(std::chrono::seconds(60));
+  f.agent.OnSessionEnded(absl::UnavailableError("keepalive watchdog timeout"));
+  f.ExitAll(ExitStatus::Signaled(SIGTERM));
+  CHECK(f.agent.wants_session());
+  CHECK(f.agent.rejoin_deadline() == f.clock.SteadyNow() + f.rdzv.heartbeat_timeout);
+}
+
+TEST_CASE("rejoining: a round, or word that the job runs on, is due within rejoin_timeout of the loss") {
+  for (bool job_running : {false, true}) {
+    CAPTURE(job_running);
+    Fixture f;
+    f.rdzv.rejoin_timeout = std::chrono::milliseconds(2000);
+    f.Handshake();
+    f.agent.OnSessionEnded(absl::UnavailableError("keepalive watchdog timeout"));
+    REQUIRE(f.agent.wants_session());
+    f.agent.OnNewSession("nodeA-r1");
+    f.session.sent.clear();
+    f.Handshake();
+    v1::CoordinatorMessage waiting;
+    waiting.mutable_waiting()->set_job_running(job_running);  // No: the run id began anew (the job ended).
+    f.Send(waiting);
+    f.clock.Advance(std::chrono::milliseconds(2100));
+    f.agent.OnDeadline();
+    CHECK(f.agent.done() == !job_running);  // A running job: waits for its place up to join_timeout.
+    if (!job_running) {
+      CHECK(f.agent.rendezvous_error() ==
+            "lost the rendezvous coordinator at 127.0.0.1:29400: keepalive watchdog timeout; could not rejoin the job "
+            "within rejoin_timeout (2 s)");
+    }
+  }
+}
+
+TEST_CASE("a lost session that cannot be replaced within rejoin_timeout: the agent leaves, naming the loss") {
+  Fixture f;
+  f.rdzv.rejoin_timeout = std::chrono::milliseconds(2000);
+  f.Handshake();
+  f.Send(f.Round(1));
+  f.agent.OnSessionEnded(absl::UnavailableError("keepalive watchdog timeout"));
+  f.ExitAll(ExitStatus::Signaled(SIGTERM));
+  REQUIRE(f.agent.wants_session());
+  f.agent.OnNewSession("nodeA-r1");
+  f.clock.Advance(std::chrono::milliseconds(2100));  // The new session never connects.
+  f.agent.OnSessionEnded(absl::UnavailableError("could not connect within 0.1 s"));
+  CHECK(f.agent.done());
+  CHECK(f.agent.exit_code() == kExitJobFailed);
+  CHECK(f.agent.rendezvous_error() ==
+        "lost the rendezvous coordinator at 127.0.0.1:29400: keepalive watchdog timeout; could not rejoin: could not "
+        "connect within 0.1 s");
+  Fixture g;  // Or a new session cannot be opened at all.
+  g.Handshake();
+  g.agent.OnSessionEnded(absl::UnavailableError("keepalive watchdog timeout"));
+  REQUIRE(g.agent.wants_session());  // No workers ran: at once.
+  g.agent.OnNewSessionFailed(absl::UnavailableError("etcd unreachable"));
+  CHECK(g.agent.done());
+  CHECK(g.agent.rendezvous_error() ==
+        "lost the rendezvous coordinator at 127.0.0.1:29400: keepalive watchdog timeout; could not rejoin: etcd "
+        "unreachable");
 }
 
 TEST_CASE("no round within join_timeout: the agent gives up") {

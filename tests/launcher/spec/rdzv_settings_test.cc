@@ -33,6 +33,7 @@ TEST_CASE("defaults") {
   CHECK(s->last_call_timeout == std::chrono::seconds(30));
   CHECK(s->heartbeat_interval == std::chrono::seconds(1));
   CHECK(s->heartbeat_timeout == std::chrono::seconds(5));
+  CHECK(s->rejoin_timeout == std::chrono::seconds(5));  // heartbeat_timeout's.
   CHECK_FALSE(s->is_host.has_value());
   CHECK(s->token.empty());
   CHECK(s->Endpoint() == "node0:29400");
@@ -63,7 +64,11 @@ TEST_CASE("timeouts and flags from --rdzv-conf") {
   CHECK(s->last_call_timeout.count() == 0);
   CHECK(s->heartbeat_interval == std::chrono::milliseconds(250));
   CHECK(s->heartbeat_timeout == std::chrono::seconds(2));
+  CHECK(s->rejoin_timeout == std::chrono::seconds(2));
   CHECK(s->is_host == false);
+  CHECK(ParseRdzvSettings(Spec("h", {{"rejoin_timeout", "0"}}), {})->rejoin_timeout == std::chrono::seconds(0));
+  CHECK(ParseRdzvSettings(Spec("h", {{"rejoin_timeout", "45"}}), {})->rejoin_timeout == std::chrono::seconds(45));
+  CHECK(ErrorOf(Spec("h", {{"rejoin_timeout", "-1"}})).rfind("--rdzv-conf rejoin_timeout=-1:", 0) == 0);
 }
 
 TEST_CASE("torchrun's keep_alive settings map onto the heartbeat") {
