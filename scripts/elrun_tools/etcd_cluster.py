@@ -73,9 +73,13 @@ class EtcdCluster:
 
     endpoints / endpoint_list: every member's client host:port (as --rdzv-endpoint takes them),
     killed members included; live_endpoint_list: only serving members' (running, not stopped).
-    Member i is self.members[i] (name, ports, data_dir, log_path, proc)."""
+    Member i is self.members[i] (name, ports, data_dir, log_path, proc).
 
-    def __init__(self, tmpdir, members=3, auth=None, tls=None, host=None, extra_args=()):
+    lab, lab_hosts: member i runs in test host lab_hosts[i] of a netlab.NetLab, on that host's
+    address and etcd's own ports (2379, 2380: the namespace holds nothing else); etcdctl runs in
+    the host of the first member it is given. /metrics is not read there (metric() gives None)."""
+
+    def __init__(self, tmpdir, members=3, auth=None, tls=None, host=None, extra_args=(), lab=None, lab_hosts=None):
         if members < 1:
             raise ValueError("members must be >= 1")
         self.tmpdir = tmpdir
@@ -84,6 +88,9 @@ class EtcdCluster:
         self.tls = tls
         self.fixed_host = host or (tls.ip if tls is not None else None)
         self.extra_args = list(extra_args)
+        self.lab, self.lab_hosts = lab, list(lab_hosts or [])
+        if lab is not None and len(self.lab_hosts) != members:
+            raise ValueError("lab_hosts must name one test host per member")
         self.members = []
         self.dir = None
         self.token = None
@@ -121,12 +128,14 @@ class EtcdCluster:
     def _start(self):
         failures = []
         for attempt in range(1, START_ATTEMPTS + 1):
-            host = self.fixed_host or random_loopback_host()
-            ports = pick_ports(host, 2 * self.size)
             self.dir = tempfile.mkdtemp(prefix="etcd.", dir=self.tmpdir)
             self.token = "elrun-test-%s" % os.path.basename(self.dir)
-            self.members = [Member(i, host, ports[2 * i], ports[2 * i + 1], self.dir)
-                            for i in range(self.size)]
+            if self.lab is not None:
+                self.members = [Member(i, self.lab.addr(h), 2379, 2380, self.dir) for i, h in enumerate(self.lab_hosts)]
+            else:
+                host = self.fixed_host or random_loopback_host()
+                ports = pick_ports(host, 2 * self.size)
+                self.members = [Member(i, host, ports[2 * i], ports[2 * i + 1], self.dir) for i in range(self.size)]
             try:
                 for i in range(self.size):
                     self._spawn(i)
@@ -179,8 +188,11 @@ class EtcdCluster:
     def _spawn(self, i):
         m = self.members[i]
         # Appends: a restarted member's log follows its first life's.
+        args = self._member_args(m)
+        if self.lab is not None:
+            args = self.lab.command(self.lab_hosts[i], args)
         with open(m.log_path, "ab") as log:
-            m.proc = subprocess.Popen(self._member_args(m), stdin=subprocess.DEVNULL, stdout=log,
+            m.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log,
                                       stderr=subprocess.STDOUT, env=etcd_env(),
                                       cwd=self.dir, preexec_fn=die_with_parent(os.getpid()))
         RUNNING[m.proc.pid] = m.proc
@@ -229,6 +241,9 @@ class EtcdCluster:
 
     def _run_ctl(self, args, urls, auth=True, timeout=ETCDCTL_TIMEOUT_S):
         argv = [ETCDCTL, "--endpoints", ",".join(urls)] + self._ctl_flags(auth) + list(args)
+        if self.lab is not None:
+            first = next(m for m in self.members if urls and m.endpoint in urls[0])
+            argv = self.lab.command(self.lab_hosts[first.index], argv)
         try:
             return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, env=etcd_env(), timeout=timeout,
@@ -381,7 +396,10 @@ class EtcdCluster:
         return rc
 
     def _metrics(self, i, timeout=1.0):
-        """Member i's /metrics (Prometheus text), or None when it does not answer."""
+        """Member i's /metrics (Prometheus text), or None when it does not answer (or runs in
+        a test host, out of this process's reach)."""
+        if self.lab is not None:
+            return None
         context = None
         if self.tls is not None:
             context = ssl.create_default_context(cafile=self.tls.ca)

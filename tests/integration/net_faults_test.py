@@ -22,6 +22,7 @@ from rdzv_harness import RdzvTestCase
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(harness.HERE)), "scripts"))
 from elrun_tools import history_check, netlab  # noqa: E402
+from elrun_tools.etcd_cluster import EtcdCluster  # noqa: E402
 
 DAEMON_HOST = 1
 AGENT_HOSTS = (2, 3, 4)
@@ -225,6 +226,51 @@ class NetFaultsTest(NetTestCase):
             self.assertEqual([(e["round"], e["restarts"]) for e in self.rounds_of(host)], [(1, 0)],
                              "expected no eviction and no new round on host %d\n%s" % (host, self.summary()))
         self.assertHistoryHolds(stale_bound_s=0)
+
+
+ETCD_HOSTS = (1, 2, 3)
+ETCD_AGENT_HOSTS = (4, 5, 6)
+LEASE_S = 6.0
+PREFIX = "/elrun/rdzv/"
+
+
+@harness.elrun_only("multi-node rendezvous through etcd")
+class NetEtcdTest(NetTestCase):
+    """The etcd-v3 backend with a 3-member etcd cluster on hosts 1-3 and agents on hosts 4-6."""
+    HOSTS = 6
+
+    def setUp(self):
+        super().setUp()
+        self.cluster = EtcdCluster(self.tmp, members=3, lab=self.lab, lab_hosts=ETCD_HOSTS)
+        self.addCleanup(self.cluster.close)
+
+    def histories(self, hosts=ETCD_AGENT_HOSTS):
+        return super().histories(hosts)
+
+    def test_etcd_leader_cut_off_in_a_minority_the_agents_move_and_the_job_goes_on(self):
+        leader = self.cluster.leader()
+        # Every agent prefers the leader's member: it comes first in their endpoint lists.
+        order = [leader] + [i for i in range(3) if i != leader]
+        endpoint = ",".join(self.cluster.members[i].endpoint for i in order)
+        conf = {"heartbeat_timeout": str(LEASE_S), "rejoin_timeout": "30"}
+        agents = []
+        for host in ETCD_AGENT_HOSTS:
+            agents.append(self.start_agent_in(host, endpoint, conf=conf, backend="etcd-v3"))
+        self.wait_workers(3, alive=agents, what="round 1's workers on the 3 agent hosts")
+        # The leader's host loses the other members (the agents still reach every member).
+        cut_off = ETCD_HOSTS[leader]
+        self.lab.partition([cut_off], [h for h in ETCD_HOSTS if h != cut_off])
+        new_leader = self.cluster.wait_for_leader(exclude=leader, timeout=20)
+        self.assertNotEqual(new_leader, leader)
+        self.hold(2 * LEASE_S, alive=agents)
+        self.lab.heal_all()
+        self.hold(2.0, alive=agents)
+        self.finish_job(agents)
+        for host in ETCD_AGENT_HOSTS:
+            self.assertEqual([(e["round"], e["restarts"]) for e in self.rounds_of(host)], [(1, 0)],
+                             "expected host %d to stay in round 1, no restart spent\n%s" % (host, self.summary()))
+        self.assertHistoryHolds(stale_bound_s=0)
+        self.assertEqual(self.cluster.keys(PREFIX), [], "expected the job's keys removed at its end")
 
 
 if __name__ == "__main__":
