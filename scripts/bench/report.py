@@ -20,6 +20,7 @@ import etcd_scale_report  # noqa: E402
 import fsdp_report  # noqa: E402
 import gpt_report  # noqa: E402
 import launcher_report  # noqa: E402
+import net_cut_report  # noqa: E402
 import rdzv_report  # noqa: E402
 import rdzv_scale_report  # noqa: E402
 import recovery_report  # noqa: E402
@@ -50,6 +51,9 @@ BENCHMARKS = [
     ("etcd_scale_bench", etcd_scale_report,
      "the etcd-v3 backend against a real etcd with N simulated nodes: formation, etcd and agent "
      "CPU, re-formation, peak RSS"),
+    ("net_cut_bench", net_cut_report,
+     "how long a node's link to elrun-rdzv may be cut (network namespaces) before the job loses it: "
+     "per cut length, trials that cost nothing"),
     ("train_bench", train_report,
      "elrun-train's samples/s and scaling efficiency against its Python PyTorch DDP twin"),
     ("scaling_bench", scaling_report,

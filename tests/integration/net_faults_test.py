@@ -134,14 +134,14 @@ class NetTestCase(RdzvTestCase):
 class NetFaultsTest(NetTestCase):
     """elrun-rdzv on host 1, agents on hosts 2-4."""
 
-    def test_a_cut_shorter_than_half_the_heartbeat_timeout_costs_nothing(self):
-        # TCP backs off its retransmissions exponentially: what the node sent during a cut of c
-        # seconds arrives up to about c after the heal, so a cut is forgiven while 2c stays
-        # below heartbeat_timeout (docs/operations.md). Before the fix the agent's own keepalive
-        # (and TCP_USER_TIMEOUT) of heartbeat_timeout / 3 made it leave after a 1.5 s cut.
+    def test_a_cut_shorter_than_the_heartbeat_timeout_costs_nothing(self):
+        # The node gives up after heartbeat_timeout - heartbeat_interval (3.5 s here) without an
+        # acknowledgement; measured, every cut up to 3.0 s of 4 cost nothing (net_cut_bench.py).
+        # Before the fix the agent's own keepalive (and TCP_USER_TIMEOUT) of heartbeat_timeout / 3
+        # made it leave after a 1.5 s cut.
         timeout_s = 4.0
         daemon, agents = self.start_job(conf={"heartbeat_timeout": str(timeout_s)})
-        cut_s = 1.5
+        cut_s = 2.5
         self.lab.cut(4)
         self.hold(cut_s, alive=agents)
         self.lab.heal(4)
