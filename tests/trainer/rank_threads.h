@@ -52,7 +52,7 @@ inline void RunRanksWithStore(int world, const std::function<void(int rank, PG p
   RunRanksOn(
       world,
       [timeout](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
-        return MakeGlooBackend(store, rank, size, "127.0.0.1", timeout);
+        return MakeGlooBackend(store, rank, size, GlooDevice{{}, "127.0.0.1"}, timeout);
       },
       body);
 }

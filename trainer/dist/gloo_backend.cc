@@ -8,10 +8,15 @@
 namespace elrun::trainer {
 
 c10::intrusive_ptr<c10d::Backend> MakeGlooBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
-                                                  const std::string& hostname, std::chrono::milliseconds timeout) {
+                                                  const GlooDevice& device, std::chrono::milliseconds timeout) {
   auto options = c10d::ProcessGroupGloo::Options::create();
   options->timeout = timeout;
-  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(hostname));
+  for (const std::string& name : device.interfaces) {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+  }
+  if (device.interfaces.empty()) {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(device.address));
+  }
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
 }
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <thread>
 
@@ -106,13 +107,21 @@ absl::StatusOr<Dist> InitProcessGroup(const DistEnv& env, BackendKind backend, i
     if (await_store && !options.isServer && env.world_size > 1) {
       AwaitListener(env.master_addr, env.master_port, std::min<std::chrono::milliseconds>(timeout, kAwaitStore));
     }
+    GlooDevice device;
+    if (backend != BackendKind::kNccl) {
+      const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+      absl::StatusOr<GlooDevice> chosen = ChooseGlooDevice(ifname == nullptr ? "" : ifname, env.master_addr);
+      if (!chosen.ok())
+        return absl::UnavailableError(absl::StrCat("process group (gloo): ", chosen.status().message()));
+      device = *std::move(chosen);
+    }
     auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
     // elrun gives each attempt a fresh store (a new port); torchrun's agent store outlives one
     // (TORCHELASTIC_USE_AGENT_STORE): the attempt in the prefix keeps their keys apart there.
     dist.store = c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("elrun/attempt_", env.restart_count), tcp);
     dist.pg = backend == BackendKind::kNccl
                   ? MakeNcclBackend(dist.store, env.rank, env.world_size, cuda_device, timeout)
-                  : MakeGlooBackend(dist.store, env.rank, env.world_size, env.master_addr, timeout);
+                  : MakeGlooBackend(dist.store, env.rank, env.world_size, device, timeout);
     return dist;
   } catch (const c10::Error& error) {
     return absl::UnavailableError(

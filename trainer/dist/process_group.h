@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "trainer/dist/backend_kind.h"
+#include "trainer/dist/gloo_device.h"
 
 namespace elrun::trainer {
 
@@ -58,9 +59,9 @@ absl::StatusOr<Dist> InitProcessGroup(const DistEnv& env, BackendKind backend, i
 // being LOCAL_RANK's: what a worker program started by elrun or torchrun calls first.
 absl::StatusOr<Dist> InitProcessGroupFromEnvironment(BackendKind backend, std::chrono::milliseconds timeout);
 
-// A Gloo backend over `store` whose ranks meet at `hostname`'s address. Throws c10::Error.
+// A Gloo backend over `store` whose rank listens on `device` (gloo_device.h). Throws c10::Error.
 c10::intrusive_ptr<c10d::Backend> MakeGlooBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
-                                                  const std::string& hostname, std::chrono::milliseconds timeout);
+                                                  const GlooDevice& device, std::chrono::milliseconds timeout);
 
 // An NCCL backend over `store` for CUDA device `cuda_device`, bound to it (getBoundDeviceId) and
 // connected eagerly, so a missing peer or a broken NCCL fails here rather than in the first

@@ -96,8 +96,8 @@ TEST_CASE("A DDP wrapper rebound to a new group averages over it") {
     REQUIRE(dp->CanRegroup());
     const torch::Tensor x = torch::full({2, 4}, rank + 1.0);
     // The new group: another store, ranks swapped, as a regroup may hand out.
-    PG next = MakeGlooBackend(c10::make_intrusive<c10d::PrefixStore>("next", second), 1 - rank, 2, "127.0.0.1",
-                              std::chrono::seconds(30));
+    PG next = MakeGlooBackend(c10::make_intrusive<c10d::PrefixStore>("next", second), 1 - rank, 2,
+                              GlooDevice{{}, "127.0.0.1"}, std::chrono::seconds(30));
     REQUIRE(dp->Rebind(next, nullptr).ok());
     model->zero_grad();
     dp->Backward(dp->Forward(x).sum(), /*synchronize=*/true);
@@ -114,7 +114,8 @@ TEST_CASE("A DDP wrapper rebound to a group of one no longer averages") {
     auto model = std::make_shared<TinyNet>(5);
     auto dp = DataParallel::Create(model, pg, Ddp());
     if (rank == 1) return;  // Left; rank 0 goes on alone.
-    PG alone = MakeGlooBackend(c10::make_intrusive<c10d::HashStore>(), 0, 1, "127.0.0.1", std::chrono::seconds(30));
+    PG alone = MakeGlooBackend(c10::make_intrusive<c10d::HashStore>(), 0, 1, GlooDevice{{}, "127.0.0.1"},
+                               std::chrono::seconds(30));
     REQUIRE(dp->Rebind(alone, nullptr).ok());
     model->zero_grad();
     dp->Backward(dp->Forward(torch::ones({2, 4})).sum(), /*synchronize=*/true);
