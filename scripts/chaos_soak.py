@@ -16,6 +16,16 @@ ends at the same point of the same schedule as an uninterrupted one. A seeded dr
   kill9_etcd_leader  with --rdzv-backend etcd-v3 (a real 3-member etcd cluster on loopback):
                  SIGKILL the etcd leader (the member killed before it is restarted first)
 
+With --network, every node, elrun-rdzv and each etcd member runs in a test host of its own (network
+namespaces on a bridge, elrun_tools/netlab.py; root), the workers' Gloo traffic crosses those
+links, and three more kinds of fault hit the links instead of processes:
+  cut_node       a node's link down for 0.5 to 2 x heartbeat_timeout seconds, then up (a short
+                 cut must cost nothing; after a long one the node rejoins at a later round)
+  lossy_node     20% of the packets a node sends lost for 5 s
+  drop_one_way   packets from one node to another dropped for 3 s (one way)
+Every agent then writes --history-file, and the history checker (elrun_tools/history_check.py)
+must find no two nodes that disagreed about a round and no restart count that went down.
+
 The first faults go through every kind once, in a seeded order. Then an uninterrupted run of
 the same job (the same nodes at the start, the same epochs) gives the reference accuracy.
 
@@ -57,6 +67,10 @@ TAG_VAR = "ELRUN_SOAK_TAG"
 LOG_EVERY = 10  # elrun-train's --log-every in the soak.
 KINDS = ("kill9_worker", "sigstop_worker", "kill9_agent", "add_node")
 ETCD_KINDS = KINDS + ("kill9_etcd_leader",)
+NETWORK_KINDS = ("cut_node", "lossy_node", "drop_one_way")
+HEARTBEAT_TIMEOUT_S = 3.0
+# --network: host 1 holds elrun-rdzv (hosts 1-3 the etcd members); node N runs in host NODE_HOST0 + N.
+NODE_HOST0 = 3
 PROGRESS = re.compile(r"epoch \d+\s+step (\d+)\s+loss .* ETA (\d+) s")
 RESUMED = re.compile(r"resumed from \S+: epoch \d+, step (\d+)")
 # --keep-survivors: the job regrouped around workers that kept their processes (no checkpoint).
@@ -74,17 +88,25 @@ class Agent:
         self.lines = []  # (monotonic time, stream, text)
         self.report_file = os.path.join(soak.workdir, "goodput_node%d.json" % node)  # elrun's own measure.
         args = soak.args
+        lab = soak.lab
+        conf = "join_timeout=60,last_call_timeout=2,heartbeat_timeout=%g" % HEARTBEAT_TIMEOUT_S
+        self.history_file = os.path.join(soak.workdir, "history_node%d.jsonl" % node)
+        if lab is not None:  # A node cut off for longer than heartbeat_timeout comes back.
+            conf += ",rejoin_timeout=60"
         argv = [soak.elrun, "--nnodes", "%d:%d" % (args.min_nodes, args.max_nodes), "--nproc-per-node", "1",
                 "--rdzv-backend", args.rdzv_backend, "--rdzv-endpoint", soak.endpoint, "--rdzv-id", soak.run_id,
-                "--local-addr", "127.0.0.%d" % node] + (["--keep-survivors"] if args.keep_survivors else []) + [
+                "--local-addr", lab.addr(NODE_HOST0 + node) if lab else "127.0.0.%d" % node] + (
+                ["--keep-survivors"] if args.keep_survivors else []) + [
                 "--max-restarts", "1000", "--worker-timeout",
-                str(args.worker_timeout), "--shutdown-timeout", "5",
-                "--rdzv-conf", "join_timeout=60,last_call_timeout=2,heartbeat_timeout=3",
+                str(args.worker_timeout), "--shutdown-timeout", "5", "--history-file", self.history_file,
+                "--rdzv-conf", conf,
                 "--report-file", self.report_file, "--no-python", soak.train,
                 "--epochs", str(args.epochs), "--batch-size", "64", "--threads", "1",
                 "--lr-schedule", "cosine", "--seed", "0", "--log-every", str(LOG_EVERY), "--collective-timeout", "20",
                 "--checkpoint-dir", soak.checkpoints, "--checkpoint-every", str(args.checkpoint_every)]
-        env = dict(soak.env, LOGLEVEL="info", GLOO_SOCKET_IFNAME="lo")
+        env = dict(soak.env, LOGLEVEL="info", GLOO_SOCKET_IFNAME="eth0" if lab else "lo")
+        if lab is not None:
+            argv = lab.command(NODE_HOST0 + node, argv)
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
         self.started = time.monotonic()
@@ -121,19 +143,26 @@ class Soak:
         self.etcd = None
         self.etcd_down = None  # The member kill9_etcd_leader killed last, until restarted.
         self.endpoint = None
-        self.kinds = ETCD_KINDS if args.rdzv_backend == "etcd-v3" else KINDS
+        self.kinds = (ETCD_KINDS if args.rdzv_backend == "etcd-v3" else KINDS) + (NETWORK_KINDS if args.network else ())
+        self.lab = None
+        if args.network:
+            from elrun_tools import netlab
+            self.lab = netlab.NetLab(NODE_HOST0 + args.max_nodes)
         self.t0 = time.monotonic()
 
     def start(self):
         if self.args.rdzv_backend == "etcd-v3":
-            self.etcd = etcd_cluster().EtcdCluster(self.env["TMPDIR"], members=3)
+            self.etcd = etcd_cluster().EtcdCluster(self.env["TMPDIR"], members=3, lab=self.lab,
+                                                   lab_hosts=(1, 2, 3) if self.lab else None)
             self.endpoint = self.etcd.endpoints
             self.t0 = time.monotonic()
             for _ in range(self.args.start_nodes):
                 self.add_agent()
             return
         port_file = os.path.join(self.env["TMPDIR"], "rdzv.port")
-        self.daemon = subprocess.Popen([self.rdzv, "--listen", "127.0.0.1:0", "--port-file", port_file],
+        host = self.lab.addr(1) if self.lab else "127.0.0.1"
+        argv = [self.rdzv, "--listen", "%s:0" % host, "--port-file", port_file]
+        self.daemon = subprocess.Popen(self.lab.command(1, argv) if self.lab else argv,
                                        env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                        stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 30
@@ -141,7 +170,7 @@ class Soak:
             if self.daemon.poll() is not None:
                 raise bench.RunError("elrun-rdzv exited with %s" % self.daemon.returncode)
             time.sleep(0.05)
-        self.endpoint = "127.0.0.1:%d" % int(open(port_file).read())
+        self.endpoint = "%s:%d" % (host, int(open(port_file).read()))
         self.t0 = time.monotonic()
         for _ in range(self.args.start_nodes):
             self.add_agent()
@@ -210,6 +239,28 @@ class Soak:
             self.etcd_down = self.etcd.leader()
             self.etcd.kill(self.etcd_down)
             return "etcd member %d" % self.etcd_down
+        if kind in ("cut_node", "lossy_node"):
+            if len(live) <= self.args.min_nodes:  # A node cut off for long is lost for a while.
+                return None
+            agent = rng.choice(live)
+            host = NODE_HOST0 + agent.node
+            if kind == "cut_node":
+                seconds = rng.uniform(0.5, 2 * HEARTBEAT_TIMEOUT_S)
+                self.lab.cut(host)
+            else:
+                seconds = 5.0
+                self.lab.lose(host, 20)
+            time.sleep(seconds)  # The fault's length; the driver holds it, then heals.
+            self.lab.heal(host)
+            return "node %d for %.1f s" % (agent.node, seconds)
+        if kind == "drop_one_way":
+            if len(live) < 2:
+                return None
+            src, dst = rng.sample(live, 2)
+            self.lab.drop(NODE_HOST0 + src.node, NODE_HOST0 + dst.node)
+            time.sleep(3.0)
+            self.lab.heal(NODE_HOST0 + dst.node)
+            return "node %d to node %d" % (src.node, dst.node)
         if kind == "kill9_agent":
             if len(live) <= self.args.min_nodes:
                 return None
@@ -252,7 +303,14 @@ class Soak:
             time.sleep(0.05)
             left = procs.tagged_pids(TAG_VAR, self.tag)
         procs.kill_tagged(TAG_VAR, self.tag)
+        if self.lab is not None:
+            self.lab.close()
         return left
+
+    def history_problems(self):
+        """What the history checker finds in every agent's --history-file."""
+        from elrun_tools import history_check
+        return history_check.check({a.node: history_check.read_jsonl(a.history_file) for a in self.agents})
 
     def final(self):
         """(steps, accuracy) from the rank-0 'done:' line, or (None, None)."""
@@ -302,10 +360,11 @@ def chaos(soak, args, rng):
         # at MAX nodes, no agent to kill at MIN, no worker between rounds).
         pending = kinds + rng.sample([k for k in soak.kinds if k not in kinds], len(soak.kinds) - len(kinds))
         for kind in pending:
+            # When it began: a link fault lasts seconds (the driver holds it, then heals).
+            began, step = time.monotonic() - soak.t0, soak.step_now()
             target = soak.inject(kind, rng)
             if target is not None:
-                soak.faults.append({"t": time.monotonic() - soak.t0, "kind": kind, "target": target,
-                                    "step": soak.step_now()})
+                soak.faults.append({"t": began, "kind": kind, "target": target, "step": step})
                 procs.log("  %6.1f s  %-14s %s (step %d)" % (soak.faults[-1]["t"], kind, target,
                                                                    soak.faults[-1]["step"]))
                 if kind in kinds:
@@ -368,6 +427,7 @@ def run(args, label, with_chaos):
     result["progress"] = soak.progress()
     per_fault, checks = analyse(soak, args)
     result["per_fault"] = per_fault
+    checks += ["history: %s" % problem for problem in soak.history_problems()]
     # elrun's own goodput report (--report-file) of every node that exited 0: what elrun measured
     # from its workers' heartbeats, beside the soak's measure from rank 0's log above.
     result["goodput"] = {}
@@ -415,7 +475,8 @@ def plot(result, path):
         ts, ss = zip(*result["progress"])
         ax.plot(ts, ss, ".", markersize=3, color="#1f78b4", label="rank 0's step")
     colours = {"kill9_worker": "#e31a1c", "sigstop_worker": "#ff7f00", "kill9_agent": "#6a3d9a",
-               "add_node": "#33a02c", "kill9_etcd_leader": "#000000"}
+               "add_node": "#33a02c", "kill9_etcd_leader": "#000000", "cut_node": "#1b9e77",
+               "lossy_node": "#a6761d", "drop_one_way": "#e7298a"}
     seen = set()
     for fault in result["faults"]:
         ax.axvline(fault["t"], color=colours[fault["kind"]], linewidth=1,
@@ -431,11 +492,12 @@ def plot(result, path):
 def report(args, chaos_result, reference):
     out = ["## elrun chaos soak", "",
            "- seed %d, %s rendezvous, nodes %d:%d (started with %d), %d epochs (cosine schedule), checkpoint every %d steps, "
-           "--worker-timeout %g, faults every %g-%g s for %g s"
+           "--worker-timeout %g, faults every %g-%g s for %g s%s"
            % (args.seed, args.rdzv_backend, args.min_nodes, args.max_nodes, args.start_nodes, args.epochs,
                                        args.checkpoint_every, args.worker_timeout, args.interval[0],
-                                       args.interval[1], args.duration), ""]
-    kinds = ETCD_KINDS if args.rdzv_backend == "etcd-v3" else KINDS
+                                       args.interval[1], args.duration,
+                                       "; every node in a test host of its own (--network)" if args.network else ""), ""]
+    kinds = (ETCD_KINDS if args.rdzv_backend == "etcd-v3" else KINDS) + (NETWORK_KINDS if args.network else ())
     counts = {k: sum(1 for f in chaos_result["faults"] if f["kind"] == k) for k in kinds}
     out.append("- faults: " + ", ".join("%s %d" % kv for kv in counts.items()) +
                "; rounds: %d; restarts spent (worker failures; membership changes spend none): %d"
@@ -463,7 +525,8 @@ def report(args, chaos_result, reference):
     out.append("")
     checks = chaos_result["checks"] + (reference["checks"] if reference else [])
     out.append("- checks: " + ("all passed (resumes from committed steps, final checkpoint loads, no "
-                                "process left, nothing new in /dev/shm, agents exited 0)" if not checks
+                                "process left, nothing new in /dev/shm, agents exited 0, the nodes' histories "
+                                "agree)" if not checks
                                 else "**FAILED**: " + "; ".join(checks)))
     if chaos_result.get("logs"):
         out.append("- agents' output: %s" % chaos_result["logs"])
@@ -496,6 +559,8 @@ def main():
     ap.add_argument("--keep-survivors", action="store_true",
                     help="run the agents with --keep-survivors (workers regroup in place after a fault)")
     ap.add_argument("--keep", action="store_true", help="keep the work directories and agents' output")
+    ap.add_argument("--network", action="store_true",
+                    help="every node in a test host of its own (network namespaces; root), and link faults too")
     ap.add_argument("--elrun", default=paths.binary("elrun"))
     ap.add_argument("--elrun-rdzv", default=paths.binary("elrun-rdzv"))
     ap.add_argument("--elrun-train", default=paths.binary("elrun-train"))
@@ -508,6 +573,11 @@ def main():
     for path in (args.elrun, args.elrun_rdzv, args.elrun_train):
         if not os.access(path, os.X_OK):
             ap.error("%s is not an executable (build with bazel first)" % path)
+    if args.network:
+        from elrun_tools import netlab
+        reason = netlab.unavailable()
+        if reason:
+            ap.error("--network: " + reason)
     procs.log("chaos run (seed %d):" % args.seed)
     chaos_result = run(args, "chaos", with_chaos=True)
     reference = None

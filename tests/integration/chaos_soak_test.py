@@ -2,7 +2,9 @@
 6-12 s for up to 100 s (at least one of each kind: a worker SIGKILLed, a worker SIGSTOPped, an agent
 SIGKILLed, a node added) on an elastic 2:4-node elrun-train job, then an uninterrupted run of the
 same job; once on the grpc backend (elrun-rdzv), once on the etcd-v3 backend with a real
-3-member etcd cluster, where the etcd leader is SIGKILLed too. The script's own checks must all pass: every resume from a committed step, the final
+3-member etcd cluster, where the etcd leader is SIGKILLed too, and once with every node in a test
+host of its own (--network: links cut, lossy and dropped one way too; skipped where network
+namespaces cannot be made). The script's own checks must all pass: every resume from a committed step, the final
 checkpoint loads, no process left, nothing new in /dev/shm, surviving agents exit 0, accuracy
 within 0.5 points of the uninterrupted run."""
 import json
@@ -26,7 +28,15 @@ class ChaosSoakTest(ElrunTestCase):
         self.soak("etcd-v3", {"kill9_worker", "sigstop_worker", "kill9_agent", "add_node",
                               "kill9_etcd_leader"})
 
-    def soak(self, backend, kinds):
+    def test_on_test_hosts_with_real_links_cut_lossy_and_dropped(self):
+        from elrun_tools import netlab
+        reason = netlab.unavailable()
+        if reason:
+            self.skipTest(reason)
+        self.soak("grpc", {"kill9_worker", "sigstop_worker", "kill9_agent", "add_node", "cut_node", "lossy_node",
+                           "drop_one_way"}, ["--network"])
+
+    def soak(self, backend, kinds, extra=()):
         report = self.path("soak.json")
         # Debian's Python runs the script (matplotlib); the torch environment loads the checkpoint.
         command = ["/usr/bin/python3", SCRIPT, "--seed", "1", "--duration", "100", "--interval", "6:12",
@@ -35,7 +45,7 @@ class ChaosSoakTest(ElrunTestCase):
                    "--elrun", harness.bazel_binary("launcher", "elrun", "ELRUN_BIN")[0],
                    "--elrun-rdzv", harness.bazel_binary("agent/daemon", "elrun-rdzv", "ELRUN_RDZV_BIN")[0],
                    "--elrun-train", harness.bazel_binary("trainer/app", "elrun-train", "ELRUN_TRAIN_BIN")[0],
-                   "--python", harness.PYTHON, "--json", report, "--png", self.path("soak.png")]
+                   "--python", harness.PYTHON, "--json", report, "--png", self.path("soak.png")] + list(extra)
         result = subprocess.run(command, capture_output=True, text=True, timeout=1500, cwd=self.tmp)
         sys.stdout.write(result.stdout)
         self.assertEqual(result.returncode, 0, "expected every check of the soak to pass\n%s\n%s"

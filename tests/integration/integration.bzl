@@ -1,10 +1,10 @@
 """A multi-process integration test: one Python test file run by /usr/bin/python3."""
 
-def py_integration_test(name, size = "small", rdzv = False, extra_data = [], tags = []):
+def py_integration_test(name, size = "small", rdzv = False, extra_data = [], tags = [], timeout = None):
     """sh_test running <name>.py with the elrun binary (and, for rdzv, the daemon).
 
     extra_data: more runfiles (helper modules, other binaries such as //trainer/app:elrun-train).
-    tags: added to the default ones (cpu:2 for medium rdzv tests).
+    tags: added to the default ones (cpu:2 for medium rdzv tests). timeout: Bazel's, over size's.
     """
     # harness.py imports scripts/elrun_tools (process helpers shared with the benchmarks).
     data = ["%s.py" % name, "harness.py", "//launcher:elrun", "//scripts/elrun_tools"] + native.glob(["workers/*.py"])
@@ -13,6 +13,7 @@ def py_integration_test(name, size = "small", rdzv = False, extra_data = [], tag
     native.sh_test(
         name = name,
         size = size,
+        timeout = timeout,
         srcs = ["run_py_test.sh"],
         args = ["$(location %s.py)" % name],
         data = data + extra_data,
