@@ -102,6 +102,8 @@ Coordinator::Coordinator(Options options)
     : first_join_timeout_(options.first_join_timeout),
       heartbeats_(options.heartbeats),
       key_(options.token.empty() ? std::string() : TokenKey(options.token)),
+      token_(options.require_run_token ? options.token : std::string()),
+      require_run_token_(options.require_run_token),
       nonce_(options.nonce ? std::move(options.nonce) : [](SessionId) { return RandomNonce(); }) {}
 
 void Coordinator::OnConnect(SessionId id, SessionSink* sink, TimePoint now) {
@@ -208,6 +210,12 @@ absl::Status Coordinator::HandleJoin(SessionId id, Session& session, const v1::J
         absl::StrCat("this session belongs to run ", session.run_id, ", not ", join.run_id()));
   }
   Job* job = FindJob(join.run_id());
+  if (job == nullptr && require_run_token_ &&
+      (run_key.empty() || (!token_.empty() && run_key == DeriveRunKey(token_, join.run_id()).public_key))) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "run ", join.run_id(), " has no credential of its own, and this coordinator requires one for every run ",
+        "(run_token_file=PATH or ELRUN_RUN_TOKEN on every node)"));
+  }
   if (job == nullptr) {
     Job fresh;
     fresh.run_id = join.run_id();

@@ -102,6 +102,10 @@ class Coordinator {
     // False: a node's liveness is judged elsewhere (the etcd backend's leases) and silence
     // never evicts it; Heartbeat messages are then not expected.
     bool heartbeats = true;
+    // Every run must bring a credential of its own (its run_token): a run whose first Join
+    // carries no run key, or the one the token itself derives (a run without run_token), is
+    // refused - so that holding the token alone reaches no run.
+    bool require_run_token = false;
   };
   Coordinator() : Coordinator(Options{}) {}
   explicit Coordinator(Options options);
@@ -230,7 +234,9 @@ class Coordinator {
 
   const std::chrono::milliseconds first_join_timeout_;
   const bool heartbeats_;
-  const std::string key_;  // TokenKey(token), empty without a token.
+  const std::string key_;    // TokenKey(token), empty without a token.
+  const std::string token_;  // For require_run_token's check; never sent or logged.
+  const bool require_run_token_;
   const std::function<std::string(SessionId)> nonce_;
   mutable absl::Mutex mu_;
   absl::CondVar job_gone_;  // Signalled when a job is erased.

@@ -47,6 +47,8 @@ int main(int argc, char** argv) {
   app.add_option("--http-listen", http_listen,
                  "host:port for the status page, /metrics and /status.json (port 0: a free one)");
   app.add_option("--http-port-file", http_port_file, "write the bound HTTP port to this file");
+  app.add_flag("--require-run-token", options.require_run_token,
+               "refuse a run without a credential of its own (run_token): the daemon's token then reaches no run");
   app.add_option("--max-connections", options.gate.max_connections,
                  "open connections in all; 0: what the descriptor limit allows, at most 4096")
       ->check(CLI::Range(0, 1 << 20))

@@ -307,7 +307,9 @@ absl::StatusOr<std::string> MakeSocketDir() {
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const ServerOptions& options) {
   RaiseOpenFileLimit();
-  auto impl = std::make_unique<Impl>(Coordinator::Options{options.first_join_timeout, options.token, nullptr});
+  Coordinator::Options coordinator_options{options.first_join_timeout, options.token, nullptr};
+  coordinator_options.require_run_token = options.require_run_token;
+  auto impl = std::make_unique<Impl>(std::move(coordinator_options));
   auto dir = MakeSocketDir();
   if (!dir.ok()) return dir.status();
   impl->socket_dir = *dir;

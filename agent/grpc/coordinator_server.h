@@ -31,6 +31,7 @@ struct ServerOptions {
   // call is closed after idle_connection_timeout.
   std::chrono::milliseconds handshake_timeout{5000};
   std::chrono::milliseconds idle_connection_timeout{10000};
+  bool require_run_token = false;  // Coordinator::Options' (coordinator.h).
 };
 
 class CoordinatorServer {

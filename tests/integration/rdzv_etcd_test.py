@@ -318,6 +318,30 @@ class EtcdRendezvousTest(RdzvTestCase):
         self.assertIn("etcd refused user 'root'", lines[0])
         self.assertNotIn("wrong", bad.result().err)
 
+    def test_a_user_per_job_reaches_its_own_job_and_no_other(self):
+        # The operator's step (docs/operations.md): a role per job prefix, a user with it.
+        cluster = self.cluster(auth=("root", "pw"))
+        cluster.etcdctl("role", "add", "job-a")
+        cluster.etcdctl("role", "grant-permission", "--prefix=true", "job-a", "readwrite", PREFIX + "job-a/")
+        cluster.etcdctl("user", "add", "user-a:pw-job-a-7Q")
+        cluster.etcdctl("user", "grant-role", "user-a", "job-a")
+        cluster.put(PREFIX + "job-b/marker", "b")
+        conf = {"etcd_user": "user-a"}
+        env = {"ELRUN_ETCD_PASSWORD": "pw-job-a-7Q"}
+        agents = [self.agent(cluster, node, run_id="job-a", rule="exit 0", conf=conf, env=env) for node in (1, 2)]
+        self.check_round(self.wait_workers(4, what="job-a's workers, as user-a"), 4, 2)
+        self.assertAllExit(agents, 0)
+        self.assertEqual(cluster.keys(PREFIX + "job-a/"), [], "expected job-a's keys removed at its end")
+        # The same user cannot join, read or write another job's keys.
+        outsider = self.agent(cluster, 3, run_id="job-b", conf=conf, env=env)
+        self.assertAllExit([outsider], 1)
+        lines = [l for l in outsider.result().err.splitlines() if l.startswith("elrun:")]
+        self.assertEqual(len(lines), 1, outsider.result().err)
+        self.assertIn("permission denied", lines[0])
+        self.assertNotIn("pw-job-a-7Q", outsider.result().err)
+        self.assertEqual(cluster.get(PREFIX + "job-b/marker"), "b")
+        self.assertEqual(cluster.keys(PREFIX + "job-b/"), [PREFIX + "job-b/marker"])
+
     def test_unreachable_etcd_is_a_one_line_error(self):
         # A port nothing listens on: every member is tried for 10 s (etcd may be electing).
         agent = self.start_agent(1, 0, backend="etcd-v3", nnodes=2,

@@ -114,6 +114,23 @@ class IsolationTest(RdzvTestCase):
         self.finish_held_job(agents)
         self.stop_daemon(daemon)
 
+    def test_require_run_token_the_daemon_token_alone_reaches_no_run(self):
+        # elrun-rdzv --require-run-token: a run whose nodes hold only the daemon's token (their
+        # run key is the token's own) cannot even begin; a run with its own run_token can.
+        daemon = self.start_daemon(token=TOKEN, args=["--require-run-token"])
+        outsider = self.start_outsider(daemon, 3, nnodes=2, env={"ELRUN_RDZV_TOKEN": TOKEN})
+        self.wait_exit([outsider], timeout=10)
+        self.assertExit(outsider.result(), 1)
+        self.assertEqual(outsider.stderr, "elrun: the rendezvous at 127.0.0.1:%d refused this node: run job has no "
+                         "credential of its own, and this coordinator requires one for every run "
+                         "(run_token_file=PATH or ELRUN_RUN_TOKEN on every node)\n" % daemon.port,
+                         "expected exactly one line naming the refusal\n%s" % outsider.result())
+        agents = [self.start_agent(node, daemon.port, nnodes=2, nproc=1, rule=rdzv_harness.EXIT_0,
+                                   env={"ELRUN_RDZV_TOKEN": TOKEN, "ELRUN_RUN_TOKEN": "run-1"}) for node in (1, 2)]
+        self.wait_workers(2, alive=agents, what="the job's 2 workers, with their run_token")
+        self.assertAllExit(agents, 0)
+        self.stop_daemon(daemon)
+
     def test_other_run_id_does_not_enter_the_job(self):
         daemon = self.start_daemon()
         # 2:3 with no last call: the job runs with 2 nodes and would scale up to a third.

@@ -656,6 +656,40 @@ TEST_CASE("the run's first node fixes its credential; others of the run must pro
   CHECK(h.View0Done());
 }
 
+TEST_CASE("require_run_token: a run with no credential of its own, or only the token's, is refused") {
+  Coordinator::Options options;
+  options.token = "daemon-token";
+  options.require_run_token = true;
+  Harness h(options);
+  // A session's first Join proving the token and signed with the run key of `secret`.
+  auto join = [&](int n, const std::string& secret) {
+    RecordingSink& sink = h.Connect(n);
+    const std::string server_nonce = sink.messages.front().challenge().nonce();
+    const std::string client_nonce = RandomNonce();
+    v1::AgentMessage m;
+    *m.mutable_join() = h.MakeJoin(n);
+    m.mutable_join()->set_client_nonce(client_nonce);
+    m.mutable_join()->set_proof(
+        AgentProof(TokenKey("daemon-token"), server_nonce, client_nonce, h.run_id, m.join().node_id()));
+    if (!secret.empty()) {
+      RunKey key = DeriveRunKey(secret, h.run_id);
+      m.mutable_join()->set_run_key(key.public_key);
+      m.mutable_join()->set_run_signature(SignJoin(key, server_nonce, client_nonce, h.run_id, m.join().node_id()));
+    }
+    return h.Send(n, m);
+  };
+  for (const std::string& secret : {std::string(), std::string("daemon-token")}) {
+    absl::Status refused = join(secret.empty() ? 0 : 1, secret);
+    CHECK(refused.code() == absl::StatusCode::kPermissionDenied);
+    CHECK(std::string(refused.message()) ==
+          "run job has no credential of its own, and this coordinator requires one for every run "
+          "(run_token_file=PATH or ELRUN_RUN_TOKEN on every node)");
+  }
+  CHECK(h.coordinator.job_count() == 0);
+  REQUIRE(join(2, "run-secret").ok());  // Its own run_token: welcome.
+  CHECK(h.coordinator.job_count() == 1);
+}
+
 TEST_CASE("an open run (first node without credential) refuses a node that brings one") {
   Harness h;
   REQUIRE(h.Join(0).ok());
