@@ -207,6 +207,30 @@ class NetFaultsTest(NetTestCase):
                              "expected every node to give up within 2 x heartbeat_timeout + 2 s; took %.1f s" % took)
         self.assertHistoryHolds(stale_bound_s=0)
 
+    def test_with_the_coordinator_embedded_in_a_node_a_node_cut_off_rejoins(self):
+        # No daemon: host 2's agent hosts the coordinator on its own address (port 29400,
+        # torchrun's default: nothing else lives in the test host's namespace).
+        endpoint = "%s:29400" % self.lab.addr(2)
+        conf = {"rejoin_timeout": "30"}
+        agents = [self.start_agent_in(h, endpoint, conf=dict(conf, is_host="1" if h == 2 else "0"))
+                  for h in AGENT_HOSTS]
+        self.wait_workers(3, alive=agents, what="round 1's workers on the 3 hosts")
+        cut_at = now_ms()
+        self.lab.cut(4)
+        self.wait_workers(2, alive=agents, what="hosts 2 and 3 in round 2", timeout=HEARTBEAT_TIMEOUT_S + 20)
+        for host in (2, 3):
+            second = self.rounds_of(host)[-1]
+            self.assertEqual((second["round"], second["groups"], second["restarts"]), (2, 2, 0))
+            self.assertLessEqual(second["t_ms"] - cut_at, (HEARTBEAT_TIMEOUT_S + 1) * 1000)
+        self.lab.heal(4)
+        third = self.wait_workers(3, alive=agents, what="round 3's workers, host 4 back",
+                                  timeout=rdzv_harness.ROUND_TIMEOUT_S)
+        self.assertEqual(sorted((r["node"], r["world"], r["restarts"]) for r in third),
+                         [(2, 3, 0), (3, 3, 0), (4, 3, 0)])
+        self.finish_job(agents)
+        self.assertIn("hosting the rendezvous coordinator on %s" % endpoint, agents[0].stderr)
+        self.assertHistoryHolds(stale_bound_s=0)
+
     def test_one_way_drop_loss_and_delay_slow_the_job_but_evict_no_one(self):
         # Host 2 does not hear host 3 (one way); 30% of the packets host 4 sends are lost; host 3
         # reaches the coordinator through a 200 +- 100 ms relay. Timeouts are set for such links:
