@@ -104,6 +104,7 @@ Coordinator::Coordinator(Options options)
       key_(options.token.empty() ? std::string() : TokenKey(options.token)),
       token_(options.require_run_token ? options.token : std::string()),
       require_run_token_(options.require_run_token),
+      incarnation_(std::move(options.incarnation)),
       nonce_(options.nonce ? std::move(options.nonce) : [](SessionId) { return RandomNonce(); }) {}
 
 void Coordinator::OnConnect(SessionId id, SessionSink* sink, TimePoint now) {
@@ -145,6 +146,7 @@ void Coordinator::Welcome(SessionId id, Session& session, const v1::Join& join) 
   } else {
     welcome.mutable_welcome();
   }
+  if (!incarnation_.empty()) welcome.mutable_welcome()->set_incarnation(incarnation_);
   Send(id, welcome);
 }
 

@@ -106,6 +106,9 @@ class Coordinator {
     // carries no run key, or the one the token itself derives (a run without run_token), is
     // refused - so that holding the token alone reaches no run.
     bool require_run_token = false;
+    // Sent in every Welcome (the proto's Welcome.incarnation): set by a coordinator whose state
+    // dies with its process (elrun-rdzv, an embedded coordinator), empty for etcd's replicas.
+    std::string incarnation;
   };
   Coordinator() : Coordinator(Options{}) {}
   explicit Coordinator(Options options);
@@ -237,6 +240,7 @@ class Coordinator {
   const std::string key_;    // TokenKey(token), empty without a token.
   const std::string token_;  // For require_run_token's check; never sent or logged.
   const bool require_run_token_;
+  const std::string incarnation_;
   const std::function<std::string(SessionId)> nonce_;
   mutable absl::Mutex mu_;
   absl::CondVar job_gone_;  // Signalled when a job is erased.

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/coordinator/session_auth.h"
 #include "proto/rendezvous.grpc.pb.h"
 
 namespace elrun::rdzv {
@@ -309,6 +310,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   RaiseOpenFileLimit();
   Coordinator::Options coordinator_options{options.first_join_timeout, options.token, nullptr};
   coordinator_options.require_run_token = options.require_run_token;
+  coordinator_options.incarnation = RandomNonce();  // This process's state: gone with it.
   auto impl = std::make_unique<Impl>(std::move(coordinator_options));
   auto dir = MakeSocketDir();
   if (!dir.ok()) return dir.status();

@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "agent/coordinator/protocol_version.h"
 #include "agent/coordinator/session_auth.h"
@@ -203,6 +204,22 @@ void ElasticAgent::OnWelcome(const v1::Welcome& welcome) {
     return;
   }
   authenticated_ = true;
+  const std::string& incarnation = welcome.incarnation();
+  if (incarnation.size() > rdzv::kNonceBytes) {
+    Distrust("sent an oversized Welcome");
+    return;
+  }
+  if (!incarnation_.empty() && !incarnation.empty() && incarnation != incarnation_) {
+    // A rejoin found the coordinator restarted (a supervisor started it again): what it knew of
+    // the job died with it, so its rounds count from 1 again, and so does the restart budget.
+    spdlog::warn(
+        "the rendezvous coordinator at {} restarted since this node last saw it: the job's rounds and restart "
+        "count begin anew (its workers resume from their checkpoint)",
+        rdzv_.Endpoint());
+    Record("coordinator_restarted", {});
+    round_ = 0;
+  }
+  if (!incarnation.empty()) incarnation_ = incarnation;
 }
 
 std::chrono::milliseconds ElasticAgent::RejoinTimeout() const {
@@ -304,7 +321,8 @@ void ElasticAgent::OnRoundStarted(const v1::RoundStarted& round) {
                    {"nproc", json::Number(spec_.nproc_per_node)},
                    {"restarts", json::Number(restart_count)},
                    {"master", json::Text(absl::StrCat(node_.master_addr, ":", node_.master_port))},
-                   {"keep", json::Bool(round.keep_survivors())}});
+                   {"keep", json::Bool(round.keep_survivors())},
+                   {"coordinator", json::Text(absl::BytesToHexString(incarnation_.substr(0, 8)))}});
   if (supervisor_ && supervisor_->held()) {
     if (round.keep_survivors()) {
       phase_ = Phase::kRunning;

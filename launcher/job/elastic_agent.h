@@ -203,6 +203,7 @@ class ElasticAgent {
   bool challenged_ = false;     // The session's Challenge arrived (and the first Join left).
   bool authenticated_ = false;  // The coordinator proved the token (Welcome).
   std::string server_nonce_;
+  std::string incarnation_;  // The coordinator's (Welcome.incarnation); empty when it sent none.
   std::string client_nonce_;
   std::chrono::steady_clock::time_point next_heartbeat_;
   std::chrono::steady_clock::time_point next_pace_;

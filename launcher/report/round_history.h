@@ -4,7 +4,8 @@
 // incident). Every line holds "t_ms" (wall-clock milliseconds), "node" (this agent's node id) and
 // "event", then the event's fields:
 //   join            round (the last one this node had, 0 before any), holds_survivors
-//   round           round, group_rank, groups, world, rank_offset, nproc, restarts, master, keep
+//   round           round, group_rank, groups, world, rank_offset, nproc, restarts, master, keep,
+//                   coordinator (its incarnation, hex; "" when it sends none, as with etcd)
 //   workers_started round, attempt                    (a fresh worker group for the round)
 //   regrouped       round, attempt                    (the workers kept from the last round)
 //   workers_ended   round, success                    (told to the coordinator)
@@ -12,6 +13,7 @@
 //   round_ended     round, reason
 //   job_ended       success
 //   coordinator_lost why
+//   coordinator_restarted                             (a rejoin found another incarnation)
 //   left            exit_code
 // Each line is one write(2) to a file opened with O_APPEND, so a line is never torn by a crash of
 // elrun itself. A failed write is warned about once and the job goes on. Thread-compatible.

@@ -43,12 +43,14 @@ def check(histories, worker_lines=(), stale_bound_s=None):
     """histories: {name: [events]} (each node's history); worker_lines: [{t_ms, node, world,
     restarts, master, rank}] with node one of the histories' names. See the module's docstring."""
     problems = []
-    rounds = {}  # round -> {name: its "round" event}
+    # A round is named by its coordinator's incarnation and its number: a coordinator that
+    # restarted (a supervisor started it again) counts from round 1 again.
+    rounds = {}  # (coordinator, round) -> {name: its "round" event}
     for name, events in histories.items():
         for e in events:
             if e.get("event") == "round":
-                rounds.setdefault(e["round"], {})[name] = e
-    for number, members in sorted(rounds.items()):
+                rounds.setdefault((e.get("coordinator", ""), e["round"]), {})[name] = e
+    for (_, number), members in sorted(rounds.items()):
         for key in ("groups", "world", "restarts", "master"):
             values = {e[key] for e in members.values()}
             if len(values) > 1:
@@ -78,8 +80,11 @@ def check(histories, worker_lines=(), stale_bound_s=None):
     windows = {}  # (name, round) -> [start_ms, end_ms or None]
     for name, events in histories.items():
         last_round, last_restarts, running = 0, 0, None  # running: the round whose workers run here.
+        coordinator = None
         for e in events:
             kind = e.get("event")
+            if kind == "round" and e.get("coordinator", "") != coordinator:
+                coordinator, last_round, last_restarts = e.get("coordinator", ""), 0, 0  # It counts anew.
             if kind == "round":
                 if e["round"] <= last_round:
                     problems.append("%s: round %d after round %d" % (name, e["round"], last_round))
@@ -88,18 +93,19 @@ def check(histories, worker_lines=(), stale_bound_s=None):
                         name, last_restarts, e["restarts"], e["round"]))
                 if running is not None and not e.get("keep"):
                     problems.append("%s: round %d began while round %d's workers still ran" % (
-                        name, e["round"], running))
+                        name, e["round"], running[1]))
                 last_round, last_restarts = e["round"], e["restarts"]
-                windows[(name, e["round"])] = [e["t_ms"], None]
+                windows[(name, (coordinator, e["round"]))] = [e["t_ms"], None]
             elif kind == "workers_started":
-                running = e["round"]
+                running = (coordinator, e["round"])
             elif kind == "regrouped":
                 if running is not None:
                     windows[(name, running)][1] = e["t_ms"]
-                running = e["round"]
+                running = (coordinator, e["round"])
             elif kind == "workers_gone":
-                if (name, e["round"]) in windows and windows[(name, e["round"])][1] is None:
-                    windows[(name, e["round"])][1] = e["t_ms"]
+                key = (name, (coordinator, e["round"]))
+                if key in windows and windows[key][1] is None:
+                    windows[key][1] = e["t_ms"]
                 running = None
 
     # The first time any node started each round, for the stale bound.
@@ -113,15 +119,16 @@ def check(histories, worker_lines=(), stale_bound_s=None):
             problems.append("%s: a worker (rank %s) trained in no round its node was in: %s" % (
                 name, line.get("rank"), line))
             continue
-        number = max(c[0] for c in candidates)
-        start, end = windows[(name, number)]
+        key = max((c[0] for c in candidates), key=lambda k: windows[(name, k)][0])  # The latest such round.
+        start, end = windows[(name, key)]
+        number = key[1]
         if line["t_ms"] < start:
             problems.append("%s: a worker of round %d wrote at %d, before its node took part (%d)" % (
                 name, number, line["t_ms"], start))
         if end is not None and line["t_ms"] > end:
             problems.append("%s: a worker of round %d wrote at %d, after its node's workers were gone (%d)" % (
                 name, number, line["t_ms"], end))
-        later = [first_start[n] for n in first_start if n > number]
+        later = [first_start[n] for n in first_start if n[0] == key[0] and n[1] > number]
         if stale_bound_s is not None and later and line["t_ms"] > min(later) + stale_bound_s * 1000:
             problems.append("%s: a worker of round %d still trained %.1f s after a later round began" % (
                 name, number, (line["t_ms"] - min(later)) / 1000.0))

@@ -110,11 +110,12 @@ class RdzvTestCase(ElrunTestCase):
 
     # -- starting -------------------------------------------------------------------------------
 
-    def start_daemon(self, token=None, preexec_fn=None, args=()):
-        """Starts elrun-rdzv on 127.0.0.1 port 0 (ELRUN_RDZV_TOKEN=token when given; preexec_fn
-        runs in the child before exec; args: more options) and waits for the port it prints."""
+    def start_daemon(self, token=None, preexec_fn=None, args=(), port=0):
+        """Starts elrun-rdzv on 127.0.0.1 port `port` (0: a free one; ELRUN_RDZV_TOKEN=token when
+        given; preexec_fn runs in the child before exec; args: more options) and waits for the
+        port it prints."""
         port_file = self.path("rdzv.port")
-        proc = self.start(["--listen", "127.0.0.1:0", "--port-file", port_file] + list(args),
+        proc = self.start(["--listen", "127.0.0.1:%d" % port, "--port-file", port_file] + list(args),
                           env=self.env(ELRUN_RDZV_TOKEN=token), command=rdzv_command(),
                           preexec_fn=preexec_fn)
         daemon = self._watch("elrun-rdzv", proc)

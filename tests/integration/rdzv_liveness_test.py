@@ -1,7 +1,9 @@
 """A coordinator that stops answering: SIGSTOP'd, its stream neither breaks nor speaks. Every
 agent must notice within about heartbeat_timeout (HTTP/2 keepalive pings that go unanswered),
 stop its workers and exit with a cause naming the coordinator, instead of waiting for ever."""
+import os
 import signal
+import sys
 import time
 import unittest
 
@@ -48,6 +50,34 @@ class CoordinatorLossTest(RdzvTestCase):
         self.assertNoMoreWorkers()
         daemon.proc.send_signal(signal.SIGCONT)
         self.stop_daemon(daemon)
+
+    def test_a_daemon_restarted_by_its_supervisor_the_nodes_rejoin_and_the_job_goes_on(self):
+        # What systemd's Restart=always does after elrun-rdzv dies: the same port, a new process
+        # that knows nothing of the job. The nodes lose the stream, stop their workers, rejoin
+        # within rejoin_timeout, see another incarnation and accept its round 1.
+        daemon = self.start_daemon()
+        conf = {"heartbeat_interval": "0.2", "heartbeat_timeout": str(HEARTBEAT_TIMEOUT_S), "rejoin_timeout": "20"}
+        agents = [self.start_agent(node, daemon.port, nnodes=2, nproc=1, conf=conf, rule=rdzv_harness.GATED,
+                                   args=["--history-file", self.path("history.%d" % node)])
+                  for node in (1, 2)]
+        first = self.wait_workers(2, alive=agents, what="the job's 2 workers to start")
+        fds = self.pidfds(first)
+        daemon.proc.kill()
+        self.wait_exit([daemon])
+        self.assertDead(fds, "the first round's workers, stopped when the coordinator went away")
+        again = self.start_daemon(port=daemon.port)  # The port it had: free since it died.
+        second = self.wait_workers(2, alive=agents, what="the job's workers under the restarted daemon")
+        self.assertEqual(sorted((r["world"], r["restarts"]) for r in second), [(2, 0), (2, 0)])
+        self.release(2)
+        self.assertAllExit(agents, 0)
+        for agent in agents:
+            self.assertIn("the rendezvous coordinator at 127.0.0.1:%d restarted" % daemon.port, agent.stderr)
+            self.assertEqual([r["round"] for r in agent.rounds()], [1, 1])
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(harness.HERE)), "scripts"))
+        from elrun_tools import history_check
+        histories = {n: history_check.read_jsonl(self.path("history.%d" % n)) for n in (1, 2)}
+        self.assertEqual(history_check.check(histories), [], histories)
+        self.stop_daemon(again)
 
 
 if __name__ == "__main__":

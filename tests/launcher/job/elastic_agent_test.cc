@@ -326,7 +326,7 @@ TEST_CASE("--history-file: each line says what the node was told and did, in ord
   CHECK(line == "{\"t_ms\":" + std::to_string(ms) +
                     ",\"node\":\"nodeA\",\"event\":\"round\",\"round\":1,\"group_rank\":1,\"groups\":2,"
                     "\"world\":4,\"rank_offset\":2,\"nproc\":2,\"restarts\":0,\"master\":\"10.0.0.1:29500\","
-                    "\"keep\":false}");
+                    "\"keep\":false,\"coordinator\":\"\"}");
   CHECK_FALSE(RoundHistory::Open(f.dir + "/no/such/dir/h.jsonl", "nodeA", f.clock).ok());
 }
 
@@ -416,6 +416,40 @@ TEST_CASE("rejoining: a round, or word that the job runs on, is due within rejoi
             "lost the rendezvous coordinator at 127.0.0.1:29400: keepalive watchdog timeout; could not rejoin the job "
             "within rejoin_timeout (2 s)");
     }
+  }
+}
+
+TEST_CASE("a rejoin that finds the coordinator restarted accepts its rounds from 1 again; the same one does not") {
+  for (bool restarted : {false, true}) {
+    CAPTURE(restarted);
+    Fixture f;
+    auto welcome_with = [&](const std::string& incarnation) {
+      v1::Join join = f.session.sent.back().join();
+      v1::CoordinatorMessage welcome;
+      welcome.mutable_welcome()->set_proof(
+          rdzv::CoordinatorProof(rdzv::TokenKey("s3cret"), f.server_nonce, join.client_nonce()));
+      welcome.mutable_welcome()->set_incarnation(incarnation);
+      f.Send(welcome);
+    };
+    auto challenge = [&] {
+      v1::CoordinatorMessage c;
+      c.mutable_challenge()->set_nonce(f.server_nonce);
+      f.Send(c);
+    };
+    f.agent.Start();
+    challenge();
+    welcome_with("first");
+    f.Send(f.Round(3));
+    REQUIRE(f.table.spawned().size() == 2);
+    f.agent.OnSessionEnded(absl::UnavailableError("Socket closed"));
+    f.ExitAll(ExitStatus::Signaled(SIGTERM));
+    REQUIRE(f.agent.wants_session());
+    f.agent.OnNewSession("nodeA-r1");
+    challenge();
+    welcome_with(restarted ? "second" : "first");
+    f.Send(f.Round(1));  // A restarted coordinator counts from 1; the same one never goes back.
+    CHECK(f.table.spawned().size() == (restarted ? 4u : 2u));
+    CHECK(f.agent.done() == !restarted);
   }
 }
 
