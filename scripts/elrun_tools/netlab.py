@@ -6,13 +6,14 @@ nothing of the lab touches the machine's own network namespace, and no packet of
 reach another address. Processes run in a host with `lab.command(host, argv)` (`ip netns exec`,
 which execs in place: the pid is the program's own).
 
-Faults, each undone by heal():
+Faults (heal(host) undoes those on that host: its link, the drops it applies, its loss;
+heal_all() every one):
 - cut(host): the host's link goes down at the switch (both directions, for everyone);
 - drop(src, dst): packets from src to dst dropped by nftables in dst (one way; partition() makes
   both ways between two sides);
 - lose(host, percent): each TCP packet the host sends lost with that probability.
 Delay is not among them: this machine's kernel has no sch_netem (CONFIG_NET_SCH_NETEM unset, no
-loadable modules); a DelayRelay (delay_relay.py) delays a TCP connection's bytes instead.
+loadable modules); delay_relay.py delays a TCP connection's bytes instead.
 
 close() kills every process still in the lab's namespaces and deletes them; it runs even after a
 failed test (the tests register it as a cleanup), and sweep_stale() removes labs whose test

@@ -11,10 +11,8 @@ By hand (root): .venv/bin/python3 tests/integration/net_faults_test.py [Class.te
 import json
 import os
 import re
-import subprocess
 import sys
 import time
-import unittest
 
 import harness
 import rdzv_harness
@@ -29,7 +27,10 @@ AGENT_HOSTS = (2, 3, 4)
 # Short enough for a test, long enough for 2 busy cores: a node is lost after HEARTBEAT_TIMEOUT_S
 # without a heartbeat.
 HEARTBEAT_TIMEOUT_S = 3.0
-CONF = {"heartbeat_interval": "0.5", "heartbeat_timeout": str(HEARTBEAT_TIMEOUT_S), "last_call_timeout": "1"}
+# Round 1 forms as soon as all 3 nodes joined; last_call_timeout is how long 2 of them wait for
+# the third (a busy machine, a delayed link) before forming without it, and the least time
+# between a round and a scale-up.
+CONF = {"heartbeat_interval": "0.5", "heartbeat_timeout": str(HEARTBEAT_TIMEOUT_S), "last_call_timeout": "5"}
 LISTENING = re.compile(r"^elrun-rdzv listening on [\d.]+:(\d+)", re.M)
 RELAY_LISTENING = re.compile(r"^delay_relay listening on [\d.]+:(\d+)", re.M)
 
@@ -234,8 +235,9 @@ class NetFaultsTest(NetTestCase):
     def test_one_way_drop_loss_and_delay_slow_the_job_but_evict_no_one(self):
         # Host 2 does not hear host 3 (one way); 30% of the packets host 4 sends are lost; host 3
         # reaches the coordinator through a 200 +- 100 ms relay. Timeouts are set for such links:
-        # TCP's backoff after 5 losses of one segment in a row (0.2% of them) is over 6 s.
-        conf = {"heartbeat_timeout": "10"}
+        # TCP's backoff after 5 losses of one segment in a row (0.2% of them) is over 6 s. The
+        # delayed node's handshake takes a few delayed round trips: the others wait for it.
+        conf = {"heartbeat_timeout": "10", "last_call_timeout": "15"}
         daemon = self.start_daemon_in(DAEMON_HOST)
         endpoint = "%s:%d" % (self.lab.addr(DAEMON_HOST), daemon.port)
         self.lab.drop(3, 2)
