@@ -54,7 +54,7 @@ ElasticAgent::~ElasticAgent() = default;
 // Waits for the coordinator's Challenge, which the first Join answers.
 void ElasticAgent::Start() {
   phase_ = Phase::kJoining;
-  join_deadline_ = clock_.SteadyNow() + rdzv_.join_timeout + std::chrono::seconds(5);
+  join_deadline_ = JoinDeadline();
 }
 
 void ElasticAgent::OnWorkerSignalled(int pid, const std::string& why) {
@@ -97,7 +97,7 @@ void ElasticAgent::OnMessage(const v1::CoordinatorMessage& message) {
     if (message.waiting().job_running() && !lost_cause_.empty()) {
       // Rejoined a job that lives on: from here on, as any Join (a place may take a while).
       lost_cause_.clear();
-      join_deadline_ = clock_.SteadyNow() + rdzv_.join_timeout + std::chrono::seconds(5);
+      join_deadline_ = JoinDeadline();
     }
   }
 }
@@ -120,9 +120,17 @@ void ElasticAgent::OnNewSession(std::string node_id) {
 
 void ElasticAgent::OnNewSessionFailed(const absl::Status& status) {
   wants_session_ = false;
-  Report(absl::StrCat("lost the rendezvous coordinator at ", rdzv_.Endpoint(), ": ", lost_cause_,
-                      "; could not rejoin: ", rdzv::EscapeForConsole(status.message())));
+  ReportLost(absl::StrCat("could not rejoin: ", rdzv::EscapeForConsole(status.message())));
   Finish(kExitJobFailed);
+}
+
+// One error line: the session that was lost, and why no new one took its place.
+void ElasticAgent::ReportLost(const std::string& then) {
+  Report(absl::StrCat("lost the rendezvous coordinator at ", rdzv_.Endpoint(), ": ", lost_cause_, "; ", then));
+}
+
+std::chrono::steady_clock::time_point ElasticAgent::JoinDeadline() const {
+  return clock_.SteadyNow() + rdzv_.join_timeout + std::chrono::seconds(5);
 }
 
 std::optional<std::chrono::steady_clock::time_point> ElasticAgent::Deadline() const {
@@ -166,8 +174,8 @@ void ElasticAgent::OnDeadline() {
     }
   }
   if (phase_ == Phase::kJoining && now >= join_deadline_ && !exit_code_ && !lost_cause_.empty()) {
-    Report(absl::StrCat("lost the rendezvous coordinator at ", rdzv_.Endpoint(), ": ", lost_cause_,
-                        "; could not rejoin the job within rejoin_timeout (", RejoinTimeout().count() / 1000.0, " s)"));
+    ReportLost(
+        absl::StrCat("could not rejoin the job within rejoin_timeout (", RejoinTimeout().count() / 1000.0, " s)"));
     Finish(kExitJobFailed);
   }
   if (phase_ == Phase::kJoining && now >= join_deadline_ && !exit_code_) {
@@ -286,8 +294,7 @@ void ElasticAgent::Join() {
   phase_ = Phase::kJoining;
   // Rejoining after a lost session: a round, or word that the job runs on, is due by the end of
   // the time to rejoin (the job may have ended meanwhile and its run id begun anew).
-  join_deadline_ =
-      lost_cause_.empty() ? clock_.SteadyNow() + rdzv_.join_timeout + std::chrono::seconds(5) : rejoin_deadline_;
+  join_deadline_ = lost_cause_.empty() ? JoinDeadline() : rejoin_deadline_;
   Record("join", {{"round", json::Number(static_cast<double>(round_))},
                   {"holds_survivors", json::Bool(join->holds_survivors())}});
   session_.Send(message);  // A broken stream shows up as the client's end.
@@ -437,9 +444,10 @@ void ElasticAgent::OnStreamEnded(const absl::Status& status) {
       return;
     }
   }
-  if (lost) {
-    Report(absl::StrCat("lost the rendezvous coordinator at ", rdzv_.Endpoint(), ": ",
-                        lost_cause_.empty() ? why : absl::StrCat(lost_cause_, "; could not rejoin: ", why)));
+  if (lost && !lost_cause_.empty()) {
+    ReportLost(absl::StrCat("could not rejoin: ", why));
+  } else if (lost) {
+    Report(absl::StrCat("lost the rendezvous coordinator at ", rdzv_.Endpoint(), ": ", why));
   } else {
     Report(absl::StrCat("the rendezvous at ", rdzv_.Endpoint(),
                         " refused this node: ", rdzv::EscapeForConsole(status.message())));

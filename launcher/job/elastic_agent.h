@@ -158,6 +158,10 @@ class ElasticAgent {
   void Report(const std::string& error);
   void Record(const std::string& event, const RoundHistory::Fields& fields);
   std::chrono::milliseconds RejoinTimeout() const;
+  // When a Join now must have led to a round: join_timeout, and 5 s for the coordinator's own.
+  std::chrono::steady_clock::time_point JoinDeadline() const;
+  // Reports the lost session (lost_cause_) and `then`, what became of the rejoin.
+  void ReportLost(const std::string& then);
   // The supervisor ended: records that the workers of its round are gone.
   void RecordWorkersGone();
 
