@@ -1,4 +1,4 @@
-"""Copies etcd's v3 API .proto files (Debian's golang-etcd-server-dev) for protoc's C++ output.
+"""Copies etcd's v3 API .proto files (third_party/etcd_api) for protoc's C++ output.
 
 They import gogoproto and Google's HTTP annotations, which only steer Go code generation and
 etcd's JSON gateway; both are dropped here (imports, file options, field options and each
@@ -41,7 +41,7 @@ def strip(text):
 def main():
     out_root = sys.argv[1]
     for path in sys.argv[2:]:
-        # Bazel passes external/etcd_api/<path below etcd's source root>.
+        # Bazel passes third_party/etcd_api/<path below etcd's source root>.
         rel = "etcd/" + path.split("etcd_api/", 1)[1]
         dest = os.path.join(out_root, rel)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
