@@ -21,6 +21,7 @@
 #include "launcher/spec/rdzv_settings.h"
 #include "launcher/worker/entrypoint.h"
 #include "launcher/worker/env_contract.h"
+#include "release/build_info.h"
 
 extern char** environ;
 
@@ -62,6 +63,11 @@ int main(int argc, char** argv) {
   if (!parsed.ok()) {
     elrun::PrintError(std::string(parsed.status().message()));
     return elrun::kExitUsage;
+  }
+  if (parsed->version) {
+    const std::string line = elrun::VersionLine("elrun");
+    elrun::WriteAll(STDOUT_FILENO, line.data(), line.size());
+    return elrun::kExitSuccess;
   }
   if (parsed->help) {
     elrun::WriteAll(STDOUT_FILENO, parsed->help->data(), parsed->help->size());

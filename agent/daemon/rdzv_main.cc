@@ -18,6 +18,7 @@
 #include "agent/daemon/status_page.h"
 #include "agent/grpc/coordinator_server.h"
 #include "agent/net/process_setup.h"
+#include "release/build_info.h"
 
 namespace {
 
@@ -57,6 +58,8 @@ int main(int argc, char** argv) {
                  "open connections from one address; 0: --max-connections / 8, at least 64")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
+  bool version = false;
+  app.add_flag("--version", version, "print the version and the commit it was built from, and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -65,6 +68,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     std::cerr << "elrun-rdzv: " << error.what() << "; see elrun-rdzv --help\n";
     return 2;
+  }
+  if (version) {
+    std::cout << elrun::VersionLine("elrun-rdzv");
+    return 0;
   }
   if (options.tls.cert.empty() != options.tls.key.empty()) {
     std::cerr << "elrun-rdzv: --tls-cert and --tls-key go together\n";

@@ -331,6 +331,8 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string
   app.formatter(std::make_shared<UsageInDescriptionFormatter>());
   app.prefix_command();  // Everything from the training script on belongs to the workers.
   app.set_help_flag("-h,--help", "Print this help and exit.");
+  bool version = false;  // Not torchrun's: elrun's own, as `elrun-rdzv --version`.
+  app.add_flag("--version", version, "Print elrun's version and the commit it was built from, and exit.");
   app.get_formatter()->column_width(34);
 
   std::map<std::string, std::string> cli_values;
@@ -363,6 +365,11 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string
     return absl::InvalidArgumentError(absl::StrCat(message, "; see elrun --help"));
   }
 
+  if (version) {
+    ParsedCommandLine parsed;
+    parsed.version = true;
+    return parsed;
+  }
   std::vector<std::string> rest = app.remaining();
   if (!rest.empty() && rest.front().size() > 1 && rest.front()[0] == '-' && rest.front() != "--") {
     return absl::InvalidArgumentError(absl::StrCat("unknown option ", rest.front(), "; see elrun --help"));

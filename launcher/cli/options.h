@@ -22,6 +22,8 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string& na
 struct ParsedCommandLine {
   // Set when --help was asked for: print it and exit 0; `spec` is then meaningless.
   std::optional<std::string> help;
+  // Set by --version: print the version and exit 0; `spec` is then meaningless.
+  bool version = false;
   JobSpec spec;
   // Under Slurm: one line saying which options came from SLURM_* variables; empty otherwise.
   std::string slurm_note;
