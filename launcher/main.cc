@@ -47,6 +47,13 @@ void ScrubTokens(int argc, char** argv) {
   }
 }
 
+// This executable's path ("" when /proc is not there).
+std::string SelfExe() {
+  char path[4096];
+  ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
+  return n > 0 ? std::string(path, static_cast<size_t>(n)) : std::string();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -86,7 +93,7 @@ int main(int argc, char** argv) {
     }
     rdzv = *settings;
   }
-  auto argv_template = elrun::ResolveEntrypoint(spec, env);
+  auto argv_template = elrun::ResolveEntrypoint(spec, env, elrun::DefaultPython(SelfExe()));
   if (!argv_template.ok()) {
     elrun::PrintError(std::string(argv_template.status().message()));
     return elrun::kExitUsage;

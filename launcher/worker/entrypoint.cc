@@ -33,8 +33,9 @@ std::string EnvOr(const std::map<std::string, std::string>& env, const std::stri
   return it == env.end() || it->second.empty() ? fallback : it->second;
 }
 
-absl::StatusOr<std::string> FindPython(const std::map<std::string, std::string>& env) {
-  std::string python = EnvOr(env, "PYTHON_EXEC", "python3");
+absl::StatusOr<std::string> FindPython(const std::map<std::string, std::string>& env,
+                                       const std::string& default_python) {
+  std::string python = EnvOr(env, "PYTHON_EXEC", default_python);
   auto found = FindExecutable(python, EnvOr(env, "PATH", ""));
   if (!found.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("python interpreter '", python, "': ", found.status().message(),
@@ -65,8 +66,17 @@ absl::StatusOr<std::string> FindExecutable(const std::string& name, const std::s
   return absl::NotFoundError("not found on PATH");
 }
 
+std::string DefaultPython(const std::string& self_exe) {
+  size_t slash = self_exe.rfind('/');
+  if (slash == std::string::npos) return "python3";
+  std::string beside = self_exe.substr(0, slash + 1) + "python3";
+  if (IsRegularFile(beside) && ::access(beside.c_str(), X_OK) == 0) return beside;
+  return "python3";
+}
+
 absl::StatusOr<std::vector<std::string>> ResolveEntrypoint(const JobSpec& spec,
-                                                           const std::map<std::string, std::string>& env) {
+                                                           const std::map<std::string, std::string>& env,
+                                                           const std::string& default_python) {
   const std::string& script = spec.training_script;
   std::vector<std::string> argv;
 
@@ -77,7 +87,7 @@ absl::StatusOr<std::vector<std::string>> ResolveEntrypoint(const JobSpec& spec,
     }
     argv.push_back(*binary);
   } else if (spec.module) {
-    auto python = FindPython(env);
+    auto python = FindPython(env, default_python);
     if (!python.ok()) return python.status();
     argv = {*python, "-u", "-m", script};
   } else {
@@ -92,7 +102,7 @@ absl::StatusOr<std::vector<std::string>> ResolveEntrypoint(const JobSpec& spec,
       }
       argv.push_back(script.find('/') == std::string::npos ? "./" + script : script);
     } else {
-      auto python = FindPython(env);
+      auto python = FindPython(env, default_python);
       if (!python.ok()) return python.status();
       if (spec.run_path) {
         argv = {*python, "-u", "-c", kRunPathBootstrap, script};

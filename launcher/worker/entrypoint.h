@@ -17,9 +17,15 @@ namespace elrun {
 // Returns the argv template shared by all local ranks; argv[0] is an absolute path or contains a
 // slash. Errors (InvalidArgument, one line): a missing script, a --no-python file that is not
 // executable, a program or interpreter not found on PATH. The interpreter is $PYTHON_EXEC, else
-// python3 from PATH.
+// `default_python` (a path, or a name looked up on PATH).
 absl::StatusOr<std::vector<std::string>> ResolveEntrypoint(const JobSpec& spec,
-                                                           const std::map<std::string, std::string>& env);
+                                                           const std::map<std::string, std::string>& env,
+                                                           const std::string& default_python = "python3");
+
+// The interpreter when PYTHON_EXEC is unset: the executable python3 beside `self_exe` (elrun
+// installed into a Python environment's bin/ runs that environment's Python, as torchrun does
+// through its script's interpreter), else "python3" (looked up on PATH).
+std::string DefaultPython(const std::string& self_exe);
 
 // True when the workers run Python (not --no-python, not a compiled binary given as the script).
 bool RunsPython(const JobSpec& spec);

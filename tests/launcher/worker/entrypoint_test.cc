@@ -46,6 +46,33 @@ TEST_CASE("the interpreter defaults to python3 from PATH") {
   CHECK((*argv)[0] == python);
 }
 
+TEST_CASE("elrun installed beside a python3 (a Python environment's bin/) runs that python3") {
+  Dir env_bin;  // Where pip put elrun: the environment's own python3 is there.
+  std::string python = env_bin.File("python3", "#!/bin/sh\n", 0755);
+  std::string elrun = env_bin.File("elrun", "", 0755);
+  CHECK(DefaultPython(elrun) == python);
+  Dir on_path;  // Another python3 first on PATH does not win over the environment's.
+  on_path.File("python3", "#!/bin/sh\n", 0755);
+  JobSpec spec;
+  spec.training_script = on_path.File("t.py", "", 0644);
+  auto argv = ResolveEntrypoint(spec, {{"PATH", on_path.path}}, DefaultPython(elrun));
+  REQUIRE(argv.ok());
+  CHECK((*argv)[0] == python);
+  // PYTHON_EXEC still decides when set.
+  argv = ResolveEntrypoint(spec, {{"PATH", on_path.path}, {"PYTHON_EXEC", "/bin/sh"}}, DefaultPython(elrun));
+  REQUIRE(argv.ok());
+  CHECK((*argv)[0] == "/bin/sh");
+}
+
+TEST_CASE("without an executable python3 beside elrun, python3 comes from PATH") {
+  Dir build_dir;  // bazel-bin/launcher: no interpreter there.
+  CHECK(DefaultPython(build_dir.File("elrun", "", 0755)) == "python3");
+  Dir not_executable;
+  not_executable.File("python3", "", 0644);
+  CHECK(DefaultPython(not_executable.File("elrun", "", 0755)) == "python3");
+  CHECK(DefaultPython("") == "python3");
+}
+
 TEST_CASE("a missing interpreter is a clear error") {
   Dir dir;
   JobSpec spec;
