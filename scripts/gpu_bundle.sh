@@ -7,7 +7,7 @@
 # there), so no CUDA runtime soname of this machine is needed there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh >/dev/null
+bash scripts/setup.sh run >/dev/null
 bazel build //launcher:elrun //trainer/app:elrun-train //tests/trainer:cuda_test
 out=gpu_bundle
 rm -rf "$out"

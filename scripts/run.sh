@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/setup.sh
+bash scripts/setup.sh run
 bazel build //launcher:elrun //trainer/app:elrun-train
 run_dir=${RUN_DIR:-$(mktemp -d /tmp/elrun-run.XXXXXX)}
 echo "checkpoints and metrics in $run_dir"

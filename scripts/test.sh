@@ -7,7 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
+bash scripts/setup.sh test || { echo "0 passed, 1 failed"; exit 1; }
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

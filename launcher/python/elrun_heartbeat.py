@@ -11,7 +11,8 @@ atomic write under PIPE_BUF). A worker whose beats stop for S seconds is hung: e
 SIGUSR1, on which this module (installed by the first beat) prints every thread's stack with
 faulthandler, then kills it and restarts the group within --max-restarts. Without the variable
 (torchrun, or elrun without those options) beat() does nothing. One file, standard library only:
-vendor it or put launcher/python on PYTHONPATH.
+installed with elrun's wheel as `elrun.heartbeat` (`from elrun import heartbeat`), or vendor it,
+or put launcher/python on PYTHONPATH.
 """
 import faulthandler
 import os
