@@ -6,6 +6,7 @@
 #include <cerrno>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
 namespace elrun {
@@ -62,7 +63,7 @@ void OutputPump::Drain() {
 void OutputPump::WriteConsoleLines(bool flush_partial) {
   std::string out;
   std::string filtered;
-  auto emit = [&](absl::string_view line) {  // `line` ends with its newline.
+  auto emit = [&](absl::string_view line) {  // `line` ends with its terminator.
     out.append(prefix_).append(line.data(), line.size());
     for (const std::string& filter : filters_) {
       if (absl::StrContains(line, filter)) {
@@ -71,18 +72,28 @@ void OutputPump::WriteConsoleLines(bool flush_partial) {
       }
     }
   };
+  const absl::string_view text(partial_);
   size_t start = 0;
-  size_t newline;
-  while ((newline = partial_.find('\n', start)) != std::string::npos) {
-    emit(absl::string_view(partial_).substr(start, newline - start + 1));
-    start = newline + 1;
+  size_t end;
+  while ((end = text.find_first_of("\r\n", start)) != absl::string_view::npos) {
+    if (text[end] == '\r') {
+      if (end + 1 == text.size() && !flush_partial) break;  // A "\r\n" may be on its way.
+      if (end + 1 < text.size() && text[end + 1] == '\n') {
+        ++end;  // "\r\n" ends one line.
+      } else if (end == start) {
+        start = end + 1;  // A bare "\r" before a progress bar's next state: nothing to show.
+        continue;
+      }
+    }
+    emit(text.substr(start, end - start + 1));
+    start = end + 1;
+  }
+  if (flush_partial || text.size() - start >= kMaxConsoleLine) {
+    // At EOF, or a line too long to hold: relayed as it is, ended by a newline.
+    if (start < text.size()) emit(absl::StrCat(text.substr(start), "\n"));
+    start = text.size();
   }
   partial_.erase(0, start);
-  if (flush_partial && !partial_.empty()) {
-    partial_.append("\n");
-    emit(partial_);
-    partial_.clear();
-  }
   if (!out.empty()) WriteAll(console_fd_, out.data(), out.size());
   // One write per batch of whole lines: O_APPEND keeps the workers' lines apart in the file.
   if (filtered_fd_ >= 0 && !filtered.empty()) WriteAll(filtered_fd_, filtered.data(), filtered.size());

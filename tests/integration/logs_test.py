@@ -125,6 +125,25 @@ class LogsTest(ElrunTestCase):
         self.assertEqual(len(out), 2 * (count + 1),
                          "expected only prefixed worker lines on stdout (no torn or mixed lines)")
 
+    def test_tee_relays_python_print_lines_whole(self):
+        # python -u writes each print's text and its newline with two write()s; four workers
+        # printing at once. Inherited, such lines can merge on the console; relayed, never.
+        count = 3000
+        script = self.path("talk.py")
+        with open(script, "w") as f:
+            f.write("import os\nrank = os.environ['LOCAL_RANK']\n"
+                    "for i in range(%d):\n    print('rank', rank, 'line', i)\n" % count)
+        result = self.elrun(["--nproc-per-node", "4", "--rdzv-id", "job1", "--log-dir", self.path("logs"),
+                             "--tee", "1", script])
+        self.assertExit(result, 0)
+        out = lines(result.out)
+        for rank in range(4):
+            prefix = "[default%d]:" % rank
+            mine = [line[len(prefix):] for line in out if line.startswith(prefix)]
+            self.assertEqual(mine, ["rank %d line %d" % (rank, i) for i in range(count)],
+                             "expected rank %d's lines whole and in order" % rank)
+        self.assertEqual(len(out), 4 * count, "expected no torn or merged line on stdout")
+
     def test_default_log_dir_is_where_error_file_points(self):
         script = 'echo "out$LOCAL_RANK"; dirname "$TORCHELASTIC_ERROR_FILE" > "$OUT_DIR/dir"'
         result = self.elrun(["-r", "1"] + sh(script))
