@@ -274,6 +274,16 @@ TEST_CASE("local ranks filter") {
   CHECK(*spec.local_ranks_filter == std::set<int>{0, 2});
 }
 
+TEST_CASE("--version is elrun's; after the script it belongs to the script") {
+  auto parsed = Parse({"--version"});
+  REQUIRE(parsed.ok());
+  CHECK(parsed->version);
+  parsed = Parse({"--nproc-per-node", "2", "t.py", "--version"});
+  REQUIRE(parsed.ok());
+  CHECK_FALSE(parsed->version);
+  CHECK(parsed->spec.training_script_args == std::vector<std::string>{"--version"});
+}
+
 TEST_CASE("help is complete") {
   auto parsed = Parse({"--help"});
   REQUIRE(parsed.ok());
@@ -302,6 +312,7 @@ TEST_CASE("help is complete") {
                            "--run-path",
                            "--signals-to-handle",
                            "--shutdown-timeout",
+                           "--version",
                            "PET_NPROC_PER_NODE"}) {
     CHECK_MESSAGE(parsed->help->find(name) != std::string::npos, name);
   }
