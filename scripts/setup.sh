@@ -128,6 +128,7 @@ fi
 # succeeded, so an interrupted install is redone rather than used. One installer at a time (flock):
 # two clones set up at once share it.
 TORCH_VERSION=2.11.0
+CUDA_TOOLKIT=13.0.2  # The cuda-toolkit release torch 2.11.0's wheel depends on.
 cache=${ELRUN_CACHE:-$HOME/.cache/elrun}
 venv=$cache/torch-$TORCH_VERSION
 mkdir -p "$cache"
@@ -140,6 +141,17 @@ mkdir -p "$cache"
     "$venv/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy
     "$venv/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__"
     touch "$venv/.elrun-complete"
+  fi
+  # The CUDA headers the C++ build includes beyond those torch's NVIDIA wheels bring
+  # (cuda_runtime.h's crt/host_config.h, cuda_fp16.h's nv/target): the same CUDA 13.0.2 release,
+  # as its own extras, into the same nvidia/cu13/include. A machine with a CUDA toolkit in
+  # /usr/local finds them there and hides their absence; a fresh one does not build without them.
+  # Checked separately, so that an environment made before this step gets them too.
+  if [ ! -f "$venv/.elrun-cuda-headers-$CUDA_TOOLKIT" ]; then
+    echo "setup: installing the CUDA $CUDA_TOOLKIT headers (crt, cccl) into $venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check "cuda-toolkit[crt,cccl]==$CUDA_TOOLKIT" \
+      --constraint <(echo "torch==$TORCH_VERSION")
+    touch "$venv/.elrun-cuda-headers-$CUDA_TOOLKIT"
   fi
 ) 9>"$cache/torch-$TORCH_VERSION.lock"
 repo=$(cd "$(dirname "$0")/.." && pwd)
