@@ -27,6 +27,7 @@ import recovery_report  # noqa: E402
 import regroup_report  # noqa: E402
 import scaling_report  # noqa: E402
 import train_report  # noqa: E402
+import wheel_report  # noqa: E402
 
 # (benchmark, its report module, what it measures), in the order of docs/benchmarks.md.
 BENCHMARKS = [
@@ -54,6 +55,9 @@ BENCHMARKS = [
     ("net_cut_bench", net_cut_report,
      "how long a node's link to elrun-rdzv may be cut (network namespaces) before the job loses it: "
      "per cut length, trials that cost nothing"),
+    ("wheel_bench", wheel_report,
+     "the wheel as pip installs it: its size and tag, pip install time, start-up of the installed elrun "
+     "against the build tree's, a Python shim's and torchrun's"),
     ("train_bench", train_report,
      "elrun-train's samples/s and scaling efficiency against its Python PyTorch DDP twin"),
     ("scaling_bench", scaling_report,
