@@ -70,8 +70,7 @@ std::string DefaultPython(const std::string& self_exe) {
   size_t slash = self_exe.rfind('/');
   if (slash == std::string::npos) return "python3";
   std::string beside = self_exe.substr(0, slash + 1) + "python3";
-  if (IsRegularFile(beside) && ::access(beside.c_str(), X_OK) == 0) return beside;
-  return "python3";
+  return FindExecutable(beside, "").ok() ? beside : "python3";
 }
 
 absl::StatusOr<std::vector<std::string>> ResolveEntrypoint(const JobSpec& spec,
