@@ -5,7 +5,7 @@
 # tree's setup.sh), and whether installing leaves daemons (munged, slurmd, slurmctld, etcd)
 # running. torch (pip) is not measured.
 #
-# Usage (root, Debian host with debootstrap): scripts/bench/setup_packages_bench.sh
+# Usage (root, on Debian; installs debootstrap if missing): scripts/bench/setup_packages_bench.sh
 # Writes docs/results/setup_packages.json and docs/results/setup_packages.md; logs stay in
 # $WORK (default /var/tmp/setup_packages_bench, replaced on each run).
 #
@@ -122,6 +122,10 @@ base() {
   fi
   safe_remove "$BASE"
   mkdir -p "$SRV"
+  # The one tool this benchmark needs beyond scripts/setup.sh's.
+  if ! command -v debootstrap >/dev/null; then
+    apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap >&2
+  fi
   debootstrap --version >"$WORK/debootstrap_version"
   debootstrap --variant=minbase bookworm "$BASE" "$MIRROR" >"$WORK/debootstrap.log" 2>&1
   # debootstrap leaves no policy-rc.d behind, or does it: recorded, and removed if it does.
