@@ -17,13 +17,13 @@ ends at the same point of the same schedule as an uninterrupted one. A seeded dr
                  SIGKILL the etcd leader (the member killed before it is restarted first)
 
 With --network, every node, elrun-rdzv and each etcd member runs in a test host of its own (network
-namespaces on a bridge, elrun_tools/netlab.py; root), the workers' Gloo traffic crosses those
+namespaces on a bridge, tests/support/netlab.py; root), the workers' Gloo traffic crosses those
 links, and three more kinds of fault hit the links instead of processes:
   cut_node       a node's link down for 0.5 to 2 x heartbeat_timeout seconds, then up (a short
                  cut must cost nothing; after a long one the node rejoins at a later round)
   lossy_node     20% of the packets a node sends lost for 5 s
   drop_one_way   packets from one node to another dropped for 3 s (one way)
-Every agent then writes --history-file, and the history checker (elrun_tools/history_check.py)
+Every agent then writes --history-file, and the history checker (tests/support/history_check.py)
 must find no two nodes that disagreed about a round and no restart count that went down.
 
 The first faults go through every kind once, in a seeded order. Then an uninterrupted run of
@@ -37,8 +37,8 @@ the last checkpoint preceding the fault, never after the step reached), the fina
 loads in Python, no process of the soak is left, no new file in /dev/shm, every agent still
 running at the end exited 0. Exit 1 when a check fails.
 
-  /usr/bin/python3 scripts/chaos_soak.py --seed 1 [--duration 600 --epochs 20]   # the soak
-  /usr/bin/python3 scripts/chaos_soak.py --seed 1 --duration 100 --interval 6:12 --epochs 5
+  PYTHONPATH=. /usr/bin/python3 scripts/chaos_soak.py --seed 1 [--duration 600 --epochs 20]   # the soak
+  PYTHONPATH=. /usr/bin/python3 scripts/chaos_soak.py --seed 1 --duration 100 --interval 6:12 --epochs 5
                                                                                    # CI variant
   ... --rdzv-backend etcd-v3                           # the same on the etcd backend
 (Debian's Python for matplotlib; --python, default .venv/bin/python3, loads the checkpoint.)
@@ -59,9 +59,7 @@ import tempfile
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from elrun_tools import bench, paths, plots, procs  # noqa: E402
+from tests.support import bench, paths, plots, procs
 
 TAG_VAR = "ELRUN_SOAK_TAG"
 LOG_EVERY = 10  # elrun-train's --log-every in the soak.
@@ -146,7 +144,7 @@ class Soak:
         self.kinds = (ETCD_KINDS if args.rdzv_backend == "etcd-v3" else KINDS) + (NETWORK_KINDS if args.network else ())
         self.lab = None
         if args.network:
-            from elrun_tools import netlab
+            from tests.support import netlab
             self.lab = netlab.NetLab(NODE_HOST0 + args.max_nodes)
         self.t0 = time.monotonic()
 
@@ -309,7 +307,7 @@ class Soak:
 
     def history_problems(self):
         """What the history checker finds in every agent's --history-file."""
-        from elrun_tools import history_check
+        from tests.support import history_check
         return history_check.check({a.node: history_check.read_jsonl(a.history_file) for a in self.agents})
 
     def final(self):
@@ -340,8 +338,8 @@ class Soak:
 
 
 def etcd_cluster():
-    """elrun_tools/etcd_cluster.py (a real etcd cluster on loopback), imported only when needed."""
-    from elrun_tools import etcd_cluster as module
+    """tests/support/etcd_cluster.py (a real etcd cluster on loopback), imported only when needed."""
+    from tests.support import etcd_cluster as module
     return module
 
 
@@ -566,7 +564,7 @@ def main():
     ap.add_argument("--elrun-train", default=paths.binary("elrun-train"))
     ap.add_argument("--python", default=paths.PYTHON,
                     help="a Python with torch, to load the checkpoint (default: %(default)s)")
-    bench.add_output_options(ap, os.path.join(HERE, "chaos_soak.png"), json_help="also write the results here")
+    bench.add_output_options(ap, os.path.join(os.path.dirname(os.path.abspath(__file__)), "chaos_soak.png"), json_help="also write the results here")
     args = ap.parse_args()
     if not 1 <= args.min_nodes <= args.start_nodes <= args.max_nodes <= 200:
         ap.error("expected 1 <= --min-nodes <= --start-nodes <= --max-nodes <= 200")
@@ -574,7 +572,7 @@ def main():
         if not os.access(path, os.X_OK):
             ap.error("%s is not an executable (build with bazel first)" % path)
     if args.network:
-        from elrun_tools import netlab
+        from tests.support import netlab
         reason = netlab.unavailable()
         if reason:
             ap.error("--network: " + reason)

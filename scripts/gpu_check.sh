@@ -12,7 +12,7 @@
 #   5. samples/s of elrun-train (eager and --cuda-graph) against the Python twin (torchrun, DDP,
 #      nccl) on one GPU at batch 64, 256 and 1024, medians of 3 alternating rounds;
 #   6. PyTorch's profiler over 50 steps at batch 64 of both, summarised by
-#      scripts/elrun_tools/trace_summary.py (the traces come back in traces.tar.gz).
+#      tests/support/trace_summary.py (the traces come back in traces.tar.gz).
 # GPU_CHECK_SECTIONS="4 5" runs only those sections (device time is scarce); default all six.
 # Writes $OUT/gpu_report.md (or gpu_check_out/) and the raw logs next to it; exits 1 if a check failed.
 set -uo pipefail
@@ -168,7 +168,7 @@ for batch in 64 256 1024; do
       --allow-tf32 --linear aten "${common[@]}" --metrics-file "$work/elrun_b${batch}_$round.jsonl"
     run "graph_b${batch}_$round" 200 "$bin/elrun" --standalone --nproc-per-node 1 "$bin/elrun-train" "${data[@]}" \
       --allow-tf32 --linear aten --cuda-graph "${common[@]}" --metrics-file "$work/graph_b${batch}_$round.jsonl"
-    run "twin_b${batch}_$round" 300 "$python" scripts/elrun_tools/torchrun_compat.py --standalone --nproc_per_node 1 \
+    run "twin_b${batch}_$round" 300 "$python" tests/support/torchrun_compat.py --standalone --nproc_per_node 1 \
       scripts/bench/fashion_twin.py "${data[@]}" "${common[@]}" --metrics-file "$work/twin_b${batch}_$round.jsonl"
     e+=("$(rate "$work/elrun_b${batch}_$round.jsonl")")
     g+=("$(rate "$work/graph_b${batch}_$round.jsonl")")
@@ -185,9 +185,9 @@ say ""
 profile=(--device cuda --batch-size 64 --max-steps 200 --lr-schedule constant --log-every 0 --profile-steps 150:200)
 if run profile_elrun 200 "$bin/elrun" --standalone --nproc-per-node 1 "$bin/elrun-train" "${data[@]}" --allow-tf32 \
      --linear aten "${profile[@]}" --profile-trace "$work/elrun_trace.json" &&
-   run profile_twin 300 "$python" scripts/elrun_tools/torchrun_compat.py --standalone --nproc_per_node 1 \
+   run profile_twin 300 "$python" tests/support/torchrun_compat.py --standalone --nproc_per_node 1 \
      scripts/bench/fashion_twin.py "${data[@]}" "${profile[@]}" --profile-trace "$work/twin_trace.json" &&
-   run trace_summary 120 "$python" scripts/elrun_tools/trace_summary.py "$work/elrun_trace.json.0" "$work/twin_trace.json.0" \
+   run trace_summary 120 "$python" tests/support/trace_summary.py "$work/elrun_trace.json.0" "$work/twin_trace.json.0" \
      --labels elrun-train twin --top 15; then
   sed 's/^/    /' "$out/trace_summary.log" >>"$report"
   tar -czf "$out/traces.tar.gz" -C "$work" elrun_trace.json.0 twin_trace.json.0 2>/dev/null

@@ -60,7 +60,7 @@ TEST_PACKAGES=(
   chromium
   # A real etcd cluster for the etcd v3 rendezvous backend's tests.
   etcd-server etcd-client
-  # Network faults between test hosts (scripts/elrun_tools/netlab.py): nftables drops and loses
+  # Network faults between test hosts (tests/support/netlab.py): nftables drops and loses
   # packets inside the tests' own network namespaces (netbase: /etc/protocols, which nft reads).
   nftables netbase
 )

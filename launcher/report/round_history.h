@@ -1,6 +1,6 @@
 // --history-file: this node's part in an elastic job, one JSON object per line, appended as each
 // thing happens, for whoever checks afterwards what every node believed and when (the network
-// fault tests' history checker, scripts/elrun_tools/history_check.py; an operator after an
+// fault tests' history checker, tests/support/history_check.py; an operator after an
 // incident). Every line holds "t_ms" (wall-clock milliseconds), "node" (this agent's node id) and
 // "event", then the event's fields:
 //   join            round (the last one this node had, 0 before any), holds_survivors

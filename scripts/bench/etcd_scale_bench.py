@@ -35,11 +35,11 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from elrun_tools import bench as bench_common, etcd_cluster, paths, results  # noqa: E402
-from elrun_tools.machine import (loadavg, machine_info, peak_rss_mib, pid_cpu_seconds,  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.support import bench as bench_common, etcd_cluster, paths, results  # noqa: E402
+from tests.support.machine import (loadavg, machine_info, peak_rss_mib, pid_cpu_seconds,  # noqa: E402
                                  sh_out)
-from elrun_tools.procs import kill_group, log  # noqa: E402
+from tests.support.procs import kill_group, log  # noqa: E402
 
 import etcd_scale_report  # noqa: E402
 

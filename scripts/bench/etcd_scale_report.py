@@ -5,7 +5,7 @@ import shlex
 import statistics
 from types import SimpleNamespace
 
-from elrun_tools.plots import pyplot, save_figure
+from tests.support.plots import pyplot, save_figure
 
 TITLE = "Rendezvous at scale, etcd-v3 backend"
 # The gRPC backend's targets (issue 15), which the etcd backend is held to at 1,000 nodes.

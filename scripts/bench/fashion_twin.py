@@ -3,7 +3,7 @@
 
 Run it under torchrun of the project's torch 2.11 environment (.venv, scripts/setup.sh):
 
-  .venv/bin/python3 scripts/elrun_tools/torchrun_compat.py --standalone --nproc_per_node 2 \\
+  .venv/bin/python3 tests/support/torchrun_compat.py --standalone --nproc_per_node 2 \\
       scripts/bench/fashion_twin.py --max-steps 300 --lr-schedule constant --metrics-file m.jsonl
 
 --device cuda (one GPU per rank, cuda:LOCAL_RANK) trains on the GPU with nccl, as elrun-train's
@@ -38,7 +38,7 @@ It does what trainer/app/train_main.cc does, step for step, with Python's own to
 - --memory-format channels-last: the model's weights in NHWC, as elrun-train's default on CPU
   (contiguous, PyTorch's default, unless asked). --profile-steps FIRST:END --profile-trace PATH:
   torch.profiler over those steps, each marked "ProfilerStep#N" as elrun-train marks its own, so
-  that scripts/elrun_tools/trace_summary.py reads both traces alike (PATH.<rank>).
+  that tests/support/trace_summary.py reads both traces alike (PATH.<rank>).
 - Metrics: rank 0 appends JSON lines to --metrics-file: {"event":"step",...} every --log-every
   steps and at the end {"event":"end","test_accuracy":..,"samples_per_s":..,"steps":..,
   "epochs":..,"seconds":..,"world_size":..}, the same records as elrun-train.

@@ -55,11 +55,11 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from elrun_tools import bench as bench_common, paths, results  # noqa: E402
-from elrun_tools.bench import RunError  # noqa: E402
-from elrun_tools.machine import binary_id, loadavg, machine_info, mem_available_mib  # noqa: E402
-from elrun_tools.procs import log  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.support import bench as bench_common, paths, results  # noqa: E402
+from tests.support.bench import RunError  # noqa: E402
+from tests.support.machine import binary_id, loadavg, machine_info, mem_available_mib  # noqa: E402
+from tests.support.procs import log  # noqa: E402
 
 import fsdp_report  # noqa: E402
 from fsdp_model import DEFAULT_HIDDEN, MIB, STRATEGIES, mlp_parameters  # noqa: E402

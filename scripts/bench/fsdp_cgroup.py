@@ -5,7 +5,7 @@ import os
 import signal
 import time
 
-from elrun_tools.procs import log
+from tests.support.procs import log
 
 CGROUP_PREFIX = "elrun-fsdp-bench"
 CGROUP_V1 = "/sys/fs/cgroup/memory"

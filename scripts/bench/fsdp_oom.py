@@ -7,8 +7,8 @@ import subprocess
 import tempfile
 import time
 
-from elrun_tools.paths import REPO
-from elrun_tools.procs import clean_env, kill_tagged, log, stop_launcher
+from tests.support.paths import REPO
+from tests.support.procs import clean_env, kill_tagged, log, stop_launcher
 
 from fsdp_cgroup import CGROUP_PREFIX, MemoryCgroup
 from fsdp_model import MIB

@@ -7,9 +7,9 @@ import signal
 import statistics
 from types import SimpleNamespace
 
-from elrun_tools.bench import report_head, verdict
-from elrun_tools.paths import REPO
-from elrun_tools.plots import pyplot, save_figure
+from tests.support.bench import report_head, verdict
+from tests.support.paths import REPO
+from tests.support.plots import pyplot, save_figure
 
 from fsdp_model import (LABELS, MIB, STRATEGIES, TARGET_RSS_OVERHEAD, TARGET_RSS_RATIO,  # noqa: F401
                         TARGET_STATE_RATIO, TARGET_STEP_RATIO, TARGET_ZERO2_RSS_RATIO,

@@ -14,10 +14,10 @@ import subprocess
 import tempfile
 import time
 
-from elrun_tools.bench import RunError
-from elrun_tools.machine import ForeignCpu, cpu_snapshot, foreign_cpu_share
-from elrun_tools.paths import REPO
-from elrun_tools.procs import clean_env, log, stop_launcher
+from tests.support.bench import RunError
+from tests.support.machine import ForeignCpu, cpu_snapshot, foreign_cpu_share
+from tests.support.paths import REPO
+from tests.support.procs import clean_env, log, stop_launcher
 
 from fsdp_model import MIB
 
@@ -46,7 +46,7 @@ def other_benchmarks():
 
 def wait_quiet(limit_s, quiet_s):
     """Waits (at most limit_s) until, for quiet_s seconds in a row, other processes used under
-    10% of the CPUs in every second and no other benchmark script ran. elrun_tools.machine.wait_idle's
+    10% of the CPUs in every second and no other benchmark script ran. tests.support.machine.wait_idle's
     single idle second can fall between two runs of another benchmark."""
     if limit_s <= 0:
         return True

@@ -32,12 +32,12 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from elrun_tools import bench as bench_common, paths, results  # noqa: E402
-from elrun_tools.bench import CaseState, RunError  # noqa: E402
-from elrun_tools.machine import ForeignCpu, loadavg, machine_info, wait_idle  # noqa: E402
-from elrun_tools.paths import PYTHON, REPO, TORCHRUN_COMPAT  # noqa: E402
-from elrun_tools.procs import clean_env, log, stop_launcher  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.support import bench as bench_common, paths, results  # noqa: E402
+from tests.support.bench import CaseState, RunError  # noqa: E402
+from tests.support.machine import ForeignCpu, loadavg, machine_info, wait_idle  # noqa: E402
+from tests.support.paths import PYTHON, REPO, TORCHRUN_COMPAT  # noqa: E402
+from tests.support.procs import clean_env, log, stop_launcher  # noqa: E402
 
 import gpt_report  # noqa: E402
 

@@ -6,8 +6,8 @@ commands, and the plot.
 import shlex
 import statistics
 
-from elrun_tools.bench import report_head
-from elrun_tools.plots import pyplot, save_figure
+from tests.support.bench import report_head
+from tests.support.plots import pyplot, save_figure
 
 TITLE = "GPT: elrun-train against PyTorch DDP and FSDP2"
 MLP_TITLE = "The 32 x 2048 MLP: elrun-train against PyTorch DDP and FSDP2"

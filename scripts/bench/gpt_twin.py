@@ -3,7 +3,7 @@
 FSDP2, for gpt_bench.py's same-machine comparison. Run it under torchrun of the project's torch 2.11
 environment (.venv, scripts/setup.sh):
 
-  .venv/bin/python3 scripts/elrun_tools/torchrun_compat.py --standalone --nproc_per_node 2 \\
+  .venv/bin/python3 tests/support/torchrun_compat.py --standalone --nproc_per_node 2 \\
       scripts/bench/gpt_twin.py --strategy fsdp2 --max-steps 20 --step-times-file /tmp/steps
 
 What it mirrors of trainer/app/gpt.cc and train_main.cc:

@@ -23,12 +23,12 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from elrun_tools import bench as bench_common, paths, results  # noqa: E402
-from elrun_tools.bench import RunError, with_retries  # noqa: E402
-from elrun_tools.machine import ForeignCpu, binary_id, loadavg, machine_info, wait_idle  # noqa: E402
-from elrun_tools.paths import PYTHON, TORCHRUN_COMPAT  # noqa: E402
-from elrun_tools.procs import clean_env, log  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.support import bench as bench_common, paths, results  # noqa: E402
+from tests.support.bench import RunError, with_retries  # noqa: E402
+from tests.support.machine import ForeignCpu, binary_id, loadavg, machine_info, wait_idle  # noqa: E402
+from tests.support.paths import PYTHON, TORCHRUN_COMPAT  # noqa: E402
+from tests.support.procs import clean_env, log  # noqa: E402
 
 import launcher_report  # noqa: E402
 from launcher_runs import check_restart, rss_probe, rss_run, timed_run  # noqa: E402

@@ -5,9 +5,9 @@ import shlex
 import statistics
 from types import SimpleNamespace
 
-from elrun_tools.bench import fmt, report_head, stats, verdict
-from elrun_tools.paths import REPO
-from elrun_tools.plots import pyplot, save_figure
+from tests.support.bench import fmt, report_head, stats, verdict
+from tests.support.paths import REPO
+from tests.support.plots import pyplot, save_figure
 
 TITLE = "Launcher: elrun vs torchrun"
 TARGET_LAUNCH_MS = 50.0

@@ -12,9 +12,9 @@ import tempfile
 import threading
 import time
 
-from elrun_tools.bench import RunError
-from elrun_tools.paths import PYTHON
-from elrun_tools.procs import clean_env, kill_group as _kill_group, tail as _tail
+from tests.support.bench import RunError
+from tests.support.paths import PYTHON
+from tests.support.procs import clean_env, kill_group as _kill_group, tail as _tail
 
 LAUNCHER_BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher_bench.py")
 PR_SET_CHILD_SUBREAPER = 36

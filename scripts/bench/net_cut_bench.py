@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """How long a link may be cut without costing the job a round: elrun-rdzv on one test host, two
-agents on two others (network namespaces, scripts/elrun_tools/netlab.py; root), --nnodes 1:2,
+agents on two others (network namespaces, tests/support/netlab.py; root), --nnodes 1:2,
 heartbeat_timeout H. Host 3 is cut off for C seconds, then healed, in one of two ways (--faults):
 "link" (its link down at the switch: the host sees no carrier) or "drop" (every packet between it
 and host 1 dropped by nftables on the way, as a failed switch or route would). After H + 2 s more,
@@ -23,10 +23,10 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from elrun_tools import bench, history_check, netlab, results  # noqa: E402
-from elrun_tools.paths import REPO  # noqa: E402
-from elrun_tools.procs import log  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.support import bench, history_check, netlab, results  # noqa: E402
+from tests.support.paths import REPO  # noqa: E402
+from tests.support.procs import log  # noqa: E402
 
 BENCH = "net_cut_bench"
 LISTENING = re.compile(r"listening on [\d.]+:(\d+)")

@@ -1,8 +1,8 @@
 """The link-cut benchmark's report, from its result (docs/results/net_cut_bench.json): per cut
 length, how many trials cost nothing and how many lost the cut-off node (a new round), and the
 plot of that share."""
-from elrun_tools.bench import fmt, report_head
-from elrun_tools.plots import pyplot, save_figure
+from tests.support.bench import fmt, report_head
+from tests.support.plots import pyplot, save_figure
 
 TITLE = "Link cuts: how long a node may be cut off from elrun-rdzv without costing a round"
 

@@ -29,13 +29,13 @@ import tempfile
 import time
 import uuid
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from elrun_tools import bench as bench_common, paths, results  # noqa: E402
-from elrun_tools.bench import RunError, with_retries  # noqa: E402
-from elrun_tools.machine import (ForeignCpu, binary_id, loadavg, machine_info,  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.support import bench as bench_common, paths, results  # noqa: E402
+from tests.support.bench import RunError, with_retries  # noqa: E402
+from tests.support.machine import (ForeignCpu, binary_id, loadavg, machine_info,  # noqa: E402
                                  mem_available_mib, wait_idle)
-from elrun_tools.paths import PYTHON, REPO, TORCHRUN_COMPAT  # noqa: E402
-from elrun_tools.procs import clean_env, kill_tagged, log  # noqa: E402
+from tests.support.paths import PYTHON, REPO, TORCHRUN_COMPAT  # noqa: E402
+from tests.support.procs import clean_env, kill_tagged, log  # noqa: E402
 
 import rdzv_report  # noqa: E402
 from rdzv_report import (ELRUN_DAEMON, ELRUN_EMBEDDED, FLOOR, TORCHRUN,  # noqa: E402

@@ -4,7 +4,7 @@
 # `bazel build //launcher:elrun //agent/daemon:elrun-rdzv`. Traffic stays on 127.0.0.1.
 set -u
 cd "$(dirname "$0")/../.."
-ELRUN=$(python3 scripts/elrun_tools/paths.py elrun) RDZV=$(python3 scripts/elrun_tools/paths.py elrun-rdzv)
+ELRUN=$(python3 -m tests.support.paths elrun) RDZV=$(python3 -m tests.support.paths elrun-rdzv)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$RDZV" --listen 127.0.0.1:0 --port-file "$tmp/pf" >/dev/null & D=$!
 for _ in $(seq 200); do [ -s "$tmp/pf" ] && break; sleep 0.05; done  # at most 10 s

@@ -4,9 +4,9 @@ table of formation and recovery medians against targets, notes and commands, and
 import statistics
 from types import SimpleNamespace
 
-from elrun_tools.bench import fmt, report_head, stats, verdict
-from elrun_tools.paths import REPO
-from elrun_tools.plots import pyplot, save_figure
+from tests.support.bench import fmt, report_head, stats, verdict
+from tests.support.paths import REPO
+from tests.support.plots import pyplot, save_figure
 
 from rdzv_runs import TAG_VAR
 

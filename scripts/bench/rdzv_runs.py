@@ -16,8 +16,8 @@ import tempfile
 import threading
 import time
 
-from elrun_tools.bench import RunError
-from elrun_tools.procs import is_running, kill_group, kill_tagged, log, tail
+from tests.support.bench import RunError
+from tests.support.procs import is_running, kill_group, kill_tagged, log, tail
 
 TAG_VAR = "RDZV_BENCH_TAG"
 FIFO_VAR = "RDZV_BENCH_FIFO"

@@ -4,7 +4,7 @@ table of medians (min-max) per N against the targets at 10,000 nodes, and the pl
 import shlex
 import statistics
 
-from elrun_tools.plots import pyplot, save_figure
+from tests.support.plots import pyplot, save_figure
 
 TITLE = "Rendezvous at scale: one elrun-rdzv, N simulated nodes"
 TARGETS = {"formation_s": 2.0, "rss_mib": 256.0, "heartbeat_cores": 0.2, "reform_s": 1.0}

@@ -29,12 +29,12 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from elrun_tools import paths, results  # noqa: E402
-from elrun_tools.bench import round_robin  # noqa: E402
-from elrun_tools.machine import machine_info  # noqa: E402
-from elrun_tools.paths import PYTHON, REPO, TORCHRUN_COMPAT  # noqa: E402
-from elrun_tools.procs import clean_env, kill_and_reap  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.support import paths, results  # noqa: E402
+from tests.support.bench import round_robin  # noqa: E402
+from tests.support.machine import machine_info  # noqa: E402
+from tests.support.paths import PYTHON, REPO, TORCHRUN_COMPAT  # noqa: E402
+from tests.support.procs import clean_env, kill_and_reap  # noqa: E402
 
 import recovery_report  # noqa: E402
 

@@ -1,8 +1,8 @@
 """The recovery benchmark's report, from its result (docs/results/recovery_bench.json): per
 launcher and worker count, the median (min-max) time from a worker's kill -9 to the job stepping
 again and to passing the step it had reached, against the issue's targets, and the bar chart."""
-from elrun_tools.bench import fmt, median_cell as cell, median_range as summary, report_head, verdict
-from elrun_tools.plots import pyplot, save_figure
+from tests.support.bench import fmt, median_cell as cell, median_range as summary, report_head, verdict
+from tests.support.plots import pyplot, save_figure
 
 TITLE = "Recovery: kill -9 of a worker in a Python DDP job, elrun (exec, forkserver) vs torchrun"
 TARGET_RESUME_S = {2: 0.5, 8: 1.0}  # issue 30: kill to stepping again, forkserver.

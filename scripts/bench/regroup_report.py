@@ -1,8 +1,8 @@
 """The regroup benchmark's report, from its result (docs/results/regroup_bench.json): per fault and
 launcher, the median (min-max) time from the fault to rank 0 stepping again and to passing the
 step reached, the final test accuracy, against issue 30's targets, and the bar chart."""
-from elrun_tools.bench import fmt, median_cell as cell, median_range as summary, report_head, verdict
-from elrun_tools.plots import pyplot, save_figure
+from tests.support.bench import fmt, median_cell as cell, median_range as summary, report_head, verdict
+from tests.support.plots import pyplot, save_figure
 
 TITLE = "Regroup: one fault in an elrun-train job, group restart vs --keep-survivors vs torchrun"
 # Issue 30: a worker's kill -9 costs <= 0.3 s; a SIGSTOP <= --worker-timeout + 0.5 s.

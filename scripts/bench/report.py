@@ -12,9 +12,9 @@ import re
 import shlex
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from elrun_tools import paths, results  # noqa: E402
-from elrun_tools.procs import log  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.support import paths, results  # noqa: E402
+from tests.support.procs import log  # noqa: E402
 
 import etcd_scale_report  # noqa: E402
 import fsdp_report  # noqa: E402

@@ -28,11 +28,11 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from elrun_tools import bench as bench_common, paths, results  # noqa: E402
-from elrun_tools.bench import RunError  # noqa: E402
-from elrun_tools.machine import binary_id, loadavg, machine_info, wait_idle  # noqa: E402
-from elrun_tools.procs import clean_env, log  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.support import bench as bench_common, paths, results  # noqa: E402
+from tests.support.bench import RunError  # noqa: E402
+from tests.support.machine import binary_id, loadavg, machine_info, wait_idle  # noqa: E402
+from tests.support.procs import clean_env, log  # noqa: E402
 
 import scaling_report  # noqa: E402
 from train_jobs import (ELRUN, PAIR, TAG_VAR, Config, add_job_options,  # noqa: E402

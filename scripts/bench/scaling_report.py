@@ -4,8 +4,8 @@ per-triple scaling efficiency against the pair's ceilings, every triple, command
 import statistics
 from types import SimpleNamespace
 
-from elrun_tools.bench import fmt
-from elrun_tools.plots import pyplot, save_figure
+from tests.support.bench import fmt
+from tests.support.plots import pyplot, save_figure
 
 from train_jobs import PAIR
 from train_report import TARGET_SCALING, commands_block, report_header

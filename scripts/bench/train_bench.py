@@ -5,7 +5,7 @@ On this machine, in one invocation:
   - elrun-train under `elrun --standalone --nproc-per-node K`, K = 1 and 2;
   - scripts/bench/fashion_twin.py (the same model, data, data order, optimizer and step, with
     torch.nn.parallel.DistributedDataParallel on gloo) under torch 2.11's torchrun, started through
-    scripts/elrun_tools/torchrun_compat.py --standalone --nproc_per_node K, K = 1 and 2;
+    tests/support/torchrun_compat.py --standalone --nproc_per_node K, K = 1 and 2;
   - extra rows: elrun-train --sync-bn at 2 ranks; elrun-train --memory-format contiguous at 1 and
     2 ranks (NCHW activations, as the Python twin's, instead of the default channels-last); and
     elrun-train --allreduce gloo at 2 ranks (DDP's buckets over Gloo's TCP loopback, as the twin's,
@@ -42,11 +42,11 @@ import shlex
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from elrun_tools import bench as bench_common, paths, results  # noqa: E402
-from elrun_tools.bench import RunError  # noqa: E402
-from elrun_tools.machine import binary_id, loadavg, machine_info, wait_idle  # noqa: E402
-from elrun_tools.procs import clean_env, log  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.support import bench as bench_common, paths, results  # noqa: E402
+from tests.support.bench import RunError  # noqa: E402
+from tests.support.machine import binary_id, loadavg, machine_info, wait_idle  # noqa: E402
+from tests.support.procs import clean_env, log  # noqa: E402
 
 import train_report  # noqa: E402
 from train_jobs import (ELRUN, GLOO, LABELS, NCHW, PAIR, PY, SYNC, TAG_VAR, Config,  # noqa: E402

@@ -11,11 +11,11 @@ import subprocess
 import tempfile
 import time
 
-from elrun_tools import paths
-from elrun_tools.bench import RunError
-from elrun_tools.machine import ForeignCpu
-from elrun_tools.paths import PYTHON, REPO, TORCHRUN_COMPAT
-from elrun_tools.procs import log, stop_launcher
+from tests.support import paths
+from tests.support.bench import RunError
+from tests.support.machine import ForeignCpu
+from tests.support.paths import PYTHON, REPO, TORCHRUN_COMPAT
+from tests.support.procs import log, stop_launcher
 
 DEFAULT_ELRUN = paths.binary("elrun")
 DEFAULT_TRAIN = paths.binary("elrun-train")

@@ -5,9 +5,9 @@ commands, and the chart. report_header and commands_block serve scaling_report.p
 import shlex
 from types import SimpleNamespace
 
-from elrun_tools.bench import fmt, report_head, stats
-from elrun_tools.paths import REPO
-from elrun_tools.plots import pyplot, save_figure
+from tests.support.bench import fmt, report_head, stats
+from tests.support.paths import REPO
+from tests.support.plots import pyplot, save_figure
 
 from train_jobs import (ELRUN, GLOO, LABELS, NCHW, PAIR, PY, SYNC, Config,  # noqa: F401
                         shown)

@@ -26,10 +26,10 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from elrun_tools import bench as bench_common, paths, results  # noqa: E402
-from elrun_tools.machine import loadavg, machine_info  # noqa: E402
-from elrun_tools.procs import clean_env, log  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.support import bench as bench_common, paths, results  # noqa: E402
+from tests.support.machine import loadavg, machine_info  # noqa: E402
+from tests.support.procs import clean_env, log  # noqa: E402
 
 import wheel_report  # noqa: E402
 

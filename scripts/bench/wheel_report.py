@@ -1,8 +1,8 @@
 """The wheel benchmark's report, from its result (docs/results/wheel_bench.json): the wheel, pip
 install, and start-up of the installed elrun beside the build tree's and torchrun, as a table
 and a bar chart."""
-from elrun_tools.bench import fmt, report_head
-from elrun_tools.plots import pyplot, save_figure
+from tests.support.bench import fmt, report_head
+from tests.support.plots import pyplot, save_figure
 
 TITLE = "The wheel: what pip installs, and how fast the installed elrun starts"
 

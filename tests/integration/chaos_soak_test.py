@@ -29,7 +29,7 @@ class ChaosSoakTest(ElrunTestCase):
                               "kill9_etcd_leader"})
 
     def test_on_test_hosts_with_real_links_cut_lossy_and_dropped(self):
-        from elrun_tools import netlab
+        from tests.support import netlab
         reason = netlab.unavailable()
         if reason:
             self.skipTest(reason)

@@ -27,9 +27,9 @@ PYTHON = os.environ.get("PYTHON_EXEC") or os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ".venv", "bin", "python3")
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "workers")
-# The helpers shared with the benchmarks (scripts/elrun_tools), in the checkout and in runfiles.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts"))
-from elrun_tools.procs import (DEATH_TIMEOUT_S, Pidfds, cmdline, describe, descendants,  # noqa: E402,F401
+# The helpers shared with the benchmarks (//tests/support), importable with the repository root on
+# PYTHONPATH, as run_py_test.sh puts it.
+from tests.support.procs import (DEATH_TIMEOUT_S, Pidfds, cmdline, describe, descendants,  # noqa: F401
                                is_running, kill_and_reap, proc_stat, wait_dead)
 
 # Bounds for every wait in the suite; none of them is a synchronisation sleep.
@@ -87,7 +87,7 @@ def elrun_command():
     return bazel_binary("launcher", "elrun", "ELRUN_BIN")
 
 
-# True when ELRUN_BIN points at the reference torchrun (scripts/elrun_tools/torchrun_compat.py), only
+# True when ELRUN_BIN points at the reference torchrun (tests/support/torchrun_compat.py), only
 # used to debug the worker scripts: tests then skip what torchrun did differently when the skips
 # were written (torch 1.13; the reasons below are not yet rechecked against torch 2.11).
 TORCHRUN_REFERENCE = "torchrun" in os.environ.get("ELRUN_BIN", "")
@@ -123,7 +123,7 @@ class ReservedPort:
 
 # ---------------------------------------------------------------------------------------------
 # /proc and pidfd helpers (proc_stat, cmdline, is_running, descendants, describe, Pidfds,
-# wait_dead) come from scripts/elrun_tools/procs.py, imported above.
+# wait_dead) come from tests/support/procs.py, imported above.
 
 
 def kill_descendants_of_self(timeout=DEATH_TIMEOUT_S):

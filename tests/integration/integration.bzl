@@ -6,8 +6,8 @@ def py_integration_test(name, size = "small", rdzv = False, extra_data = [], tag
     extra_data: more runfiles (helper modules, other binaries such as //trainer/app:elrun-train).
     tags: added to the default ones (cpu:2 for medium rdzv tests). timeout: Bazel's, over size's.
     """
-    # harness.py imports scripts/elrun_tools (process helpers shared with the benchmarks).
-    data = ["%s.py" % name, "harness.py", "//launcher:elrun", "//scripts/elrun_tools"] + native.glob(["workers/*.py"])
+    # harness.py imports //tests/support (process helpers shared with the benchmarks).
+    data = ["%s.py" % name, "harness.py", "//launcher:elrun", "//tests/support"] + native.glob(["workers/*.py"])
     if rdzv:
         data += ["rdzv_harness.py", "//agent/daemon:elrun-rdzv"]
     native.sh_test(

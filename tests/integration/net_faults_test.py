@@ -1,6 +1,6 @@
-"""Multi-node jobs on test hosts with real links (network namespaces, scripts/elrun_tools/netlab.py):
+"""Multi-node jobs on test hosts with real links (network namespaces, tests/support/netlab.py):
 elrun-rdzv on host 1, one elrun agent per host 2..4, each with --history-file; the link, not a
-process, fails. After each scenario the history checker (scripts/elrun_tools/history_check.py)
+process, fails. After each scenario the history checker (tests/support/history_check.py)
 reads every agent's history and the lines the workers wrote while they ran, and asserts that no
 two nodes believed different things about a round and that no worker trained on in a round its
 node had left.
@@ -11,16 +11,14 @@ By hand (root): .venv/bin/python3 tests/integration/net_faults_test.py [Class.te
 import json
 import os
 import re
-import sys
 import time
 
 import harness
 import rdzv_harness
 from rdzv_harness import RdzvTestCase
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(harness.HERE)), "scripts"))
-from elrun_tools import history_check, netlab  # noqa: E402
-from elrun_tools.etcd_cluster import EtcdCluster  # noqa: E402
+from tests.support import history_check, netlab
+from tests.support.etcd_cluster import EtcdCluster
 
 DAEMON_HOST = 1
 AGENT_HOSTS = (2, 3, 4)

@@ -1,5 +1,5 @@
 """The etcd-v3 rendezvous backend against a real 3-member etcd cluster on loopback
-(scripts/elrun_tools/etcd_cluster.py): a job forms with the grpc backend's ranks and leaves no key behind; the etcd
+(tests/support/etcd_cluster.py): a job forms with the grpc backend's ranks and leaves no key behind; the etcd
 leader killed with SIGKILL mid-job costs no restart, and one stopped with SIGSTOP does not stall
 the job; an agent killed with SIGKILL is lost when its lease expires and the survivors form a
 new round, and a node that arrives scales the job up; the leading agent (the one that replays
@@ -14,9 +14,9 @@ import signal
 import time
 import unittest
 
-import harness  # First: puts scripts/ (elrun_tools) on sys.path.
-from elrun_tools import etcd_cluster
-from elrun_tools.etcd_cluster import EtcdCluster, make_tls_files
+import harness
+from tests.support import etcd_cluster
+from tests.support.etcd_cluster import EtcdCluster, make_tls_files
 from rdzv_harness import GATED, RdzvTestCase
 
 # The agents' lease TTL (heartbeat_timeout): a node killed with SIGKILL is lost this long after

@@ -3,7 +3,6 @@ agent must notice within about heartbeat_timeout (HTTP/2 keepalive pings that go
 stop its workers and exit with a cause naming the coordinator, instead of waiting for ever."""
 import os
 import signal
-import sys
 import time
 import unittest
 
@@ -73,8 +72,7 @@ class CoordinatorLossTest(RdzvTestCase):
         for agent in agents:
             self.assertIn("the rendezvous coordinator at 127.0.0.1:%d restarted" % daemon.port, agent.stderr)
             self.assertEqual([r["round"] for r in agent.rounds()], [1, 1])
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(harness.HERE)), "scripts"))
-        from elrun_tools import history_check
+        from tests.support import history_check
         histories = {n: history_check.read_jsonl(self.path("history.%d" % n)) for n in (1, 2)}
         self.assertEqual(history_check.check(histories), [], histories)
         self.stop_daemon(again)

@@ -1,4 +1,4 @@
-"""Real third-party PyTorch programs (scripts/jobs/thirdparty) under elrun and under torch 2.11's
+"""Real third-party PyTorch programs (tests/integration/workers/thirdparty) under elrun and under torch 2.11's
 torchrun, side by side: PyTorch Lightning's Trainer (ddp), Hugging Face transformers' Trainer (a
 tiny GPT-2), an accelerate loop, FSDP2 with DCP checkpoints resumed by a second launch, and
 @record's error files. Each runs with --standalone --nproc-per-node 2 on CPU over Gloo, and both
@@ -27,7 +27,7 @@ import unittest
 import harness
 from harness import ElrunTestCase
 
-JOBS = os.path.join(os.path.dirname(os.path.dirname(harness.HERE)), "scripts", "jobs", "thirdparty")
+JOBS = os.path.join(harness.WORKERS, "thirdparty")
 LAUNCH = ["--standalone", "--nproc-per-node", "2"]
 # One launch of these jobs takes 2 to 6 s on 2 idle cores (two interpreters import Lightning or
 # transformers at once); allow for a loaded machine.
@@ -83,7 +83,7 @@ class ThirdPartyCase(ElrunTestCase):
         return super().env(**offline)
 
     def launch(self, launcher, script, args, options=(), env=None):
-        """Runs scripts/jobs/thirdparty/<script> under `launcher` with LAUNCH + options; a Launch."""
+        """Runs tests/integration/workers/thirdparty/<script> under `launcher` with LAUNCH + options; a Launch."""
         command = torchrun_command() if launcher == "torchrun" else harness.elrun_command()
         proc = self.start(LAUNCH + list(options) + [os.path.join(JOBS, script)] + list(args),
                           env=env or self.env(), command=command)
@@ -157,7 +157,7 @@ class FrameworksTest(ThirdPartyCase):
         missing = missing_packages()
         if missing:
             raise AssertionError(
-                "expected %s in %s's environment to run scripts/jobs/thirdparty; missing: %s. Run "
+                "expected %s in %s's environment to run tests/integration/workers/thirdparty; missing: %s. Run "
                 "scripts/setup.sh (it installs scripts/requirements-test.txt)"
                 % (", ".join(d for d, _ in PACKAGES), harness.PYTHON, ", ".join(missing)))
 

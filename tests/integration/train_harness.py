@@ -13,6 +13,7 @@ import time
 
 import harness
 from harness import ElrunTestCase
+from tests.support import paths
 
 # One training job from start to exit, restarts included. A job of these tests takes 10 to 25 s
 # on 2 idle cores (LibTorch start-up is several seconds per attempt); allow for a loaded machine.
@@ -42,22 +43,9 @@ def train_command():
 
 
 def torchrun_command():
-    """torch 2.11's torchrun through scripts/elrun_tools/torchrun_compat.py, with exits
+    """torch 2.11's torchrun through tests/support/torchrun_compat.py, with exits
     noticed every 0.1 s instead of torchrun's default 5 s. TORCHRUN_COMPAT overrides the path."""
-    path = os.environ.get("TORCHRUN_COMPAT")
-    if not path:
-        candidates = []
-        for root in (os.environ.get("TEST_SRCDIR"), os.environ.get("RUNFILES_DIR")):
-            if root:
-                candidates.append(os.path.join(root, "elrun", "scripts", "elrun_tools",
-                                               "torchrun_compat.py"))
-        repo = os.path.dirname(os.path.dirname(harness.HERE))
-        candidates.append(os.path.join(repo, "scripts", "elrun_tools", "torchrun_compat.py"))
-        found = [p for p in candidates if os.path.isfile(p)]
-        if not found:
-            raise RuntimeError("torchrun_compat.py not found; looked at %s (set TORCHRUN_COMPAT)"
-                               % candidates)
-        path = found[0]
+    path = os.environ.get("TORCHRUN_COMPAT") or paths.TORCHRUN_COMPAT
     return [harness.PYTHON, path, "--monitor_interval", "0.1"]
 
 

@@ -1,5 +1,5 @@
 """elrun-train runs unchanged under elrun and under torchrun (torch 2.11's, through
-scripts/elrun_tools/torchrun_compat.py): the same seeded job ends in the same checkpoint under both.
+tests/support/torchrun_compat.py): the same seeded job ends in the same checkpoint under both.
 And gradient accumulation: 1 worker x 2 micro-batches of 32 ends where 2 workers x 32 do.
 
 Jobs are short (40 steps of batch 32 per rank on the seeded synthetic data set, one intra-op

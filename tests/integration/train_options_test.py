@@ -17,6 +17,7 @@ import unittest
 
 import harness
 import train_harness
+from tests.support import paths
 from train_harness import TrainTestCase, train_args
 
 STEPS = 40
@@ -88,7 +89,7 @@ class TrainOptionsTest(TrainTestCase):
             self.assertTrue({"aten::convolution", "aten::convolution_backward"} <= ops,
                             "expected the forward and backward convolutions among rank %d's operators" % rank)
         summary = subprocess.run(
-            [harness.PYTHON, os.path.join(harness.HERE, "..", "..", "scripts", "elrun_tools", "trace_summary.py"), trace + ".0",
+            [harness.PYTHON, os.path.join(paths.HERE, "trace_summary.py"), trace + ".0",
              "--json", self.path("summary.json")], capture_output=True, text=True, timeout=120)
         self.assertEqual(summary.returncode, 0, summary.stderr)
         with open(self.path("summary.json")) as f:

@@ -401,7 +401,7 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
                  "FIRST:END: PyTorch's profiler (Kineto) over steps FIRST..END-1, host operators and, on CUDA, "
                  "kernels and copies; needs --profile-trace");
   app.add_option("--profile-trace", o.profile_trace,
-                 "each rank writes its profile to PATH.<rank> (Chrome trace JSON; scripts/elrun_tools/trace_summary.py "
+                 "each rank writes its profile to PATH.<rank> (Chrome trace JSON; tests/support/trace_summary.py "
                  "summarises it)");
   try {
     app.parse(argc, argv);

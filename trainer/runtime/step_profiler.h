@@ -2,7 +2,7 @@
 // torch.profiler does for a Python loop. Host operators are always recorded; on CUDA also the
 // kernels, copies and CUDA runtime calls (through CUPTI). Each step is one "ProfilerStep#N"
 // annotation, as torch.profiler's schedule writes, so that one reader
-// (scripts/elrun_tools/trace_summary.py) summarises elrun-train's and a Python script's traces alike.
+// (tests/support/trace_summary.py) summarises elrun-train's and a Python script's traces alike.
 // The trace is Chrome's JSON (chrome://tracing, Perfetto). Not thread-safe: the training thread
 // owns it. The header keeps LibTorch out.
 #ifndef ELRUN_TRAINER_RUNTIME_STEP_PROFILER_H_

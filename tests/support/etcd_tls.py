@@ -7,7 +7,7 @@ import random
 import subprocess
 import tempfile
 
-from elrun_tools.etcd_member import random_loopback_host
+from tests.support.etcd_member import random_loopback_host
 
 OPENSSL_TIMEOUT_S = 15.0  # One openssl invocation.
 

@@ -1,15 +1,14 @@
 """Where things are in the checkout: the repository, the torch environment, the built binaries.
 
 The one place that names the Bazel outputs the scripts run: when a target moves, change its line in
-BINARIES. `python3 scripts/elrun_tools/paths.py NAME` prints a binary's path (for shell scripts).
+BINARIES. `python3 -m tests.support.paths NAME` (from the repository root) prints a binary's path (for shell scripts).
 """
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = os.path.dirname(HERE)
-REPO = os.path.dirname(SCRIPTS)
-BENCH = os.path.join(SCRIPTS, "bench")
+REPO = os.path.dirname(os.path.dirname(HERE))
+BENCH = os.path.join(REPO, "scripts", "bench")
 # The torch 2.11 environment (scripts/setup.sh links it as .venv) runs torchrun, the Python twin
 # and every worker; the benchmark scripts themselves run on Debian's python3 (matplotlib).
 PYTHON = os.path.join(REPO, ".venv", "bin", "python3")

@@ -11,7 +11,7 @@ import signal
 import socket
 import subprocess
 
-from elrun_tools.procs import kill_and_reap
+from tests.support.procs import kill_and_reap
 
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)

@@ -11,8 +11,9 @@ Members are our children with a parent-death signal of SIGKILL, are recorded in 
 registry that an atexit hook SIGKILLs, and are SIGTERMed, then SIGKILLed, and reaped by close():
 none outlives the test, even one that fails or dies. etcdctl runs with every wait bounded.
 Single-threaded, like harness: members get SIGKILL when the *thread* that started them exits.
-Standard library only; elrun_tools.procs supplies pidfd waits; etcd_member.py the members and
-their registry, etcd_tls.py the certificates. Self-test: python3 scripts/elrun_tools/etcd_cluster.py
+Standard library only; tests.support.procs supplies pidfd waits; etcd_member.py the members and
+their registry, etcd_tls.py the certificates. Self-test, from the repository root:
+python3 -m tests.support.etcd_cluster
 """
 import base64
 import json
@@ -26,13 +27,10 @@ import tempfile
 import time
 import urllib.request
 
-if __name__ == "__main__":  # Run as a script: make the package importable.
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from elrun_tools.procs import DEATH_TIMEOUT_S, cmdline, describe, is_running, wait_dead  # noqa: E402
-from elrun_tools.etcd_member import (RUNNING, EtcdError, Member, PortTaken,  # noqa: E402,F401
-                                     die_with_parent, etcd_env, pick_ports, random_loopback_host)
-from elrun_tools.etcd_tls import TlsFiles, make_tls_files  # noqa: E402,F401
+from tests.support.etcd_member import (RUNNING, EtcdError, Member, PortTaken,  # noqa: F401
+                                       die_with_parent, etcd_env, pick_ports, random_loopback_host)
+from tests.support.etcd_tls import TlsFiles, make_tls_files  # noqa: F401
+from tests.support.procs import DEATH_TIMEOUT_S, cmdline, describe, is_running, wait_dead
 
 ETCD = os.environ.get("ETCD_BIN", "/usr/bin/etcd")
 ETCDCTL = os.environ.get("ETCDCTL_BIN", "/usr/bin/etcdctl")

@@ -10,8 +10,8 @@ import statistics
 import subprocess
 import tempfile
 
-from elrun_tools import results
-from elrun_tools.procs import log
+from tests.support import results
+from tests.support.procs import log
 
 
 class RunError(Exception):

@@ -10,8 +10,8 @@ import platform
 import subprocess
 import time
 
-from elrun_tools.paths import PYTHON
-from elrun_tools.procs import log
+from tests.support.paths import PYTHON
+from tests.support.procs import log
 
 
 def sh_out(argv):
@@ -66,7 +66,7 @@ def machine_info(binaries):
         ("os", sh_out(["sh", "-c", ". /etc/os-release && echo \"$PRETTY_NAME\""]) or "?"),
         ("python", f"{PYTHON} {platform.python_version()}"),
         ("torch", f"torch {torch_meta or '?'} ({PYTHON}); torchrun through "
-                  f"scripts/elrun_tools/torchrun_compat.py"),
+                  f"tests/support/torchrun_compat.py"),
         *[(key, describe_binary(path)) for key, path in binaries],
         ("date", time.strftime("%Y-%m-%d %H:%M:%S %Z")),
     ]

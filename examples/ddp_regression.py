@@ -1,4 +1,4 @@
-"""A real multi-worker PyTorch job for elrun (scripts/run.sh): DDP over Gloo from env://.
+"""A real multi-worker PyTorch job for elrun (the README's quick start): DDP over Gloo from env://.
 
 Each rank fits the same linear model y = X w* + noise on its own shard of a synthetic data set
 with torch.nn.parallel.DistributedDataParallel; rank 0 prints the loss as it falls and, at the

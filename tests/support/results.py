@@ -15,9 +15,9 @@ import subprocess
 import sys
 import time
 
-from elrun_tools.machine import machine_line
-from elrun_tools.paths import REPO, RESULTS_DIR, relative
-from elrun_tools.procs import log
+from tests.support.machine import machine_line
+from tests.support.paths import REPO, RESULTS_DIR, relative
+from tests.support.procs import log
 
 
 def default_path(bench):

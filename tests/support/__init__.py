@@ -1,6 +1,5 @@
-"""Helpers shared by elrun's benchmarks (scripts/bench), scripts (chaos_soak.py) and integration
-tests (tests/integration): one package, so that no test imports a benchmark and no benchmark
-imports a test.
+"""The tests' support library (//tests/support), shared by the integration tests, the benchmarks
+and the chaos soak: one package that the tests and the benchmarks depend on through Bazel deps.
 
   paths          the checkout, the torch environment, the Bazel-built binaries (one table)
   procs          /proc reads, pidfd waits, process-group and tagged kills, a launcher-clean env
@@ -12,5 +11,5 @@ imports a test.
   torchrun_compat  the reference torchrun (torch.distributed.run of the .venv)
   trace_summary  summaries of torch.profiler Chrome traces
 
-Import it with scripts/ on sys.path: sys.path.insert(0, <repo>/scripts); import elrun_tools.procs.
+Import it with the repository root on PYTHONPATH: from tests.support import procs.
 """

@@ -1,0 +1,1 @@
+"""elrun's tests; tests.support is their support library (//tests/support)."""
