@@ -233,13 +233,10 @@ const char* OptimizerName(OptimizerChoice optimizer) {
   return "?";
 }
 
-absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const char* const* argv, std::ostream& out) {
-  TrainOptions o;
-  RawChoices raw;
-  CLI::App app(
-      "elrun-train: data-parallel training of FashionNet on Fashion-MNIST, or of a byte-level GPT on text "
-      "(LibTorch), on CPU or CUDA.",
-      "elrun-train");
+namespace {
+
+// The model, its data and the run's length.
+void AddModelAndDataOptions(CLI::App& app, TrainOptions& o, RawChoices& raw) {
   app.add_option("--model", raw.model,
                  "fashionnet, mlp (--mlp-hidden), resmlp (--resmlp-width, --resmlp-blocks) or gpt (a byte-level "
                  "decoder-only transformer: --gpt-layers, --gpt-width, --gpt-heads, --gpt-context)")
@@ -261,6 +258,11 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
   app.add_option("--batch-size", o.batch_size, "samples per rank per step")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+}
+
+// The optimizer and the data-parallel strategy; returns --lr's option (its default depends on
+// the optimizer).
+CLI::Option* AddOptimizerOptions(CLI::App& app, TrainOptions& o, RawChoices& raw) {
   CLI::Option* lr = app.add_option("--lr", o.lr, "learning rate (default 0.05 for sgd, 0.001 for adam and adamw)")
                         ->check(CLI::PositiveNumber);
   app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str()->check(CLI::Range(0.0, 1.0));
@@ -270,6 +272,11 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
   app.add_option("--strategy", raw.strategy,
                  "ddp (bucketed all-reduce), no_shard, zero1, zero2 or fsdp (FullyShardedDataParallel)")
       ->capture_default_str();
+  return lr;
+}
+
+// The models' shapes and the GPT's evaluation and sample.
+void AddModelShapeOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--mlp-hidden", o.mlp_hidden, "hidden layer widths of --model mlp")
       ->delimiter(',')
       ->capture_default_str();
@@ -300,6 +307,10 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
                  "--model gpt: bytes of text the trained model writes at the end (rank 0 prints them; 0: none)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+}
+
+// Memory and precision: activation checkpointing, mixed precision, offloading, the report.
+void AddMemoryOptions(CLI::App& app, TrainOptions& o, RawChoices& raw) {
   app.add_flag("--activation-checkpointing", o.activation_checkpointing,
                "keep only each unit's (each child layer's or block's) input in forward and recompute the "
                "unit in backward: less activation memory for about one more forward of compute");
@@ -324,6 +335,10 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
   app.add_flag("--report-memory", o.report_memory,
                "print each rank's parameter, gradient and optimizer-state bytes, peak, peak RSS and, on CUDA, "
                "the caching allocator's allocated, reserved and peak bytes");
+}
+
+// Regularisation, the learning-rate schedule, accumulation, SyncBatchNorm and the seed.
+void AddScheduleOptions(CLI::App& app, TrainOptions& o, RawChoices& raw) {
   app.add_option("--weight-decay", o.weight_decay, "weight decay (L2)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
@@ -340,6 +355,10 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
       ->check(CLI::Range(1, 4096));
   app.add_flag("--sync-bn", o.sync_bn, "convert BatchNorm layers to SyncBatchNorm");
   app.add_option("--seed", o.seed, "seed of weights and data order")->capture_default_str();
+}
+
+// Checkpoints and --keep-survivors' in-memory shard copies.
+void AddCheckpointOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "save and resume checkpoint.pt here");
   app.add_option("--checkpoint-every", o.checkpoint_every, "save every N steps (0: at the end and on SIGTERM)")
       ->capture_default_str()
@@ -349,6 +368,10 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
                  "every N steps, so a lost rank's state is rebuilt from memory (0: from the checkpoint)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+}
+
+// Threads, communication, device, backend, memory format and allocator.
+void AddRuntimeOptions(CLI::App& app, TrainOptions& o, RawChoices& raw) {
   app.add_option("--threads", o.threads, "intra-op threads per rank")->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP bucket size limit (MiB)")
       ->capture_default_str()
@@ -377,6 +400,11 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
                  "as CUDA's caching allocator does: the resident memory follows the live tensors and a "
                  "steady step makes no new mappings) or default (c10's allocator, i.e. glibc malloc)")
       ->capture_default_str();
+}
+
+// What the run writes besides checkpoints, CUDA's step options, the collectives' timeout and the
+// profiler; --profile-steps' text goes to `profile_steps`.
+void AddOutputOptions(CLI::App& app, TrainOptions& o, std::string& profile_steps) {
   app.add_option("--metrics-file", o.metrics_file, "JSON lines: steps and a final {\"event\":\"end\",...}");
   app.add_option("--step-times-file", o.step_times_file,
                  "each rank appends to PATH.<rank>: per step, its wall and CPU milliseconds (tab-separated)");
@@ -396,13 +424,32 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
                  "seconds a collective waits for its peers before this rank fails")
       ->check(CLI::Range(0.1, 86400.0))
       ->capture_default_str();
-  std::string profile_steps;
   app.add_option("--profile-steps", profile_steps,
                  "FIRST:END: PyTorch's profiler (Kineto) over steps FIRST..END-1, host operators and, on CUDA, "
                  "kernels and copies; needs --profile-trace");
   app.add_option("--profile-trace", o.profile_trace,
                  "each rank writes its profile to PATH.<rank> (Chrome trace JSON; tests/support/trace_summary.py "
                  "summarises it)");
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const char* const* argv, std::ostream& out) {
+  TrainOptions o;
+  RawChoices raw;
+  CLI::App app(
+      "elrun-train: data-parallel training of FashionNet on Fashion-MNIST, or of a byte-level GPT on text "
+      "(LibTorch), on CPU or CUDA.",
+      "elrun-train");
+  AddModelAndDataOptions(app, o, raw);
+  CLI::Option* lr = AddOptimizerOptions(app, o, raw);
+  AddModelShapeOptions(app, o);
+  AddMemoryOptions(app, o, raw);
+  AddScheduleOptions(app, o, raw);
+  AddCheckpointOptions(app, o);
+  AddRuntimeOptions(app, o, raw);
+  std::string profile_steps;
+  AddOutputOptions(app, o, profile_steps);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
