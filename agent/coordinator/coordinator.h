@@ -254,6 +254,10 @@ class Coordinator {
 // Checks a Join's fields (sizes, ranges, protocol version) before it reaches any state.
 absl::Status ValidateJoin(const v1::Join& join);
 
+// The first setting in which `b` (a joining node's) differs from `a` (the job's), named with
+// both values; empty when they all match (join_check.cc).
+std::string SettingsDiff(const v1::JobSettings& a, const v1::JobSettings& b);
+
 }  // namespace elrun::rdzv
 
 #endif  // ELRUN_AGENT_COORDINATOR_COORDINATOR_H_
