@@ -158,8 +158,7 @@ absl::Status Invalid(const Resolved& r, const std::string& name, const absl::Sta
   return absl::InvalidArgumentError(absl::StrCat(r.Input(name), ": ", why.message()));
 }
 
-absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest, const DeviceCounts& devices,
-                       JobSpec* spec) {
+// Assigns `expr`'s value to `lhs`, or returns Invalid(r, name, its status) from the calling step.
 #define ELRUN_ASSIGN_OR_INVALID(lhs, name, expr)                \
   do {                                                          \
     auto _value = (expr);                                       \
@@ -167,6 +166,8 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest, 
     lhs = *std::move(_value);                                   \
   } while (0)
 
+// The job's size and this node's place in it: --nnodes, --nproc-per-node, --node-rank, --master-*.
+absl::Status ReadSize(const Resolved& r, const DeviceCounts& devices, JobSpec* spec) {
   std::pair<int, int> nnodes;
   ELRUN_ASSIGN_OR_INVALID(nnodes, "nnodes", ParseNnodes(r["nnodes"]));
   spec->min_nodes = nnodes.first;
@@ -178,6 +179,11 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest, 
     ELRUN_ASSIGN_OR_INVALID(spec->master_port, "master-port", ParseInt(r["master-port"], 1, 65535));
   }
   spec->node_rank_given = r.explicitly_set.count("node-rank") > 0;
+  return absl::OkStatus();
+}
+
+// The rendezvous: --standalone, --rdzv-*, --max-restarts.
+absl::Status ReadRendezvous(const Resolved& r, JobSpec* spec) {
   spec->standalone = r.Flag("standalone");
   spec->rdzv_backend = absl::AsciiStrToLower(r["rdzv-backend"]);
   if (!r.explicitly_set.count("rdzv-backend") && spec->min_nodes != spec->max_nodes) {
@@ -187,6 +193,12 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest, 
   spec->rdzv_id = r["rdzv-id"];
   ELRUN_ASSIGN_OR_INVALID(spec->rdzv_conf, "rdzv-conf", ParseRdzvConf(r["rdzv-conf"]));
   ELRUN_ASSIGN_OR_INVALID(spec->max_restarts, "max-restarts", ParseInt(r["max-restarts"], 0, 1 << 30));
+  return absl::OkStatus();
+}
+
+// How workers start and where their output goes: --monitor-interval, --start-method, --role, logs,
+// --redirects, --tee, --local-ranks-filter, the entrypoint's kind, signals, --shutdown-timeout.
+absl::Status ReadWorkers(const Resolved& r, JobSpec* spec) {
   std::chrono::milliseconds interval;
   ELRUN_ASSIGN_OR_INVALID(interval, "monitor-interval", ParseSeconds(r["monitor-interval"]));
   spec->monitor_interval_s = interval.count() / 1000.0;
@@ -208,6 +220,12 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest, 
   spec->run_path = r.Flag("run-path");
   ELRUN_ASSIGN_OR_INVALID(spec->signals_to_handle, "signals-to-handle", ParseSignalList(r["signals-to-handle"]));
   ELRUN_ASSIGN_OR_INVALID(spec->shutdown_timeout, "shutdown-timeout", ParseSeconds(r["shutdown-timeout"]));
+  return absl::OkStatus();
+}
+
+// elrun's supervision: worker timeouts, stragglers, duplicate-output filters, reports, heartbeats,
+// --keep-survivors, --preload, injected faults.
+absl::Status ReadSupervision(const Resolved& r, JobSpec* spec) {
   for (auto [name, field] : {std::pair{"worker-timeout", &spec->worker_timeout_s},
                              std::pair{"worker-start-timeout", &spec->worker_start_timeout_s}}) {
     if (r[name].empty()) continue;
@@ -245,9 +263,12 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest, 
   if (!absl::SimpleAtoi(r["inject-seed"], &spec->inject_seed)) {
     return Invalid(r, "inject-seed", absl::InvalidArgumentError("expected an integer from 0 to 2^64-1"));
   }
-#undef ELRUN_ASSIGN_OR_INVALID
+  return absl::OkStatus();
+}
 
-  // torchrun's Python plugins: their defaults are what elrun does; others cannot be loaded.
+// torchrun's Python plugins: their defaults are what elrun does; others cannot be loaded. And
+// --numa-binding's mode.
+absl::Status RefusePluginsAndReadNuma(const Resolved& r, JobSpec* spec) {
   std::string handler = r["event-log-handler"];
   if (handler != "null" && handler != "dynamic_rendezvous") {
     return Invalid(r, "event-log-handler",
@@ -266,14 +287,23 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest, 
     }
     spec->numa_binding = mode;
   }
+  return absl::OkStatus();
+}
 
-  // Combinations.
+// Options that exclude each other.
+absl::Status CheckCombinations(const Resolved& r, JobSpec* spec) {
   if (spec->module && spec->no_python) {
     return absl::InvalidArgumentError("-m/--module and --no-python cannot be used together");
   }
   if (spec->run_path && (spec->module || spec->no_python)) {
     return absl::InvalidArgumentError("--run-path cannot be combined with -m or --no-python");
   }
+  return absl::OkStatus();
+}
+
+// The backend the options add up to: --standalone's local rendezvous, the static rendezvous'
+// endpoint and fixed size, etcd's v2 refused.
+absl::Status ResolveBackend(const Resolved& r, JobSpec* spec) {
   if (spec->standalone) {
     // torchrun: a local c10d rendezvous on a free port with a fresh id.
     spec->min_nodes = spec->max_nodes = 1;
@@ -311,7 +341,21 @@ absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest, 
   } else if (spec->rdzv_backend != "c10d" && spec->rdzv_backend != "grpc" && spec->rdzv_backend != "etcd-v3") {
     return Invalid(r, "rdzv-backend", absl::InvalidArgumentError("expected static, grpc, c10d or etcd-v3"));
   }
+  return absl::OkStatus();
+}
 
+#undef ELRUN_ASSIGN_OR_INVALID
+
+absl::Status BuildSpec(const Resolved& r, const std::vector<std::string>& rest, const DeviceCounts& devices,
+                       JobSpec* spec) {
+  // The steps in order; the first error is the answer.
+  absl::Status status = ReadSize(r, devices, spec);
+  for (auto step :
+       {ReadRendezvous, ReadWorkers, ReadSupervision, RefusePluginsAndReadNuma, CheckCombinations, ResolveBackend}) {
+    if (!status.ok()) return status;
+    status = step(r, spec);
+  }
+  if (!status.ok()) return status;
   // The entrypoint and its arguments.
   if (rest.empty()) {
     return absl::InvalidArgumentError(

@@ -112,132 +112,166 @@ absl::StatusOr<std::unique_ptr<JobRuntime>> JobRuntime::Create(const JobSpec& sp
   }
   runtime->layout_ = std::make_unique<LogLayout>(runtime->log_dir_, runtime->run_id_);
 
+  JobRuntime& self = *runtime;
+  absl::Status status = self.StartProcesses(spec, std::move(on_exit));
+  if (status.ok()) status = self.StartPython(spec, env);
+  if (status.ok()) status = self.StartFileTimer(env);
+  if (status.ok()) status = self.StartHeartbeat(spec, env);
+  if (status.ok()) status = self.StartControl(spec, env);
+  if (status.ok()) status = self.StartInjector(spec);
+  if (!status.ok()) return status;
+  return runtime;
+}
+
+// Signals, the guardian, the event loop and the process table (which outlives its callback: it
+// is this object's).
+absl::Status JobRuntime::StartProcesses(const JobSpec& spec, ExitHandler on_exit) {
   ::signal(SIGPIPE, SIG_IGN);
   // An inherited SIG_IGN for SIGCHLD would make the kernel reap workers before we read their
   // exit status.
   ::signal(SIGCHLD, SIG_DFL);
   auto guardian = Guardian::Start();
   if (!guardian.ok()) return guardian.status();
-  runtime->guardian_ = *std::move(guardian);
+  guardian_ = *std::move(guardian);
   auto signal_fd = TakeOverSignals(spec.signals_to_handle);
   if (!signal_fd.ok()) return signal_fd.status();
-  runtime->signal_fd_ = *signal_fd;
+  signal_fd_ = *signal_fd;
   auto loop = EventLoop::Create();
   if (!loop.ok()) return loop.status();
-  runtime->loop_ = *std::move(loop);
-  JobRuntime* self = runtime.get();  // Owns the table, so outlives its callback.
-  runtime->table_ =
-      std::make_unique<PosixProcessTable>(runtime->loop_.get(), runtime->guardian_.get(), spec.signals_to_handle,
-                                          [self, on_exit = std::move(on_exit)](int pid, ExitStatus status) {
-                                            if (self->standby_ && self->standby_->OnExit(pid, status)) return;
-                                            on_exit(pid, status);
-                                          });
+  loop_ = *std::move(loop);
+  table_ = std::make_unique<PosixProcessTable>(loop_.get(), guardian_.get(), spec.signals_to_handle,
+                                               [this, on_exit = std::move(on_exit)](int pid, ExitStatus status) {
+                                                 if (standby_ && standby_->OnExit(pid, status)) return;
+                                                 on_exit(pid, status);
+                                               });
+  return absl::OkStatus();
+}
+
+// Python workers: the forkserver (--start-method forkserver) and --auto-heartbeat's site directory.
+absl::Status JobRuntime::StartPython(const JobSpec& spec, const std::map<std::string, std::string>& env) {
   const bool python = RunsPython(spec);
   if (spec.start_method == "forkserver" && !python) {
     spdlog::warn("--start-method forkserver applies to Python workers; these are exec'd");
   }
-  runtime->fork_server_ = spec.start_method == "forkserver" && python;
-  runtime->auto_heartbeat_ = spec.auto_heartbeat && python;
-  if (runtime->fork_server_ || runtime->auto_heartbeat_) {
-    auto dir = PythonDir::Create(TempDir(env), *runtime->guardian_);
+  fork_server_ = spec.start_method == "forkserver" && python;
+  auto_heartbeat_ = spec.auto_heartbeat && python;
+  if (fork_server_ || auto_heartbeat_) {
+    auto dir = PythonDir::Create(TempDir(env), *guardian_);
     if (!dir.ok()) return dir.status();
-    runtime->python_dir_ = *std::move(dir);
-    if (auto it = env.find("PYTHONPATH"); it != env.end()) runtime->user_pythonpath_ = it->second;
+    python_dir_ = *std::move(dir);
+    if (auto it = env.find("PYTHONPATH"); it != env.end()) user_pythonpath_ = it->second;
   }
-  if (runtime->fork_server_) {
+  if (fork_server_) {
     ForkServerOptions options;
-    options.script = runtime->python_dir_->forkserver();
+    options.script = python_dir_->forkserver();
     // torch and what its first distributed use imports lazily (DDP's constructor alone pulls in
     // torch._dynamo: ~1 s here).
     options.preload = {"torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "torch.optim"};
     options.preload.insert(options.preload.end(), spec.preload.begin(), spec.preload.end());
-    absl::Status enabled = runtime->table_->EnableForkServer(std::move(options));
+    absl::Status enabled = table_->EnableForkServer(std::move(options));
     if (!enabled.ok()) return enabled;
   }
+  return absl::OkStatus();
+}
+
+// torchelastic's file timer, when TORCHELASTIC_ENABLE_FILE_TIMER=1.
+absl::Status JobRuntime::StartFileTimer(const std::map<std::string, std::string>& env) {
   auto enabled = env.find("TORCHELASTIC_ENABLE_FILE_TIMER");
   if (enabled != env.end() && enabled->second == "1") {
     auto path = env.find("TORCHELASTIC_TIMER_FILE");
     std::string fifo = path != env.end() && !path->second.empty()
                            ? path->second
                            : absl::StrCat(TempDir(env), "/watchdog_timer_", RandomRunId());
-    JobRuntime* self = runtime.get();
     auto server = FileTimerServer::Start(
-        fifo, runtime->loop_.get(), [self](int pid) { return self->WorkerGroupOf(pid); },
-        [self](int group, const std::string& why) {
-          if (self->on_watchdog_signal_) self->on_watchdog_signal_(group, why);
+        fifo, loop_.get(), [this](int pid) { return WorkerGroupOf(pid); },
+        [this](int group, const std::string& why) {
+          if (on_watchdog_signal_) on_watchdog_signal_(group, why);
         });
     if (!server.ok()) return server.status();
-    runtime->file_timer_ = *std::move(server);
-    runtime->guardian_->RemoveOnDeath(runtime->file_timer_->path());  // Even after a kill -9.
+    file_timer_ = *std::move(server);
+    guardian_->RemoveOnDeath(file_timer_->path());  // Even after a kill -9.
   }
+  return absl::OkStatus();
+}
+
+// The heartbeat server, when anything reads the workers' progress: the watchdogs, the report,
+// injected faults, --auto-heartbeat, --keep-survivors.
+absl::Status JobRuntime::StartHeartbeat(const JobSpec& spec, const std::map<std::string, std::string>& env) {
   const HeartbeatLimits limits{spec.worker_timeout_s, spec.worker_start_timeout_s, spec.straggler_factor};
-  if (limits.any() || !spec.report_file.empty() || !spec.inject_faults.empty() || runtime->auto_heartbeat_ ||
+  if (limits.any() || !spec.report_file.empty() || !spec.inject_faults.empty() || auto_heartbeat_ ||
       spec.keep_survivors) {
     std::string fifo = absl::StrCat(TempDir(env), "/elrun_heartbeat_", RandomRunId());
-    JobRuntime* self = runtime.get();
     auto server = HeartbeatServer::Start(
-        fifo, runtime->loop_.get(), limits, [self](int pid) { return self->WorkerGroupOf(pid); },
-        [self] {
+        fifo, loop_.get(), limits, [this](int pid) { return WorkerGroupOf(pid); },
+        [this] {
           std::vector<HeartbeatServer::Worker> workers;
-          for (const auto& w : self->table_->Workers()) {
+          for (const auto& w : table_->Workers()) {
             if (w.local_rank != kStandbyLocalRank) workers.push_back({w.pid, w.local_rank, w.rank});
           }
           return workers;
         },
-        [self](int group, const std::string& why) {
-          if (self->on_watchdog_signal_) self->on_watchdog_signal_(group, "heartbeat watchdog: " + why);
-          self->table_->SignalGroup(group, SIGKILL);
+        [this](int group, const std::string& why) {
+          if (on_watchdog_signal_) on_watchdog_signal_(group, "heartbeat watchdog: " + why);
+          table_->SignalGroup(group, SIGKILL);
         });
     if (!server.ok()) return server.status();
-    runtime->heartbeat_ = *std::move(server);
-    runtime->guardian_->RemoveOnDeath(runtime->heartbeat_->path());
-    runtime->heartbeat_->OnBeat([self](int64_t step, int group) {
-      const int64_t before = self->goodput_->step();
-      self->goodput_->OnBeat(step, MonotonicSeconds(), group);
-      if (self->injector_ && self->goodput_->step() > before) self->injector_->OnStep();
+    heartbeat_ = *std::move(server);
+    guardian_->RemoveOnDeath(heartbeat_->path());
+    heartbeat_->OnBeat([this](int64_t step, int group) {
+      const int64_t before = goodput_->step();
+      goodput_->OnBeat(step, MonotonicSeconds(), group);
+      if (injector_ && goodput_->step() > before) injector_->OnStep();
     });
-    runtime->heartbeat_->OnHangFound(
-        [self](const std::string& what, double since) { self->NoteFault("hang", what, since); });
+    heartbeat_->OnHangFound([this](const std::string& what, double since) { NoteFault("hang", what, since); });
   }
+  return absl::OkStatus();
+}
+
+// --keep-survivors' control FIFOs.
+absl::Status JobRuntime::StartControl(const JobSpec& spec, const std::map<std::string, std::string>& env) {
   if (spec.keep_survivors) {
     auto fifos = ControlFifos::Create(TempDir(env));
     if (!fifos.ok()) return absl::UnavailableError(absl::StrCat("--keep-survivors: ", fifos.status().message()));
-    runtime->control_ = *std::move(fifos);
-    runtime->guardian_->RemoveOnDeath(runtime->control_->dir());
+    control_ = *std::move(fifos);
+    guardian_->RemoveOnDeath(control_->dir());
   }
+  return absl::OkStatus();
+}
+
+// --inject-faults' injector.
+absl::Status JobRuntime::StartInjector(const JobSpec& spec) {
   if (!spec.inject_faults.empty()) {
     if (spec.inject_faults.find("stop-worker") != std::string::npos && !spec.worker_timeout_s) {
       spdlog::warn("--inject-faults stop-worker without --worker-timeout: nothing will notice the stopped worker");
     }
-    JobRuntime* self = runtime.get();
     FaultInjector::Hooks hooks;
-    hooks.workers = [self] {
+    hooks.workers = [this] {
       std::vector<std::pair<int, int>> workers;
-      for (const auto& w : self->table_->Workers()) {
+      for (const auto& w : table_->Workers()) {
         if (w.local_rank != kStandbyLocalRank) workers.emplace_back(w.pid, w.local_rank);
       }
       return workers;
     };
-    hooks.signal = [self](int pid, int signo, bool group) {
+    hooks.signal = [this](int pid, int signo, bool group) {
       if (group) {
-        self->table_->SignalGroup(pid, signo);
-      } else if (self->table_->HasWorker(pid)) {  // Unreaped: the pid is still that worker's.
+        table_->SignalGroup(pid, signo);
+      } else if (table_->HasWorker(pid)) {  // Unreaped: the pid is still that worker's.
         ::kill(pid, signo);
       }
     };
-    hooks.note = [self](int pid, const std::string& why) {
-      if (self->on_watchdog_signal_) self->on_watchdog_signal_(pid, why);
+    hooks.note = [this](int pid, const std::string& why) {
+      if (on_watchdog_signal_) on_watchdog_signal_(pid, why);
     };
-    hooks.on_fault = [self](const std::string& kind, const std::string& detail) { self->NoteFault(kind, detail); };
+    hooks.on_fault = [this](const std::string& kind, const std::string& detail) { NoteFault(kind, detail); };
     const double start = MonotonicSeconds();
     hooks.now = [start] { return MonotonicSeconds() - start; };
-    hooks.step = [self] { return self->goodput_->step(); };
+    hooks.step = [this] { return goodput_->step(); };
     auto injector = FaultInjector::Start(
-        runtime->loop_.get(), FaultSchedule(*ParseFaultPlan(spec.inject_faults), spec.inject_seed), std::move(hooks));
+        loop_.get(), FaultSchedule(*ParseFaultPlan(spec.inject_faults), spec.inject_seed), std::move(hooks));
     if (!injector.ok()) return injector.status();
-    runtime->injector_ = *std::move(injector);
+    injector_ = *std::move(injector);
   }
-  return runtime;
+  return absl::OkStatus();
 }
 
 std::optional<int> JobRuntime::WorkerGroupOf(int pid) const {

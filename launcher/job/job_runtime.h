@@ -104,6 +104,13 @@ class JobRuntime {
 
  private:
   JobRuntime() = default;
+  // Create's steps, in order; each returns the error that ends the creation.
+  absl::Status StartProcesses(const JobSpec& spec, ExitHandler on_exit);
+  absl::Status StartPython(const JobSpec& spec, const std::map<std::string, std::string>& env);
+  absl::Status StartFileTimer(const std::map<std::string, std::string>& env);
+  absl::Status StartHeartbeat(const JobSpec& spec, const std::map<std::string, std::string>& env);
+  absl::Status StartControl(const JobSpec& spec, const std::map<std::string, std::string>& env);
+  absl::Status StartInjector(const JobSpec& spec);
   // The worker process group `pid` belongs to, or nullopt for a process outside this job's
   // workers: the watchdogs act only on these.
   std::optional<int> WorkerGroupOf(int pid) const;

@@ -1,22 +1,19 @@
 #include "launcher/spec/rdzv_settings.h"
 
 #include <fstream>
+#include <optional>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "launcher/spec/value_parsers.h"
 
 namespace elrun {
 namespace {
-
-constexpr const char* kKnownKeys =
-    "join_timeout, last_call_timeout, close_timeout, heartbeat_interval, heartbeat_timeout, rejoin_timeout, "
-    "keep_alive_interval, keep_alive_max_attempt, is_host, token, token_file, run_token, "
-    "run_token_file, tls_cert, tls_key, tls_ca, etcd_prefix, etcd_user, etcd_password_file, "
-    "protocol, cacert, cert, key, "
-    "timeout, read_timeout, store_type";
 
 absl::Status Bad(const std::string& key, const std::string& value, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("--rdzv-conf ", key, "=", value, ": ", why));
@@ -40,15 +37,167 @@ absl::StatusOr<bool> ParseBool(const std::string& value) {
   return absl::InvalidArgumentError("expected true or false");
 }
 
-}  // namespace
+// torchrun's keep_alive_* keys, resolved onto the heartbeat once every key is read.
+struct KeepAlive {
+  std::optional<std::chrono::milliseconds> interval;
+  std::optional<int> attempts;
+};
 
-std::string RdzvSettings::Endpoint() const {
-  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
+// One --rdzv-conf key: applies `value` to the settings, or returns why it cannot (the caller
+// names the key and the value).
+using ConfSetter = absl::Status (*)(const std::string& value, RdzvSettings& settings, KeepAlive& keep_alive);
+
+struct ConfKey {
+  const char* name;
+  ConfSetter set;
+};
+
+// A duration in seconds into `out`: above 0, or at least 0 when `zero_ok`.
+absl::Status SetSeconds(const std::string& value, bool zero_ok, std::chrono::milliseconds* out) {
+  auto parsed = ParseSeconds(value);
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->count() <= 0 && !zero_ok) return absl::InvalidArgumentError("must be > 0");
+  *out = *parsed;
+  return absl::OkStatus();
 }
 
-absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec, const std::map<std::string, std::string>& env) {
-  RdzvSettings settings;
-  std::string endpoint = spec.rdzv_endpoint;
+absl::Status SetSecret(const std::string& path, std::string* out) {
+  auto secret = ReadSecretFile(path);
+  if (!secret.ok()) return secret.status();
+  *out = *std::move(secret);
+  return absl::OkStatus();
+}
+
+absl::Status Accept(const std::string&, RdzvSettings&, KeepAlive&) { return absl::OkStatus(); }
+
+// Every key --rdzv-conf accepts, in the order the unknown-key error lists them. cert, key and
+// cacert are torchrun's etcd names for tls_*; timeout, read_timeout and store_type are
+// torchrun's c10d keys, accepted and unused.
+constexpr ConfKey kConfKeys[] = {
+    {"join_timeout",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) { return SetSeconds(v, false, &s.join_timeout); }},
+    {"last_call_timeout",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) { return SetSeconds(v, true, &s.last_call_timeout); }},
+    {"close_timeout",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) { return SetSeconds(v, false, &s.close_timeout); }},
+    {"heartbeat_interval",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) { return SetSeconds(v, false, &s.heartbeat_interval); }},
+    {"heartbeat_timeout",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) { return SetSeconds(v, false, &s.heartbeat_timeout); }},
+    {"rejoin_timeout",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
+       std::chrono::milliseconds rejoin;
+       absl::Status status = SetSeconds(v, true, &rejoin);
+       if (status.ok()) s.rejoin_timeout = rejoin;
+       return status;
+     }},
+    {"keep_alive_interval",
+     [](const std::string& v, RdzvSettings&, KeepAlive& k) {
+       std::chrono::milliseconds interval;
+       absl::Status status = SetSeconds(v, false, &interval);
+       if (status.ok()) k.interval = interval;
+       return status;
+     }},
+    {"keep_alive_max_attempt",
+     [](const std::string& v, RdzvSettings&, KeepAlive& k) {
+       auto n = ParseInt(v, 1, 1000);
+       if (!n.ok()) return n.status();
+       k.attempts = *n;
+       return absl::OkStatus();
+     }},
+    {"is_host",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
+       auto b = ParseBool(v);
+       if (!b.ok()) return b.status();
+       s.is_host = *b;
+       return absl::OkStatus();
+     }},
+    {"token",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
+       s.token = v;
+       return absl::OkStatus();
+     }},
+    {"token_file", [](const std::string& v, RdzvSettings& s, KeepAlive&) { return SetSecret(v, &s.token); }},
+    {"run_token",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
+       s.run_token = v;
+       return absl::OkStatus();
+     }},
+    {"run_token_file", [](const std::string& v, RdzvSettings& s, KeepAlive&) { return SetSecret(v, &s.run_token); }},
+    {"tls_cert",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
+       s.tls_cert = v;
+       return absl::OkStatus();
+     }},
+    {"tls_key",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
+       s.tls_key = v;
+       return absl::OkStatus();
+     }},
+    {"tls_ca",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
+       s.tls_ca = v;
+       return absl::OkStatus();
+     }},
+    {"etcd_prefix",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
+       s.etcd_prefix = v;
+       if (v.empty() || v.front() != '/' || v.back() != '/') {
+         return absl::InvalidArgumentError("expected a key prefix that starts and ends with /");
+       }
+       return absl::OkStatus();
+     }},
+    {"etcd_user",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
+       s.etcd_user = v;
+       return absl::OkStatus();
+     }},
+    {"etcd_password_file",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) { return SetSecret(v, &s.etcd_password); }},
+    {"protocol",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
+       const std::string p = absl::AsciiStrToLower(v);
+       s.etcd_https = p == "https";
+       if (p != "http" && p != "https") return absl::InvalidArgumentError("expected http or https");
+       return absl::OkStatus();
+     }},
+    {"cacert",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
+       s.tls_ca = v;
+       return absl::OkStatus();
+     }},
+    {"cert",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
+       s.tls_cert = v;
+       return absl::OkStatus();
+     }},
+    {"key",
+     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
+       s.tls_key = v;
+       return absl::OkStatus();
+     }},
+    {"timeout", Accept},
+    {"read_timeout", Accept},
+    {"store_type", Accept},
+};
+
+// Applies one --rdzv-conf key; InvalidArgument naming it when it is unknown or its value is bad.
+absl::Status ApplyConfKey(const std::string& key, const std::string& value, RdzvSettings& settings,
+                          KeepAlive& keep_alive) {
+  for (const ConfKey& known : kConfKeys) {
+    if (key != known.name) continue;
+    absl::Status status = known.set(value, settings, keep_alive);
+    return status.ok() ? status : Bad(key, value, status.message());
+  }
+  std::vector<std::string> names;
+  for (const ConfKey& known : kConfKeys) names.push_back(known.name);
+  return absl::InvalidArgumentError(
+      absl::StrCat("--rdzv-conf: unknown key '", key, "' (known: ", absl::StrJoin(names, ", "), ")"));
+}
+
+// --rdzv-endpoint: the coordinator's HOST[:PORT], or etcd's members (a comma-separated list).
+absl::Status ReadEndpoints(const JobSpec& spec, RdzvSettings& settings) {
+  const std::string& endpoint = spec.rdzv_endpoint;
   if (endpoint.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("--rdzv-backend=", spec.rdzv_backend,
                                                    " with --nnodes=", spec.min_nodes, ":", spec.max_nodes,
@@ -74,88 +223,14 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec, const std::m
                                             : absl::StrCat(parsed->host, ":", port));
     }
   }
+  return absl::OkStatus();
+}
 
-  std::optional<std::chrono::milliseconds> keep_alive_interval;
-  std::optional<int> keep_alive_attempts;
-  for (const auto& [key, value] : spec.rdzv_conf) {
-    auto seconds = [&](std::chrono::milliseconds* out) -> absl::Status {
-      auto parsed = ParseSeconds(value);
-      if (!parsed.ok()) return Bad(key, value, parsed.status().message());
-      if (parsed->count() <= 0 && key != "last_call_timeout" && key != "rejoin_timeout") {
-        return Bad(key, value, "must be > 0");
-      }
-      *out = *parsed;
-      return absl::OkStatus();
-    };
-    absl::Status status = absl::OkStatus();
-    if (key == "join_timeout") {
-      status = seconds(&settings.join_timeout);
-    } else if (key == "last_call_timeout") {
-      status = seconds(&settings.last_call_timeout);
-    } else if (key == "close_timeout") {
-      status = seconds(&settings.close_timeout);
-    } else if (key == "heartbeat_interval") {
-      status = seconds(&settings.heartbeat_interval);
-    } else if (key == "heartbeat_timeout") {
-      status = seconds(&settings.heartbeat_timeout);
-    } else if (key == "rejoin_timeout") {
-      std::chrono::milliseconds rejoin;
-      status = seconds(&rejoin);
-      if (status.ok()) settings.rejoin_timeout = rejoin;
-    } else if (key == "keep_alive_interval") {
-      std::chrono::milliseconds interval;
-      status = seconds(&interval);
-      keep_alive_interval = interval;
-    } else if (key == "keep_alive_max_attempt") {
-      auto n = ParseInt(value, 1, 1000);
-      if (!n.ok())
-        status = Bad(key, value, n.status().message());
-      else
-        keep_alive_attempts = *n;
-    } else if (key == "is_host") {
-      auto b = ParseBool(value);
-      if (!b.ok())
-        status = Bad(key, value, b.status().message());
-      else
-        settings.is_host = *b;
-    } else if (key == "token") {
-      settings.token = value;
-    } else if (key == "token_file" || key == "run_token_file" || key == "etcd_password_file") {
-      auto secret = ReadSecretFile(value);
-      if (!secret.ok())
-        status = Bad(key, value, secret.status().message());
-      else
-        (key == "token_file"       ? settings.token
-         : key == "run_token_file" ? settings.run_token
-                                   : settings.etcd_password) = *secret;
-    } else if (key == "run_token") {
-      settings.run_token = value;
-    } else if (key == "tls_cert" || key == "cert") {  // cert, key, cacert: torchrun's etcd names.
-      settings.tls_cert = value;
-    } else if (key == "tls_key" || key == "key") {
-      settings.tls_key = value;
-    } else if (key == "tls_ca" || key == "cacert") {
-      settings.tls_ca = value;
-    } else if (key == "protocol") {
-      std::string p = absl::AsciiStrToLower(value);
-      if (p != "http" && p != "https") status = Bad(key, value, "expected http or https");
-      settings.etcd_https = p == "https";
-    } else if (key == "etcd_prefix") {
-      if (value.empty() || value.front() != '/' || value.back() != '/') {
-        status = Bad(key, value, "expected a key prefix that starts and ends with /");
-      }
-      settings.etcd_prefix = value;
-    } else if (key == "etcd_user") {
-      settings.etcd_user = value;
-    } else if (key != "timeout" && key != "read_timeout" && key != "store_type") {
-      status =
-          absl::InvalidArgumentError(absl::StrCat("--rdzv-conf: unknown key '", key, "' (known: ", kKnownKeys, ")"));
-    }
-    if (!status.ok()) return status;
-  }
-  if (keep_alive_interval) settings.heartbeat_interval = *keep_alive_interval;
-  if (keep_alive_interval || keep_alive_attempts) {
-    settings.heartbeat_timeout = settings.heartbeat_interval * keep_alive_attempts.value_or(5);
+// The heartbeat from torchrun's keep_alive_* keys, the rejoin timeout's default, and their check.
+absl::Status ResolveHeartbeat(const KeepAlive& keep_alive, RdzvSettings& settings) {
+  if (keep_alive.interval) settings.heartbeat_interval = *keep_alive.interval;
+  if (keep_alive.interval || keep_alive.attempts) {
+    settings.heartbeat_timeout = settings.heartbeat_interval * keep_alive.attempts.value_or(5);
   }
   if (!settings.rejoin_timeout) settings.rejoin_timeout = settings.heartbeat_timeout;
   if (settings.heartbeat_timeout <= settings.heartbeat_interval) {
@@ -163,25 +238,45 @@ absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec, const std::m
         absl::StrCat("--rdzv-conf: heartbeat_timeout (", settings.heartbeat_timeout.count(),
                      " ms) must exceed heartbeat_interval (", settings.heartbeat_interval.count(), " ms)"));
   }
-  if (settings.token.empty()) {
-    auto token = env.find("ELRUN_RDZV_TOKEN");
-    if (token != env.end()) settings.token = token->second;
-  }
-  if (settings.run_token.empty()) {
-    auto token = env.find("ELRUN_RUN_TOKEN");
-    if (token != env.end()) settings.run_token = token->second;
-  }
+  return absl::OkStatus();
+}
+
+// Secrets not given in --rdzv-conf, from the environment; the TLS pair's check.
+absl::Status ReadSecretsFromEnvironment(const std::map<std::string, std::string>& env, RdzvSettings& settings) {
+  auto from_env = [&](const char* name, std::string& out) {
+    auto it = env.find(name);
+    if (out.empty() && it != env.end()) out = it->second;
+  };
+  from_env("ELRUN_RDZV_TOKEN", settings.token);
+  from_env("ELRUN_RUN_TOKEN", settings.run_token);
   if (!settings.etcd_user.empty() && settings.etcd_password.empty()) {
-    auto password = env.find("ELRUN_ETCD_PASSWORD");
-    if (password == env.end() || password->second.empty()) {
+    from_env("ELRUN_ETCD_PASSWORD", settings.etcd_password);
+    if (settings.etcd_password.empty()) {
       return absl::InvalidArgumentError(
           "--rdzv-conf etcd_user needs a password: etcd_password_file=PATH or ELRUN_ETCD_PASSWORD");
     }
-    settings.etcd_password = password->second;
   }
   if (settings.tls_cert.empty() != settings.tls_key.empty()) {
     return absl::InvalidArgumentError("--rdzv-conf: tls_cert and tls_key go together");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string RdzvSettings::Endpoint() const {
+  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
+}
+
+absl::StatusOr<RdzvSettings> ParseRdzvSettings(const JobSpec& spec, const std::map<std::string, std::string>& env) {
+  RdzvSettings settings;
+  if (absl::Status s = ReadEndpoints(spec, settings); !s.ok()) return s;
+  KeepAlive keep_alive;
+  for (const auto& [key, value] : spec.rdzv_conf) {
+    if (absl::Status s = ApplyConfKey(key, value, settings, keep_alive); !s.ok()) return s;
+  }
+  if (absl::Status s = ResolveHeartbeat(keep_alive, settings); !s.ok()) return s;
+  if (absl::Status s = ReadSecretsFromEnvironment(env, settings); !s.ok()) return s;
   return settings;
 }
 
