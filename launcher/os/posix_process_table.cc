@@ -210,13 +210,25 @@ PosixProcessTable::PosixProcessTable(EventLoop* loop, GroupRegistry* guardian, s
 
 PosixProcessTable::~PosixProcessTable() {
   for (auto& [pid, worker] : workers_) {
-    ::kill(-pid, SIGKILL);
-    siginfo_t info{};
-    ::waitid(P_PID, pid, &info, WEXITED | WNOWAIT);
-    guardian_->Unregister(pid);  // While the zombie still holds the group id.
-    ::waitid(P_PID, pid, &info, WEXITED);
+    KillAndReap(pid);
     Forget(worker);
   }
+}
+
+siginfo_t PosixProcessTable::Reap(int pid) {
+  siginfo_t info{};
+  ::waitid(P_PID, pid, &info, WEXITED | WNOWAIT);
+  // The leader is a zombie now: its pid and group id stay reserved until the reap below, so
+  // nothing else can have them yet.
+  guardian_->Unregister(pid);
+  RemoveSharedMemoryOf(pid);
+  ::waitid(P_PID, pid, &info, WEXITED);
+  return info;
+}
+
+siginfo_t PosixProcessTable::KillAndReap(int pid) {
+  ::kill(-pid, SIGKILL);
+  return Reap(pid);
 }
 
 absl::StatusOr<int> PosixProcessTable::CloneWorker(const WorkerLaunch& launch, int out_fd, int err_fd) {
@@ -262,10 +274,7 @@ absl::StatusOr<int> PosixProcessTable::CloneWorker(const WorkerLaunch& launch, i
   // unless that failed.
   ::setpgid(pid, pid);
   if (args.exec_errno != 0 || args.bind_errno != 0) {
-    siginfo_t info{};
-    ::waitid(P_PID, pid, &info, WEXITED | WNOWAIT);
-    guardian_->Unregister(pid);
-    ::waitpid(pid, nullptr, 0);
+    Reap(pid);  // It exited before exec.
     if (args.bind_errno != 0) {
       return absl::FailedPreconditionError(absl::StrCat("--numa-binding: cannot bind local rank ", launch.local_rank,
                                                         " to CPUs ", FormatCpuList(launch.cpus), " and NUMA node ",
@@ -356,11 +365,7 @@ absl::StatusOr<int> PosixProcessTable::Spawn(const WorkerLaunch& launch) {
   worker.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   if (worker.pidfd < 0) {
     int error = errno;
-    ::kill(-pid, SIGKILL);
-    siginfo_t info{};
-    ::waitid(P_PID, pid, &info, WEXITED | WNOWAIT);
-    guardian_->Unregister(pid);
-    ::waitpid(pid, nullptr, 0);
+    KillAndReap(pid);
     return absl::InternalError(absl::StrCat("pidfd_open: ", std::strerror(error), " (elrun needs Linux >= 5.3)"));
   }
   ::fcntl(worker.pidfd, F_SETFD, FD_CLOEXEC);
@@ -402,9 +407,7 @@ void PosixProcessTable::OnExit(int pid) {
   // The leader is a zombie: its group id is still reserved, so this reaches only its group.
   ::kill(-pid, SIGKILL);
   for (auto& pump : it->second.pumps) pump->Drain();
-  guardian_->Unregister(pid);  // Before the reap frees the id for reuse.
-  RemoveSharedMemoryOf(pid);   // Likewise: no other process can have this pid yet.
-  ::waitid(P_PID, pid, &info, WEXITED);
+  info = Reap(pid);
   Forget(it->second);
   workers_.erase(it);
   if (fork_server_options_) ReapStrays();

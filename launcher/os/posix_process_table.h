@@ -7,6 +7,8 @@
 #ifndef ELRUN_LAUNCHER_OS_POSIX_PROCESS_TABLE_H_
 #define ELRUN_LAUNCHER_OS_POSIX_PROCESS_TABLE_H_
 
+#include <signal.h>
+
 #include <functional>
 #include <map>
 #include <memory>
@@ -82,6 +84,12 @@ class PosixProcessTable : public ProcessTable {
   absl::StatusOr<int> CloneWorker(const WorkerLaunch& launch, int out_fd, int err_fd);
   absl::StatusOr<int> ForkFromServer(const WorkerLaunch& launch, int out_fd, int err_fd);
   void ReapStrays();
+  // Reaps the exited leader `pid` of a worker's group (a child not reaped yet), after
+  // unregistering it from the guardian and removing its shared memory while its zombie still
+  // holds the pid; returns its exit. Blocks until it has exited.
+  siginfo_t Reap(int pid);
+  // SIGKILLs the worker's whole group, then Reap(pid).
+  siginfo_t KillAndReap(int pid);
   void Forget(Worker& worker);  // Stops watching a reaped worker.
 
   EventLoop* const loop_;
