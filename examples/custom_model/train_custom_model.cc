@@ -1,6 +1,6 @@
 // A model of the user's own, trained fully sharded under elrun (the README's "Your own model").
-//   elrun --standalone --nproc-per-node 2 --no-python \
-//     bazel-bin/examples/custom_model/train_custom_model /tmp/ckpt 300
+//   elrun --standalone --nproc-per-node 2 --no-python
+//     bazel-bin/examples/custom_model/train_custom_model /tmp/ckpt 300   (one command line)
 // Resumes from /tmp/ckpt at any world size; ends with a consolidated /tmp/ckpt/model.pt.
 #include <iostream>
 #include <string>
