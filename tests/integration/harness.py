@@ -456,7 +456,28 @@ def lines(text):
 
 
 def main():
-    unittest.main(verbosity=2)
+    """unittest.main, or under Bazel's test sharding (shard_count) this shard's share: every
+    TEST_TOTAL_SHARDS-th test case in id order, from TEST_SHARD_INDEX."""
+    total = int(os.environ.get("TEST_TOTAL_SHARDS", "1"))
+    if total <= 1:
+        unittest.main(verbosity=2)
+        return
+    if os.environ.get("TEST_SHARD_STATUS_FILE"):  # Tells Bazel this test honours sharding.
+        open(os.environ["TEST_SHARD_STATUS_FILE"], "w").close()
+    index = int(os.environ["TEST_SHARD_INDEX"])
+    cases = sorted(_cases(unittest.defaultTestLoader.loadTestsFromModule(sys.modules["__main__"])),
+                   key=lambda case: case.id())
+    mine = unittest.TestSuite(case for i, case in enumerate(cases) if i % total == index)
+    result = unittest.TextTestRunner(verbosity=2).run(mine)
+    sys.exit(0 if result.wasSuccessful() else 1)
+
+
+def _cases(suite):
+    for item in suite:
+        if isinstance(item, unittest.TestSuite):
+            yield from _cases(item)
+        else:
+            yield item
 
 
 
