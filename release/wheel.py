@@ -8,7 +8,7 @@ use. Prints one JSON line: the wheel's path, its tag and the glibc floor.
     python3 release/wheel.py --elrun bazel-bin/launcher/elrun \\
         --elrun-rdzv bazel-bin/agent/daemon/elrun-rdzv --dist dist --auditwheel PATH
 
-scripts/build_wheel.sh runs it after the Bazel build; tests/release/wheel_install_test.py runs it
+scripts/build_wheel.sh runs it after the Bazel build; tests/integration/wheel_install_test.py runs it
 on the binaries in its runfiles.
 """
 import argparse
