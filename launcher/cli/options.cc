@@ -62,9 +62,10 @@ constexpr OptionDef kOptions[] = {
     {"auto-heartbeat", "", true, "", "0",
      "Beat for Python workers that do not: after each step of their first optimizer (torch's global step hook)."},
     {"keep-survivors", "", true, "", "0",
-     "Restart only a failed worker; workers that can (elrun-train's ddp) regroup in place with the job's live "
-     "state, not its checkpoint; across nodes, a new round regroups the workers every node kept (grpc and c10d "
-     "backends, every node with this option). The group restarts where a worker cannot."},
+     "Restart only a failed worker; workers that can (elrun-train on the CPU, any --strategy, not fp16) regroup "
+     "in place with the job's state from memory, not its checkpoint; across nodes, a new round regroups the "
+     "workers every node kept (grpc and c10d backends, every node with this option). The group restarts where "
+     "a worker cannot."},
     {"role", "", false, "NAME", "default", "Role name of these workers (ROLE_NAME, log prefixes)."},
     {"log-dir", "", false, "DIR", "",
      "Base directory of <run_id>/attempt_<n>/<local_rank>/ logs; default: a new temp dir."},
@@ -105,7 +106,7 @@ constexpr OptionDef kOptions[] = {
      "round and ranks, workers started and gone, round ended, coordinator lost, left)."},
     {"inject-faults", "", false, "PLAN", "",
      "For experiments: kill or stop this node's workers (or elrun) on purpose, e.g. "
-     "kill-worker@20-40s,stop-worker:1@step100,kill-worker@every30s (see docs/operations.md)."},
+     "kill-worker@20-40s,stop-worker:1@step100,kill-worker@every30s (see docs/fault-tolerance.md)."},
     {"inject-seed", "", false, "N", "0", "Seed of --inject-faults' draws: a plan and a seed give the same faults."},
 };
 
