@@ -42,7 +42,9 @@ constexpr OptionDef kOptions[] = {
     {"master-addr", "", false, "ADDR", "127.0.0.1", "Address of node 0 for --rdzv-backend static."},
     {"master-port", "", false, "PORT", "",
      "Port of node 0's store for static jobs; default: a free port on one node, 29500 on several."},
-    {"standalone", "", true, "", "0", "Single-node job with a generated run id and a free port; ignores rdzv options."},
+    {"standalone", "", true, "", "0",
+     "Single-node job on a free port, with a generated run id unless --rdzv-id is given; ignores the other rdzv "
+     "options."},
     {"rdzv-backend", "", false, "NAME", "static",
      "static (node 0's store at --rdzv-endpoint or --master-addr:--master-port, as torchrun), "
      "grpc (c10d is an alias): elrun's elastic rendezvous, the default with --nnodes MIN:MAX, "

@@ -45,15 +45,24 @@ class Help:
         self.text = out.stdout
         self.options = {}  # every spelling -> takes a value
         self.canonical = []  # the first long spelling of each option, in help order
-        # CLI11: "  -r,--redirects STD=0   text": names, then one space and a type for an option
-        # that takes a value; a flag's description follows after two spaces or on the next line.
-        for line in self.text.splitlines():
-            found = re.match(r"^  (-[\w,-]+)( \S)?", line)
-            if not found:
+        # CLI11: "  -r,--redirects STD=0   text": the names, then (for an option that takes a value)
+        # one space and its type, padded to the description column; when names and type reach
+        # that column the description starts on the next line. The column is the one most
+        # descriptions start at, so that a type is never taken for a flag's description.
+        all_lines = self.text.splitlines()
+        lines = [line for line in all_lines if re.match(r"^  -", line)]
+        starts = [m.end() for m in (re.search(r"\S {2,}(?=\S)", line) for line in lines) if m]
+        column = max(set(starts), key=starts.count) if starts else 0
+        for at, line in enumerate(all_lines):
+            if not re.match(r"^  -", line):
                 continue
-            names = found.group(1).split(",")
+            following = all_lines[at + 1] if at + 1 < len(all_lines) else ""
+            description_below = re.match(r"^ {3,}\S", following) is not None
+            head = line if description_below or len(line) <= column else line[:column]
+            parts = head.split()
+            names = parts[0].split(",")
             for name in names:
-                self.options[name] = found.group(2) is not None
+                self.options[name] = len(parts) > 1
             longs = [name for name in names if name.startswith("--")]
             if longs:
                 self.canonical.append(longs[0])
@@ -270,7 +279,9 @@ class DocsDriftTest(unittest.TestCase):
                     continue  # http:, https:, mailto:
                 file_part, _, anchor = target.partition("#")
                 resolved = os.path.normpath(os.path.join(os.path.dirname(path), file_part)) if file_part else path
-                exists = os.path.exists(resolved) or (root and os.path.exists(os.path.join(root, resolved)))
+                if not os.path.exists(resolved) and root is None:
+                    continue  # Not among the test's data and no source tree to look in.
+                exists = os.path.exists(resolved) or os.path.exists(os.path.join(root, resolved))
                 if not exists:
                     problems.append("%s:%d: link to %s: no such file" % (path, number, target))
                     continue

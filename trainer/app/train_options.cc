@@ -324,7 +324,8 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
   app.add_flag("--report-memory", o.report_memory,
                "print each rank's parameter, gradient and optimizer-state bytes, peak, peak RSS and, on CUDA, "
                "the caching allocator's allocated, reserved and peak bytes");
-  app.add_option("--weight-decay", o.weight_decay, "weight decay (L2)")
+  app.add_option("--weight-decay", o.weight_decay,
+                 "weight decay: added to the gradient (L2) for sgd and adam, decoupled for adamw")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--lr-schedule", raw.lr_schedule,
@@ -340,7 +341,9 @@ absl::StatusOr<std::optional<TrainOptions>> ParseTrainOptions(int argc, const ch
       ->check(CLI::Range(1, 4096));
   app.add_flag("--sync-bn", o.sync_bn, "convert BatchNorm layers to SyncBatchNorm");
   app.add_option("--seed", o.seed, "seed of weights and data order")->capture_default_str();
-  app.add_option("--checkpoint-dir", o.checkpoint_dir, "save and resume checkpoint.pt here");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "save checkpoints here and resume from them: checkpoint.pt, or sharded/ for the sharded strategies "
+                 "(loadable at another world size)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "save every N steps (0: at the end and on SIGTERM)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
