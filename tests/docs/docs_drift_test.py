@@ -5,9 +5,11 @@ the documentation cannot drift from the code:
   and inline code of README.md and docs/*.md, uses only options that program's --help lists
   (elrun: both --a-b and --a_b spellings, -m/-r/-t; the script's arguments belong to the script,
   except those of elrun-train, which are checked against elrun-train --help);
-- docs/cli.md documents every option of `elrun --help` and `elrun-rdzv --help`, and every option
-  it names in backticks exists (in its "elrun-rdzv" section: the daemon's; elsewhere: elrun's);
-  docs/training.md documents every option of `elrun-train --help`;
+- docs/cli.md documents every option of `elrun --help` and `elrun-rdzv --help` (a table row
+  whose first cell names it, in that program's section: the one whose heading names elrun-rdzv
+  for the daemon, the others for elrun), and every option it names in backticks exists there;
+  docs/training.md's table documents every option of `elrun-train --help`, and the options it
+  names exist in elrun-train's or elrun's help;
 - the rendezvous protocol version the docs print is the code's (agent/coordinator/protocol_version.h);
 - every relative link of README.md and docs/*.md names a file that exists, and an anchor in a
   Markdown file that exists there.
@@ -223,10 +225,14 @@ class DocsDriftTest(unittest.TestCase):
                     problems.append("docs/cli.md:%d: %s: unknown option %s (not in `%s --help`)"
                                     % (number, section, option, section))
                 sections[section].add(option)
-        for section, named in sections.items():
+        # Documented: named in the first cell of a table row of the program's section.
+        rows = {"elrun": set(), "elrun-rdzv": set()}
+        for number, line in enumerate(lines, 1):
+            rows[text_by_line[number - 1][1]].update(table_options(line))
+        for section, named in rows.items():
             for option in self.helps[section].canonical:
                 if option not in named and option.replace("-", "_").replace("__", "--", 1) not in named:
-                    problems.append("docs/cli.md: %s is in `%s --help` but not documented in its %s section"
+                    problems.append("docs/cli.md: %s is in `%s --help` but has no row in the %s options table"
                                     % (option, section, section))
         self.assertEqual(problems, [], "\n" + "\n".join(problems))
 
@@ -243,9 +249,10 @@ class DocsDriftTest(unittest.TestCase):
                 if not self.helps["elrun-train"].knows(option) and not self.helps["elrun"].knows(option):
                     problems.append("docs/training.md:%d: unknown option %s (in neither `elrun-train --help` "
                                     "nor `elrun --help`)" % (prose.count("\n", 0, span.start()) + 1, option))
-        problems += ["docs/training.md: %s is in `elrun-train --help` but not documented" % option
+        documented = table_options(prose)
+        problems += ["docs/training.md: %s is in `elrun-train --help` but has no row in its options table" % option
                      for option in self.helps["elrun-train"].canonical
-                     if option not in named and option not in ("--help", "--version")]
+                     if option not in documented and option not in ("--help", "--version")]
         self.assertEqual(problems, [], "\n" + "\n".join(problems))
 
     def test_protocol_version_is_the_codes(self):
@@ -290,6 +297,18 @@ class DocsDriftTest(unittest.TestCase):
                         problems.append("%s:%d: link to %s: %s has no heading #%s"
                                         % (path, number, target, resolved, anchor))
         self.assertEqual(problems, [], "\n" + "\n".join(problems))
+
+
+def table_options(prose):
+    """The options a Markdown table names in its rows' first cells: a row documents them."""
+    named = set()
+    for line in prose.split("\n"):
+        if not line.startswith("|"):
+            continue
+        cells = re.split(r"(?<!\\)\|", line)  # "\|" inside a cell is no separator.
+        for span in re.findall(r"`([^`]+)`", cells[1] if len(cells) > 1 else ""):
+            named.update(re.findall(r"(?<![\w-])(--[A-Za-z][\w-]*|-[mrth])(?![\w-])", span))
+    return named
 
 
 def anchors_of(text):
