@@ -96,7 +96,8 @@ constexpr OptionDef kOptions[] = {
     {"duplicate-stderr-filters", "", false, "A,B", "", "The same for stderr, to <attempt>/filtered_stderr.log."},
     {"virtual-local-rank", "", true, "", "0", "LOCAL_RANK=0 in every worker, CUDA_VISIBLE_DEVICES its own device."},
     {"event-log-handler", "", false, "NAME", "null",
-     "torchrun's event handler; only null (its default): elrun loads no Python plugins."},
+     "torchrun's event handler: null (its default) or dynamic_rendezvous, neither changing anything; elrun loads "
+     "no Python plugins and refuses any other."},
     {"logs-specs", "", false, "NAME", "",
      "torchrun's LogsSpecs plugin; none: elrun's logs follow torchrun's default layout."},
     {"numa-binding", "", false, "MODE", "",
