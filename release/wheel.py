@@ -1,14 +1,15 @@
 """Builds elrun's wheel: `elrun` and `elrun-rdzv` as console programs (the wheel's
 <name>.data/scripts, which pip installs into the environment's bin/ as it does ninja's and
 cmake's), the `elrun` Python package (release/python/elrun, with the heartbeat helper as
-elrun.heartbeat), no dependency, then `auditwheel repair`: it vendors any shared library the
+elrun.heartbeat), the licence (LICENSE, BSD-3-Clause, as <name>.dist-info/LICENSE), no
+dependency, then `auditwheel repair`: it vendors any shared library the
 programs need beyond the platform's and names the manylinux tag from the symbol versions they
 use. Prints one JSON line: the wheel's path, its tag and the glibc floor.
 
     python3 release/wheel.py --elrun bazel-bin/launcher/elrun \\
         --elrun-rdzv bazel-bin/agent/daemon/elrun-rdzv --dist dist --auditwheel PATH
 
-scripts/build_wheel.sh runs it after the Bazel build; tests/release/wheel_install_test.py runs it
+scripts/build_wheel.sh runs it after the Bazel build; tests/integration/wheel_install_test.py runs it
 on the binaries in its runfiles.
 """
 import argparse
@@ -38,6 +39,8 @@ Name: {name}
 Version: {version}
 Summary: A torchrun-compatible launcher and elastic job agent: elrun and elrun-rdzv
 Requires-Python: >=3.8
+License: BSD-3-Clause
+Classifier: License :: OSI Approved :: BSD License
 Classifier: Programming Language :: C++
 Classifier: Operating System :: POSIX :: Linux
 Description-Content-Type: text/markdown
@@ -71,10 +74,12 @@ def record_line(arcname, data):
     return "%s,sha256=%s,%d" % (arcname, digest, len(data))
 
 
-def build_raw(out_dir, version, programs, package_files):
+def build_raw(out_dir, version, programs, package_files, license_file):
     """Writes <out_dir>/elrun-<version>-py3-none-linux_x86_64.whl; returns its path.
 
-    programs: {name: path of the ELF}; package_files: {name inside the package: path}.
+    programs: {name: path of the ELF}; package_files: {name inside the package: path};
+    license_file: the licence's text, packed as <name>.dist-info/LICENSE (Metadata-Version 2.1
+    has no License-File field; dist-info/licenses/ is Metadata 2.4's, PEP 639).
     """
     dist_info = "%s-%s.dist-info" % (NAME, version)
     data = "%s-%s.data" % (NAME, version)
@@ -85,6 +90,7 @@ def build_raw(out_dir, version, programs, package_files):
     for name, path in sorted(programs.items()):
         entries.append(("%s/scripts/%s" % (data, name), open(path, "rb").read(), 0o755))
     entries.append(("%s/METADATA" % dist_info, METADATA.format(name=NAME, version=version).encode(), 0o644))
+    entries.append(("%s/LICENSE" % dist_info, open(license_file, "rb").read(), 0o644))
     entries.append(("%s/WHEEL" % dist_info, WHEEL.format(platform=RAW_PLATFORM).encode(), 0o644))
     entries.append(("%s/top_level.txt" % dist_info, (NAME + "\n").encode(), 0o644))
     record = "%s/RECORD" % dist_info
@@ -131,6 +137,7 @@ def main():
     parser.add_argument("--dist", required=True, help="where the repaired wheel goes")
     parser.add_argument("--auditwheel", required=True, help="auditwheel's executable")
     parser.add_argument("--version-file", default=os.path.join(ROOT, "VERSION"))
+    parser.add_argument("--license-file", default=os.path.join(ROOT, "LICENSE"))
     parser.add_argument("--package", default=os.path.join(HERE, "python", NAME),
                         help="the elrun Python package's sources")
     parser.add_argument("--heartbeat", default=os.path.join(ROOT, "launcher", "python", "elrun_heartbeat.py"))
@@ -145,7 +152,7 @@ def main():
                      for name in sorted(os.listdir(args.package)) if name.endswith(".py")}
     package_files["heartbeat.py"] = args.heartbeat
     with tempfile.TemporaryDirectory() as raw_dir:
-        raw = build_raw(raw_dir, version, programs, package_files)
+        raw = build_raw(raw_dir, version, programs, package_files, args.license_file)
         wheel, tag, floor, report = repair(raw, args.dist, args.auditwheel)
     print(json.dumps({"wheel": os.path.abspath(wheel), "version": version, "tag": tag,
                       "glibc_floor": floor, "auditwheel_show": report}))

@@ -3,7 +3,7 @@
 # that holds gpu_bundle/ (made by scripts/gpu_bundle.sh on the build machine; the GPU host needs no
 # Bazel). It uses that host's torch 2.11 (TORCH_PYTHON, default /opt/torch/.venv/bin/python3) for
 # the libraries, the Python twin and torchrun, and runs, each bounded by `timeout`:
-#   1. the CUDA unit tests (tests/trainer/app/cuda_test.cc) at the GPU count;
+#   1. the CUDA unit tests (tests/trainer/cuda_test.cc) at the GPU count;
 #   2. the main job: elrun --nproc-per-node gpu, elrun-train on CUDA + NCCL, one epoch of
 #      FashionNet with SyncBatchNorm (DDP), test accuracy;
 #   3. FSDP (full shard, Adam) at the GPU count, with the memory report (caching allocator);

@@ -42,7 +42,9 @@ constexpr OptionDef kOptions[] = {
     {"master-addr", "", false, "ADDR", "127.0.0.1", "Address of node 0 for --rdzv-backend static."},
     {"master-port", "", false, "PORT", "",
      "Port of node 0's store for static jobs; default: a free port on one node, 29500 on several."},
-    {"standalone", "", true, "", "0", "Single-node job with a generated run id and a free port; ignores rdzv options."},
+    {"standalone", "", true, "", "0",
+     "Single-node job on a free port, with a generated run id unless --rdzv-id is given; ignores the other rdzv "
+     "options."},
     {"rdzv-backend", "", false, "NAME", "static",
      "static (node 0's store at --rdzv-endpoint or --master-addr:--master-port, as torchrun), "
      "grpc (c10d is an alias): elrun's elastic rendezvous, the default with --nnodes MIN:MAX, "
@@ -62,9 +64,10 @@ constexpr OptionDef kOptions[] = {
     {"auto-heartbeat", "", true, "", "0",
      "Beat for Python workers that do not: after each step of their first optimizer (torch's global step hook)."},
     {"keep-survivors", "", true, "", "0",
-     "Restart only a failed worker; workers that can (elrun-train's ddp) regroup in place with the job's live "
-     "state, not its checkpoint; across nodes, a new round regroups the workers every node kept (grpc and c10d "
-     "backends, every node with this option). The group restarts where a worker cannot."},
+     "Restart only a failed worker; workers that can (elrun-train on the CPU, any --strategy, not fp16) regroup "
+     "in place with the job's state from memory, not its checkpoint; across nodes, a new round regroups the "
+     "workers every node kept (grpc and c10d backends, every node with this option). The group restarts where "
+     "a worker cannot."},
     {"role", "", false, "NAME", "default", "Role name of these workers (ROLE_NAME, log prefixes)."},
     {"log-dir", "", false, "DIR", "",
      "Base directory of <run_id>/attempt_<n>/<local_rank>/ logs; default: a new temp dir."},
@@ -93,7 +96,8 @@ constexpr OptionDef kOptions[] = {
     {"duplicate-stderr-filters", "", false, "A,B", "", "The same for stderr, to <attempt>/filtered_stderr.log."},
     {"virtual-local-rank", "", true, "", "0", "LOCAL_RANK=0 in every worker, CUDA_VISIBLE_DEVICES its own device."},
     {"event-log-handler", "", false, "NAME", "null",
-     "torchrun's event handler; only null (its default): elrun loads no Python plugins."},
+     "torchrun's event handler: null (its default) or dynamic_rendezvous, neither changing anything; elrun loads "
+     "no Python plugins and refuses any other."},
     {"logs-specs", "", false, "NAME", "",
      "torchrun's LogsSpecs plugin; none: elrun's logs follow torchrun's default layout."},
     {"numa-binding", "", false, "MODE", "",
@@ -105,7 +109,7 @@ constexpr OptionDef kOptions[] = {
      "round and ranks, workers started and gone, round ended, coordinator lost, left)."},
     {"inject-faults", "", false, "PLAN", "",
      "For experiments: kill or stop this node's workers (or elrun) on purpose, e.g. "
-     "kill-worker@20-40s,stop-worker:1@step100,kill-worker@every30s (see docs/operations.md)."},
+     "kill-worker@20-40s,stop-worker:1@step100,kill-worker@every30s (see docs/fault-tolerance.md)."},
     {"inject-seed", "", false, "N", "0", "Seed of --inject-faults' draws: a plan and a seed give the same faults."},
 };
 

@@ -24,8 +24,8 @@ print(json.dumps([[a.option_strings, a.dest, isinstance(a, (argparse._StoreTrueA
 
 
 # Every variable torchrun 2.11's launcher and agent read or export, and what elrun does with it.
-# The test fails when the installed torch reads one that is not here, or the README does not
-# name it.
+# The test fails when the installed torch reads one that is not here, or docs/cli.md (its
+# "Environment variables elrun reads" and the worker environment it links) does not name it.
 TORCH_VARIABLES = {
     "TORCHELASTIC_ERROR_FILE": "per worker; in elrun's own environment, where the root cause goes",
     "TORCHELASTIC_RESTART_COUNT": "per worker",
@@ -91,11 +91,13 @@ class TorchrunOptionsTest(ElrunTestCase):
         self.assertIn("TORCHELASTIC_ENABLE_FILE_TIMER", found, "expected to read torch's sources")
         self.assertEqual(sorted(found - set(TORCH_VARIABLES)), [],
                          "torch reads variables this test (and elrun) does not know")
-        readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
-        with open(readme) as f:
-            text = f.read()
+        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+        text = ""
+        for doc in ("README.md", os.path.join("docs", "cli.md")):
+            with open(os.path.join(root, doc)) as f:
+                text += f.read()
         self.assertEqual([v for v in TORCH_VARIABLES if "`%s`" % v not in text], [],
-                         "expected the README to say what elrun does with each")
+                         "expected the README or docs/cli.md to say what elrun does with each")
 
     @harness.elrun_only("elrun's line about --numa-binding on a machine without GPUs")
     def test_numa_binding_without_gpus_runs_unbound_with_one_line(self):

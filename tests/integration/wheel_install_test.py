@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import unittest
+import zipfile
 
 import harness
 import rdzv_harness
@@ -145,6 +146,19 @@ class WheelInstallTest(ElrunTestCase):
                                 "%s loads %s: expected only the platform's libraries" % (program, lib))
         self.assertEqual(glob.glob(os.path.join(self.venv, "lib", "python3*", "site-packages", "elrun.libs")), [],
                          "expected no vendored libraries")
+
+    def test_the_wheel_names_its_licence_and_carries_its_text(self):
+        with zipfile.ZipFile(self.built["wheel"]) as wheel:
+            dist_info = "elrun-%s.dist-info" % self.version
+            metadata = wheel.read(dist_info + "/METADATA").decode()
+            licence = wheel.read(dist_info + "/LICENSE").decode()
+        headers = metadata.split("\n\n")[0].splitlines()
+        self.assertIn("License: BSD-3-Clause", headers)
+        self.assertIn("Classifier: License :: OSI Approved :: BSD License", headers)
+        with open(os.path.join(ROOT, "LICENSE")) as f:
+            self.assertEqual(licence, f.read(), "expected the repository's LICENSE in the wheel's dist-info")
+        installed = glob.glob(os.path.join(self.venv, "lib", "python3*", "site-packages", dist_info, "LICENSE"))
+        self.assertEqual(len(installed), 1, "expected pip to install dist-info/LICENSE")
 
     def test_version_names_the_release_and_the_commit(self):
         line = re.compile(r"^%%s %s \(commit ([0-9a-f]{12}(-dirty)?|unknown)\)\n$" % re.escape(self.version))

@@ -339,7 +339,8 @@ void AddMemoryOptions(CLI::App& app, TrainOptions& o, RawChoices& raw) {
 
 // Regularisation, the learning-rate schedule, accumulation, SyncBatchNorm and the seed.
 void AddScheduleOptions(CLI::App& app, TrainOptions& o, RawChoices& raw) {
-  app.add_option("--weight-decay", o.weight_decay, "weight decay (L2)")
+  app.add_option("--weight-decay", o.weight_decay,
+                 "weight decay: added to the gradient (L2) for sgd and adam, decoupled for adamw")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--lr-schedule", raw.lr_schedule,
@@ -359,7 +360,9 @@ void AddScheduleOptions(CLI::App& app, TrainOptions& o, RawChoices& raw) {
 
 // Checkpoints and --keep-survivors' in-memory shard copies.
 void AddCheckpointOptions(CLI::App& app, TrainOptions& o) {
-  app.add_option("--checkpoint-dir", o.checkpoint_dir, "save and resume checkpoint.pt here");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "save checkpoints here and resume from them: checkpoint.pt, or sharded/ for the sharded strategies "
+                 "(loadable at another world size)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "save every N steps (0: at the end and on SIGTERM)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
