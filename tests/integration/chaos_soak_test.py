@@ -1,4 +1,4 @@
-"""The chaos soak's CI variant: scripts/chaos_soak.py with a fixed seed, 5 epochs, faults every
+"""The chaos soak's CI variant: bench/chaos_soak.py with a fixed seed, 5 epochs, faults every
 6-12 s for up to 100 s (at least one of each kind: a worker SIGKILLed, a worker SIGSTOPped, an agent
 SIGKILLed, a node added) on an elastic 2:4-node elrun-train job, then an uninterrupted run of the
 same job; once on the grpc backend (elrun-rdzv), once on the etcd-v3 backend with a real
@@ -15,7 +15,7 @@ import sys
 import harness
 from harness import ElrunTestCase
 
-SCRIPT = os.path.join(harness.HERE, "..", "..", "scripts", "chaos_soak.py")
+SCRIPT = os.path.join(harness.HERE, "..", "..", "bench", "chaos_soak.py")
 
 
 @harness.elrun_only("the soak drives elrun's elastic agents and elrun-rdzv")
