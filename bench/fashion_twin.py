@@ -4,7 +4,7 @@
 Run it under torchrun of the project's torch 2.11 environment (.venv, scripts/setup.sh):
 
   .venv/bin/python3 tests/support/torchrun_compat.py --standalone --nproc_per_node 2 \\
-      scripts/bench/fashion_twin.py --max-steps 300 --lr-schedule constant --metrics-file m.jsonl
+      bench/fashion_twin.py --max-steps 300 --lr-schedule constant --metrics-file m.jsonl
 
 --device cuda (one GPU per rank, cuda:LOCAL_RANK) trains on the GPU with nccl, as elrun-train's
 --device cuda does: each batch is gathered into pinned host memory and copied without blocking.

@@ -4,7 +4,7 @@ FSDP2, for gpt_bench.py's same-machine comparison. Run it under torchrun of the 
 environment (.venv, scripts/setup.sh):
 
   .venv/bin/python3 tests/support/torchrun_compat.py --standalone --nproc_per_node 2 \\
-      scripts/bench/gpt_twin.py --strategy fsdp2 --max-steps 20 --step-times-file /tmp/steps
+      bench/gpt_twin.py --strategy fsdp2 --max-steps 20 --step-times-file /tmp/steps
 
 What it mirrors of trainer/app/gpt.cc and train_main.cc:
 - Model: the same GPT (token + position embeddings, pre-norm blocks of causal attention through

@@ -3,7 +3,7 @@
 
 On this machine, in one invocation:
   - elrun-train under `elrun --standalone --nproc-per-node K`, K = 1 and 2;
-  - scripts/bench/fashion_twin.py (the same model, data, data order, optimizer and step, with
+  - bench/fashion_twin.py (the same model, data, data order, optimizer and step, with
     torch.nn.parallel.DistributedDataParallel on gloo) under torch 2.11's torchrun, started through
     tests/support/torchrun_compat.py --standalone --nproc_per_node K, K = 1 and 2;
   - extra rows: elrun-train --sync-bn at 2 ranks; elrun-train --memory-format contiguous at 1 and
