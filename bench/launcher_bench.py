@@ -159,6 +159,7 @@ def main():
                     help="skip the torchrun default-interval (--monitor_interval 5) cases")
     runner.add_run_options(ap, timeout=30, torchrun_timeout=60, retries=2)
     args = runner.parse(ap, SMOKE)
+    runner.require_in_smoke(ap, args, args.elrun)
     if args.runs < 1 or args.slow_runs < 1 or args.warmup < 0 or args.retries < 0:
         ap.error("--runs and --slow-runs must be >= 1, --warmup and --retries >= 0")
 

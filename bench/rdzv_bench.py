@@ -58,8 +58,8 @@ from tests.support.paths import PYTHON, REPO, TORCHRUN_COMPAT
 from tests.support.procs import clean_env, kill_tagged, log
 
 BENCH = "rdzv_bench"
-SMOKE = ["--sizes", "4", "--runs", "2", "--torchrun-runs", "1", "--torchrun-recovery-runs", "1",
-         "--torchrun-max-n", "4", "--recovery-cap", "15"]
+SMOKE = ["--sizes", "4", "--runs", "1", "--warmup", "0", "--torchrun-runs", "1", "--torchrun-recovery-runs", "1",
+         "--torchrun-max-n", "4", "--recovery-cap", "5"]
 
 
 # --- the benchmark ---------------------------------------------------------------------------
@@ -266,6 +266,7 @@ def main():
     ap.add_argument("--no-recovery", action="store_true", help="skip the recovery cases")
     runner.add_run_options(ap, timeout=30, torchrun_timeout=120, retries=2)
     args = runner.parse(ap, SMOKE)
+    runner.require_in_smoke(ap, args, args.elrun, args.rdzv)
     try:
         args.sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
     except ValueError:

@@ -103,10 +103,14 @@ def header_lines(result):
 def publish(args, record, report):
     """The end of every benchmark: the result written to args.json (when set), its markdown
     (report.markdown of the result as written) on stdout, its plot (report.plot_result) drawn to
-    args.png."""
+    args.png where this Python has matplotlib (Debian's /usr/bin/python3 has; `bazel run` takes
+    the python3 on PATH)."""
     if args.json:
         write(args.json, record)
     print(report.markdown(repo_relative(record)), flush=True)
     if args.png:
-        report.plot_result(record, args.png)
-        log(f"wrote {args.png}")
+        try:
+            report.plot_result(record, args.png)
+            log(f"wrote {args.png}")
+        except ImportError as ex:
+            log(f"no plot: {ex}")

@@ -83,6 +83,14 @@ def parse(ap, smoke, argv=None):
     return args
 
 
+def require_in_smoke(ap, args, *binaries):
+    """With --smoke, a binary that is not there is an error (a full run reports the cases that
+    need it as missing instead)."""
+    missing = [path for path in binaries if not os.access(path, os.X_OK)]
+    if args.smoke and missing:
+        ap.error(f"--smoke: {', '.join(missing)} not found; build it with bazel first")
+
+
 def options_record(args):
     """The parsed options as a JSON-able dict (what the reports read back as `args`)."""
     return {k: v for k, v in vars(args).items()

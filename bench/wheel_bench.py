@@ -31,7 +31,9 @@ from tests.support.procs import clean_env, log
 
 BENCH = "wheel_bench"
 SMOKE = ["--runs", "3", "--installs", "1"]
-TOOLS = os.path.join(os.environ.get("ELRUN_CACHE") or os.path.expanduser("~/.cache/elrun"), "wheel-tools")
+# auditwheel's environment (scripts/setup.sh; Bazel tests get it as ELRUN_WHEEL_TOOLS).
+TOOLS = os.environ.get("ELRUN_WHEEL_TOOLS") or os.path.join(
+    os.environ.get("ELRUN_CACHE") or os.path.expanduser("~/.cache/elrun"), "wheel-tools")
 
 
 def build_wheel(out_dir):
