@@ -5,7 +5,16 @@ import shlex
 import statistics
 from types import SimpleNamespace
 
-from bench.render import fmt, pyplot, report_head, save_figure, stats, verdict
+from bench.render import (
+    failed_runs,
+    fmt,
+    namespaces,
+    pyplot,
+    report_head,
+    save_figure,
+    stats,
+    target_row,
+)
 from tests.support.paths import REPO
 
 TITLE = "Launcher: elrun vs torchrun"
@@ -16,12 +25,7 @@ TARGET_RSS_MIB = 15.0
 
 def cases_of(result):
     """The result's cases as objects with the fields the report reads."""
-    out = []
-    for c in result["cases"]:
-        fields = dict(missing=None, check_result=None, slow=False)
-        fields.update(c)
-        out.append(SimpleNamespace(**fields))
-    return out
+    return namespaces(result["cases"], missing=None, check_result=None, slow=False)
 
 
 def markdown(result):
@@ -97,29 +101,13 @@ def table(summary):
     lines = ["| Benchmark | Launcher | Median | Min | Max | Runs | Target | Meets |",
              "|---|---|---:|---:|---:|---:|---:|:---:|"]
     for metric, label, unit, target, digits in ROWS:
-        for launcher in LAUNCHERS:
-            v = summary.get((metric, launcher))
-            if v is None:
-                continue
-            tgt = f"≤ {target:g} {unit}" if target is not None else ""
-            if isinstance(v, str):
-                lines.append(f"| {label} | {launcher} | {v.replace('|', '/')} | | | | {tgt} | |")
-                continue
-            med, lo, hi, n, nfail = v
-            meets = verdict(med, target) if target is not None else ""
-            n = f"{n} (+{nfail} failed)" if nfail else n
-            lo_s = fmt(lo, digits) if lo is not None else "—"
-            hi_s = fmt(hi, digits) if hi is not None else "—"
-            lines.append(f"| {label} | {launcher} | {fmt(med, digits)} {unit} | {lo_s} | {hi_s} "
-                         f"| {n} | {tgt} | {meets} |")
+        lines += [target_row(label, launcher, summary[(metric, launcher)], target, unit, digits)
+                  for launcher in LAUNCHERS if (metric, launcher) in summary]
     fl = summary.get(("floor", "harness floor: /bin/true directly"))
     if fl is not None:
-        if isinstance(fl, str):
-            lines.append(f"| 0. harness floor: spawn /bin/true directly, wall | — | {fl} | | | | | |")
-        else:
-            med, lo, hi, n, _ = fl
-            lines.append(f"| 0. harness floor: spawn /bin/true directly, wall | — | {fmt(med, 2)} ms "
-                         f"| {fmt(lo, 2)} | {fmt(hi, 2)} | {n} | | |")
+        cells = (f"{fl} | | | |" if isinstance(fl, str) else
+                 f"{fmt(fl[0], 2)} ms | {fmt(fl[1], 2)} | {fmt(fl[2], 2)} | {fl[3]} |")
+        lines.append(f"| 0. harness floor: spawn /bin/true directly, wall | — | {cells} | |")
     return lines
 
 
@@ -162,12 +150,7 @@ def report(cases, summary, args, info, load, elapsed):
         "of row 1 (torchrun with --monitor_interval 0.1).",
         "",
     ]
-    failed = [c for c in cases if c.failures]
-    if failed:
-        out += ["Failed runs (retried, not counted in the statistics):", ""]
-        for c in failed:
-            out += [f"- {c.key} / {c.launcher}: {m}" for m in c.failures]
-        out += [""]
+    out += failed_runs(cases, lambda c: f"{c.key} / {c.launcher}")
     out += [
         "Commands (run from the repository root; `test` fails on attempt 0 and passes after):",
         "",

@@ -5,7 +5,15 @@ import statistics
 from types import SimpleNamespace
 
 from bench.rdzv_runs import TAG_VAR
-from bench.render import fmt, pyplot, report_head, save_figure, stats, verdict
+from bench.render import (
+    failed_runs,
+    namespaces,
+    pyplot,
+    report_head,
+    save_figure,
+    stats,
+    target_row,
+)
 from tests.support.paths import REPO
 
 TITLE = "Rendezvous: elrun gRPC vs torchrun c10d"
@@ -21,11 +29,9 @@ FLOOR = "harness floor: N x /bin/true"
 LAUNCHERS = [ELRUN_DAEMON, ELRUN_EMBEDDED, TORCHRUN]
 
 
-
-
 def cases_of(result):
     """The result's cases as objects with the fields the report reads."""
-    return [SimpleNamespace(**dict(dict(missing=None), **c)) for c in result["cases"]]
+    return namespaces(result["cases"], missing=None)
 
 
 def markdown(result):
@@ -109,15 +115,7 @@ def table(summary, cases, sizes):
              "|---|---|---:|---:|---:|---:|---:|:---:|"]
 
     def row(label, launcher, v, target, digits=3):
-        tgt = f"≤ {target:g} s" if target is not None else ""
-        if isinstance(v, str):
-            lines.append(f"| {label} | {launcher} | {v.replace('|', '/')} | | | | {tgt} | |")
-            return
-        med, lo, hi, n, nfail = v
-        n = f"{n} (+{nfail} failed)" if nfail else n
-        meets = verdict(med, target) if target is not None else ""
-        lines.append(f"| {label} | {launcher} | {fmt(med, digits)} s | {fmt(lo, digits)} | "
-                     f"{fmt(hi, digits)} | {n} | {tgt} | {meets} |")
+        lines.append(target_row(label, launcher, v, target, "s", digits))
 
     for n in sizes:
         for launcher in LAUNCHERS:
@@ -184,12 +182,7 @@ def report(a, cases, summary, info, load, elapsed):
         "Agents run with a private TMPDIR, removed at the end.",
         "",
     ]
-    failed = [c for c in cases if c.failures]
-    if failed:
-        out += ["Failed runs (retried, not counted in the statistics):", ""]
-        for c in failed:
-            out += [f"- {c.key} / {c.launcher} / N={c.n}: {m}" for m in c.failures]
-        out += [""]
+    out += failed_runs(cases, lambda c: f"{c.key} / {c.launcher} / N={c.n}")
     out += ["Commands (run from the repository root; PORT: a port that was free a moment before, "
             "JOB_i: a fresh run id per run; `# x N`: started N times at once):", "", "```"]
     out.append(f"{a.rdzv.replace(REPO + '/', '')} --listen 127.0.0.1:0 --port-file F"

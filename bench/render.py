@@ -4,6 +4,7 @@ targets, markdown tables, and matplotlib on Agg with the figure epilogue.
 Standard library only; matplotlib is imported when a plot is drawn.
 """
 import statistics
+from types import SimpleNamespace
 
 # --- markdown ---------------------------------------------------------------------------------
 
@@ -18,6 +19,34 @@ def table(header, rows, align=None):
     alignment row (default `|---|` per column)."""
     lines = ["| " + " | ".join(header) + " |", align or "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join("" if c is None else str(c) for c in row) + " |" for row in rows]
+
+
+def target_row(label, who, v, target, unit, digits):
+    """A row of the launcher and rendezvous tables (| Benchmark | Launcher | Median | Min | Max |
+    Runs | Target | Meets |): v is (median, min, max, runs, failed runs), min and max None for a
+    difference of medians, or the text that stands instead (a failure, a missing binary)."""
+    tgt = f"≤ {target:g} {unit}" if target is not None else ""
+    if isinstance(v, str):
+        return f"| {label} | {who} | {v.replace('|', '/')} | | | | {tgt} | |"
+    med, lo, hi, n, nfail = v
+    meets = verdict(med, target) if target is not None else ""
+    n = f"{n} (+{nfail} failed)" if nfail else n
+    lo, hi = ("—" if x is None else fmt(x, digits) for x in (lo, hi))
+    return f"| {label} | {who} | {fmt(med, digits)} {unit} | {lo} | {hi} | {n} | {tgt} | {meets} |"
+
+
+def failed_runs(cases, name):
+    """The list of runs that failed and were retried (c.failures), each named by name(c)."""
+    failed = [c for c in cases if c.failures]
+    if not failed:
+        return []
+    return (["Failed runs (retried, not counted in the statistics):", ""]
+            + [f"- {name(c)}: {m}" for c in failed for m in c.failures] + [""])
+
+
+def namespaces(records, **defaults):
+    """Result records (dicts) as objects, with defaults for fields older results lack."""
+    return [SimpleNamespace(**dict(defaults, **r)) for r in records]
 
 
 def fmt(x, digits=1):
