@@ -27,7 +27,6 @@ from bench import (
     train_report,
     wheel_report,
 )
-from tests.support import paths
 from tests.support.procs import log
 
 # The last commit that had the one-off measurement scripts (scripts/bench/setup_packages_bench.sh,
@@ -160,10 +159,12 @@ def render(results_dir, plots_dir, out_path, note):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--results", default=paths.RESULTS_DIR,
+    ap.add_argument("--results", default=results.RESULTS_DIR,
                     help="directory of <bench>.json results (default: %(default)s)")
-    ap.add_argument("--out", default=paths.BENCHMARKS_MD, help="markdown to write (default: %(default)s)")
-    ap.add_argument("--plots", default=paths.PLOTS_DIR, help="where the plots go (default: %(default)s)")
+    ap.add_argument("--out", default=os.path.join(results.CHECKOUT, "docs", "benchmarks.md"),
+                    help="markdown to write (default: %(default)s)")
+    ap.add_argument("--plots", default=os.path.join(results.CHECKOUT, "docs", "benchmarks"),
+                    help="where the plots go (default: %(default)s)")
     ap.add_argument("--note", help="a line quoted under the preamble (e.g. that these are smoke runs)")
     args = ap.parse_args()
     render(args.results, args.plots, args.out, args.note)

@@ -18,8 +18,14 @@ import sys
 import time
 
 from bench.machine import machine_line
-from tests.support.paths import REPO, RESULTS_DIR, relative
+from tests.support.paths import REPO, relative
 from tests.support.procs import log
+
+# The checkout whose commit a result names and where results go: under `bazel run` the workspace
+# (REPO is then the runfiles tree), else REPO.
+CHECKOUT = os.environ.get("BUILD_WORKSPACE_DIRECTORY") or REPO
+# Committed results, one JSON per benchmark (overwritten by each run), and their report.
+RESULTS_DIR = os.path.join(CHECKOUT, "docs", "results")
 
 
 def default_path(bench):
@@ -29,7 +35,7 @@ def default_path(bench):
 
 def git(*args):
     try:
-        return subprocess.run(["git", "-C", REPO, *args], stdout=subprocess.PIPE,
+        return subprocess.run(["git", "-C", CHECKOUT, *args], stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return ""
@@ -50,8 +56,9 @@ def repo_relative(value):
     if isinstance(value, (list, tuple)):
         return [repo_relative(v) for v in value]
     if isinstance(value, str):
-        value = re.sub(r"/tmp/[\w-]+\.[\w]{8}/", "$TMPDIR/", value.replace(REPO + "/", ""))
-        return "." if value == REPO else value
+        for root in (CHECKOUT, REPO):
+            value = "." if value == root else value.replace(root + "/", "")
+        return re.sub(r"/tmp/[\w-]+\.[\w]{8}/", "$TMPDIR/", value)
     return value
 
 

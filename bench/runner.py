@@ -14,7 +14,6 @@ import tempfile
 
 from bench import results
 from bench.machine import wait_idle
-from tests.support import paths
 from tests.support.procs import log
 
 
@@ -32,7 +31,7 @@ def parser(bench, doc, png=True):
     ap.add_argument("--json", default=results.default_path(bench),
                     help="the result (JSON) to write (default: %(default)s)")
     if png:
-        ap.add_argument("--png", default=os.path.join(paths.BENCH, bench + ".png"),
+        ap.add_argument("--png", default=os.path.join(results.CHECKOUT, "bench", bench + ".png"),
                         help="plot to write (default: %(default)s)")
     ap.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
                     help="before each round, wait up to SECONDS until other processes use < 10%% of "

@@ -10,15 +10,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 # The benchmarks (bench/, their default plots go there too).
 BENCH = os.path.join(REPO, "bench")
-# The torch 2.11 environment (scripts/setup.sh links it as .venv; Bazel tests get it as PYTHON_EXEC)
-# runs torchrun, the Python twin and every worker; the benchmark scripts themselves run on Debian's
-# python3 (matplotlib).
-PYTHON = os.environ.get("PYTHON_EXEC") or os.path.join(REPO, ".venv", "bin", "python3")
+# The torch 2.11 environment (scripts/setup.sh links it as .venv into the checkout, the workspace
+# under `bazel run`; Bazel tests get it as PYTHON_EXEC) runs torchrun, the Python twin and every
+# worker; the benchmark scripts themselves run on Debian's python3 (matplotlib).
+PYTHON = os.environ.get("PYTHON_EXEC") or os.path.join(
+    os.environ.get("BUILD_WORKSPACE_DIRECTORY") or REPO, ".venv", "bin", "python3")
 TORCHRUN_COMPAT = os.path.join(HERE, "torchrun_compat.py")
-# Committed benchmark results (one JSON per benchmark, overwritten by each run) and their report.
-RESULTS_DIR = os.path.join(REPO, "docs", "results")
-PLOTS_DIR = os.path.join(REPO, "docs", "benchmarks")
-BENCHMARKS_MD = os.path.join(REPO, "docs", "benchmarks.md")
 
 # Bazel-built binaries by name: their path under bazel-bin (= their Bazel label's package/name).
 BINARIES = {
