@@ -38,12 +38,9 @@ same command, with the whole job (elrun and its workers) in a memory cgroup of -
 down to 64 MiB), and reports whether ddp fails for lack of memory (the kernel's OOM killer) where
 fsdp trains to --max-steps. Those runs may fail; that does not fail the benchmark.
 
-Writes the result (JSON: every run's records and the demonstration's, the machine, the commit and
-the date; --json, default docs/results/fsdp_bench.json), prints its markdown report
-(fsdp_report.py) on stdout, progress on stderr, writes a PNG chart. A benchmark run that exits
-non-zero, times out or lacks a rank's memory-json line stops the benchmark with exit status 1.
-The runs: fsdp_runs.py; the demonstration: fsdp_oom.py and fsdp_cgroup.py; the workload and
-targets: fsdp_model.py.
+A run that exits non-zero, times out or lacks a rank's memory-json line stops the benchmark with
+exit status 1. Report: fsdp_report.py; the runs: fsdp_runs.py; the demonstration: fsdp_oom.py and
+fsdp_cgroup.py; the workload and targets: fsdp_model.py.
 
   /usr/bin/python3 -m bench.fsdp_bench [--max-steps 10] [--runs 3] [--wait-idle 900]
   /usr/bin/python3 -m bench.fsdp_bench --runs 1 --strategies ddp,fsdp --oom-demo
