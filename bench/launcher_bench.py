@@ -116,19 +116,12 @@ def warm_up(cases, args, env):
             c.error = str(ex)
 
 
-def one_round(cases, args, env, i):
-    for c in cases:
-        if c.error or i >= c.runs:
-            continue
-        try:
-            if c.kind == "time":
-                c.samples.append(with_retries(
-                    c, args.retries, lambda: timed_run(c.argv, c.timeout, env)))
-            else:
-                r = with_retries(c, args.retries, lambda: rss_run(c.argv, c.timeout))
-                c.samples.append((r["vmhwm_kib"], r["ru_maxrss_kib"]))
-        except (RunError, subprocess.TimeoutExpired) as ex:
-            c.error = str(ex)
+def one_run(c, env):
+    """One measured run of c: ms for "time", (vmhwm_kib, ru_maxrss_kib) for "rss"."""
+    if c.kind == "time":
+        return timed_run(c.argv, c.timeout, env)
+    r = rss_run(c.argv, c.timeout)
+    return r["vmhwm_kib"], r["ru_maxrss_kib"]
 
 
 def run_cases(cases, args):
@@ -139,11 +132,7 @@ def run_cases(cases, args):
     wait_idle(args.wait_idle)
     foreign.phase(lambda: warm_up(active, args, env))
     # Measured runs, round-robin over the cases so that slow drift affects all of them alike.
-    rounds = max((c.runs for c in active), default=0)
-    for i in range(rounds):
-        wait_idle(args.wait_idle)
-        log(f"round {i + 1}/{rounds}")
-        foreign.phase(lambda: one_round(active, args, env, i))
+    runner.case_rounds(active, args.retries, lambda c: one_run(c, env), args.wait_idle, foreign)
     return foreign.share
 
 

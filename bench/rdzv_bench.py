@@ -212,29 +212,18 @@ class Bench:
                             break
 
         foreign.phase(warm)
-        rounds = max((c.runs for c in active), default=0)
-        for i in range(rounds):
-            wait_idle(self.args.wait_idle)
-            log(f"round {i + 1}/{rounds}")
 
-            def one_round():
-                for c in active:
-                    if c.error or i >= c.runs:
-                        continue
-                    try:
-                        r = self.attempt(c)
-                    except (RunError, subprocess.TimeoutExpired) as ex:
-                        c.error = str(ex)
-                        continue
-                    c.samples.append(r)
-                    if c.key == "formation":
-                        log(f"  {c.key} / {c.launcher} / N={c.n}: {r:.3f} s")
-                    else:
-                        log(f"  {c.key} / {c.launcher}: " + (
-                            f"new round in {r['recovered_s']:.3f} s" if r["recovered_s"] is not None
-                            else f"no new round within {self.args.recovery_cap:g} s"))
+        def one(c):
+            r = c.run(c)
+            if c.key == "formation":
+                log(f"  {c.key} / {c.launcher} / N={c.n}: {r:.3f} s")
+            else:
+                log(f"  {c.key} / {c.launcher}: " + (
+                    f"new round in {r['recovered_s']:.3f} s" if r["recovered_s"] is not None
+                    else f"no new round within {self.args.recovery_cap:g} s"))
+            return r
 
-            foreign.phase(one_round)
+        runner.case_rounds(active, self.args.retries, one, self.args.wait_idle, foreign)
         return foreign.share
 
 

@@ -133,6 +133,28 @@ class CaseState:
         return None
 
 
+def case_rounds(cases, retries, one, wait_idle_s, foreign):
+    """The measured rounds over CaseState cases that each take c.runs runs: round i (after up to
+    wait_idle_s seconds of waiting for an idle machine, measured by foreign, a ForeignCpu) gives
+    every case with runs left and no error one run, one(c) with retries; a run that still fails
+    marks its case failed (c.error)."""
+    rounds = max((c.runs for c in cases), default=0)
+    for i in range(rounds):
+        wait_idle(wait_idle_s)
+        log(f"round {i + 1}/{rounds}")
+
+        def one_round():
+            for c in cases:
+                if c.error or i >= c.runs:
+                    continue
+                try:
+                    c.samples.append(with_retries(c, retries, lambda: one(c)))
+                except (RunError, subprocess.TimeoutExpired) as ex:
+                    c.error = str(ex)
+
+        foreign.phase(one_round)
+
+
 def round_robin(group, runs, one, label, wait_idle_s=0):
     """Runs one(case) `runs` times for each case of `group` (dicts with "runs" and "errors" lists),
     round-robin, so that slow drift hits every case alike, each round after up to wait_idle_s
