@@ -1,46 +1,17 @@
 #!/usr/bin/env python3
 """Chaos soak: an elastic elrun job training FashionNet while faults rain on it.
 
-An elastic job (--nnodes MIN:MAX, 127.0.0.N per node, elrun-rdzv on 127.0.0.1 at a free port)
-runs elrun-train with shared checkpoints (--checkpoint-dir, --checkpoint-every) for --epochs
-epochs of Fashion-MNIST with the cosine learning-rate schedule, under --worker-timeout so that a
-stopped worker is caught. The job's length is in samples, not steps: its schedule and its end
-follow the samples seen, so a run whose world size changes (and with it the global batch) still
-ends at the same point of the same schedule as an uninterrupted one. A seeded driver injects, every
---interval MIN:MAX seconds during --duration seconds, one of:
-
-  kill9_worker   SIGKILL an elrun-train process
-  sigstop_worker SIGSTOP one (elrun's heartbeat watchdog must kill it)
-  kill9_agent    SIGKILL an elrun agent (its node is lost; only while more than MIN nodes live)
-  add_node       start a new agent (only while fewer than MAX nodes live)
-  kill9_etcd_leader  with --rdzv-backend etcd-v3 (a real 3-member etcd cluster on loopback):
-                 SIGKILL the etcd leader (the member killed before it is restarted first)
-
-With --network, every node, elrun-rdzv and each etcd member runs in a test host of its own (network
-namespaces on a bridge, tests/support/netlab.py; root), the workers' Gloo traffic crosses those
-links, and three more kinds of fault hit the links instead of processes:
-  cut_node       a node's link down for 0.5 to 2 x heartbeat_timeout seconds, then up (a short
-                 cut must cost nothing; after a long one the node rejoins at a later round)
-  lossy_node     20% of the packets a node sends lost for 5 s
-  drop_one_way   packets from one node to another dropped for 3 s (one way)
-Every agent then writes --history-file, and the history checker (tests/support/history_check.py)
-must find no two nodes that disagreed about a round and no restart count that went down.
-
-The first faults go through every kind once, in a seeded order. Then an uninterrupted run of
-the same job (the same nodes at the start, the same epochs) gives the reference accuracy.
-
-Report (markdown on stdout, --json, a PNG of progress with the faults marked):
-faults by kind; restarts spent; per fault, the time until training passed the step it had
-reached and the steps redone; the final test accuracy against the reference (within
---accuracy-points); checks: every resume started from a step the job had committed (not before
-the last checkpoint preceding the fault, never after the step reached), the final checkpoint
-loads in Python, no process of the soak is left, no new file in /dev/shm, every agent still
-running at the end exited 0. Exit 1 when a check fails.
+An elastic elrun-train job (--nnodes MIN:MAX on loopback, elrun-rdzv or a 3-member etcd cluster,
+shared checkpoints, a length in samples) takes a seeded fault every --interval MIN:MAX seconds
+for --duration seconds: kill9_worker, sigstop_worker, kill9_agent, add_node, kill9_etcd_leader
+(etcd-v3), and with --network (every node in a test host of its own; root) cut_node, lossy_node,
+drop_one_way. Then the same job runs uninterrupted for the reference accuracy. The checks (resumes
+from committed steps, the final checkpoint loads, no process left, nothing new in /dev/shm, agents
+exit 0, the nodes' histories agree, accuracy within --accuracy-points) fail the run with exit 1.
+What it runs, checks and reports, and the measured soaks: docs/chaos_soak.md.
 
   /usr/bin/python3 -m bench.chaos_soak --seed 1 [--duration 600 --epochs 20]   # the soak
-  /usr/bin/python3 -m bench.chaos_soak --seed 1 --duration 100 --interval 6:12 --epochs 5
-                                                                                   # CI variant
-  ... --rdzv-backend etcd-v3                           # the same on the etcd backend
+  /usr/bin/python3 -m bench.chaos_soak --seed 1 --duration 100 --interval 6:12 --epochs 5   # CI
 (Debian's Python for matplotlib; --python, default .venv/bin/python3, loads the checkpoint.)
 """
 import argparse
