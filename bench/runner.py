@@ -27,7 +27,7 @@ def parser(bench, doc, png=True):
     """An ArgumentParser with the options every benchmark has: --json (default
     docs/results/<bench>.json, the result bench/report.py renders), --png (default
     bench/<bench>.png, not committed), --wait-idle, --smoke and --allow-dirty."""
-    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--json", default=results.default_path(bench),
                     help="the result (JSON) to write (default: %(default)s)")
     if png:
