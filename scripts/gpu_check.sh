@@ -169,7 +169,7 @@ for batch in 64 256 1024; do
     run "graph_b${batch}_$round" 200 "$bin/elrun" --standalone --nproc-per-node 1 "$bin/elrun-train" "${data[@]}" \
       --allow-tf32 --linear aten --cuda-graph "${common[@]}" --metrics-file "$work/graph_b${batch}_$round.jsonl"
     run "twin_b${batch}_$round" 300 "$python" tests/support/torchrun_compat.py --standalone --nproc_per_node 1 \
-      scripts/bench/fashion_twin.py "${data[@]}" "${common[@]}" --metrics-file "$work/twin_b${batch}_$round.jsonl"
+      bench/fashion_twin.py "${data[@]}" "${common[@]}" --metrics-file "$work/twin_b${batch}_$round.jsonl"
     e+=("$(rate "$work/elrun_b${batch}_$round.jsonl")")
     g+=("$(rate "$work/graph_b${batch}_$round.jsonl")")
     t+=("$(rate "$work/twin_b${batch}_$round.jsonl")")
@@ -186,7 +186,7 @@ profile=(--device cuda --batch-size 64 --max-steps 200 --lr-schedule constant --
 if run profile_elrun 200 "$bin/elrun" --standalone --nproc-per-node 1 "$bin/elrun-train" "${data[@]}" --allow-tf32 \
      --linear aten "${profile[@]}" --profile-trace "$work/elrun_trace.json" &&
    run profile_twin 300 "$python" tests/support/torchrun_compat.py --standalone --nproc_per_node 1 \
-     scripts/bench/fashion_twin.py "${data[@]}" "${profile[@]}" --profile-trace "$work/twin_trace.json" &&
+     bench/fashion_twin.py "${data[@]}" "${profile[@]}" --profile-trace "$work/twin_trace.json" &&
    run trace_summary 120 "$python" tests/support/trace_summary.py "$work/elrun_trace.json.0" "$work/twin_trace.json.0" \
      --labels elrun-train twin --top 15; then
   sed 's/^/    /' "$out/trace_summary.log" >>"$report"

@@ -7,7 +7,7 @@ which the auto-configured toolchain already treats as a builtin include director
 Libraries that Debian also ships as static archives (Abseil, Protobuf, gRPC and their deps) are
 linked statically: loading ~40 shared objects and relocating them cost the launcher ~15 ms at
 every start, a third of its start-up budget (measured in the session that made the change, by
-scripts/bench/launcher_bench.py before and after). spdlog and fmt stay shared.
+bench/launcher_bench.py before and after). spdlog and fmt stay shared.
 """
 
 _LIB_DIR = "/usr/lib/x86_64-linux-gnu"

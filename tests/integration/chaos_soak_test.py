@@ -1,4 +1,4 @@
-"""The chaos soak's CI case: scripts/chaos_soak.py with a fixed seed, 3 epochs, a fault every 3-5 s
+"""The chaos soak's CI case: bench/chaos_soak.py with a fixed seed, 3 epochs, a fault every 3-5 s
 for up to 30 s (40 s with the network's three kinds more), at least one of each kind: a worker
 SIGKILLed, a worker SIGSTOPped, an agent SIGKILLed, a node added, on an elastic 2:4-node
 elrun-train job; then an uninterrupted run of the same job. Once on the grpc backend (elrun-rdzv),
@@ -17,7 +17,7 @@ import sys
 import harness
 from harness import ElrunTestCase
 
-SCRIPT = os.path.join(harness.HERE, "..", "..", "scripts", "chaos_soak.py")
+SCRIPT = os.path.join(harness.HERE, "..", "..", "bench", "chaos_soak.py")
 
 
 @harness.elrun_only("the soak drives elrun's elastic agents and elrun-rdzv")

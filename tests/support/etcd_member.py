@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import socket
-import subprocess
 
 from tests.support.procs import kill_and_reap
 

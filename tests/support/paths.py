@@ -8,29 +8,32 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-BENCH = os.path.join(REPO, "scripts", "bench")
-# The torch 2.11 environment (scripts/setup.sh links it as .venv) runs torchrun, the Python twin
-# and every worker; the benchmark scripts themselves run on Debian's python3 (matplotlib).
-PYTHON = os.path.join(REPO, ".venv", "bin", "python3")
+# The benchmarks (bench/, their default plots go there too).
+BENCH = os.path.join(REPO, "bench")
+# The torch 2.11 environment (scripts/setup.sh links it as .venv into the checkout, the workspace
+# under `bazel run`; Bazel tests get it as PYTHON_EXEC) runs torchrun, the Python twin and every
+# worker; the benchmark scripts themselves run on Debian's python3 (matplotlib).
+PYTHON = os.environ.get("PYTHON_EXEC") or os.path.join(
+    os.environ.get("BUILD_WORKSPACE_DIRECTORY") or REPO, ".venv", "bin", "python3")
 TORCHRUN_COMPAT = os.path.join(HERE, "torchrun_compat.py")
-# Committed benchmark results (one JSON per benchmark, overwritten by each run) and their report.
-RESULTS_DIR = os.path.join(REPO, "docs", "results")
-PLOTS_DIR = os.path.join(REPO, "docs", "benchmarks")
-BENCHMARKS_MD = os.path.join(REPO, "docs", "benchmarks.md")
 
 # Bazel-built binaries by name: their path under bazel-bin (= their Bazel label's package/name).
 BINARIES = {
     "elrun": "launcher/elrun",
     "elrun-rdzv": "agent/daemon/elrun-rdzv",
     "elrun-train": "trainer/app/elrun-train",
-    "rdzv_load": "scripts/bench/rdzv_load",
-    "etcd_load": "scripts/bench/etcd_load",
+    "rdzv_load": "bench/rdzv_load",
+    "etcd_load": "bench/etcd_load",
 }
 
 
 def binary(name, repo=REPO):
-    """The path of the Bazel-built binary `name` (a key of BINARIES) under repo's bazel-bin."""
-    return os.path.join(repo, "bazel-bin", BINARIES[name])
+    """The path of the Bazel-built binary `name` (a key of BINARIES) under repo's bazel-bin, or,
+    under `bazel run` / `bazel test` (REPO is then the runfiles tree, which has no bazel-bin),
+    its runfile when the target is a data dependency."""
+    built = os.path.join(repo, "bazel-bin", BINARIES[name])
+    runfile = os.path.join(repo, BINARIES[name])
+    return runfile if not os.path.exists(built) and os.access(runfile, os.X_OK) else built
 
 
 def label(name):
