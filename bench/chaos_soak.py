@@ -460,12 +460,11 @@ def plot(result, path):
 
 def report(args, chaos_result, reference):
     out = ["## elrun chaos soak", "",
-           "- seed %d, %s rendezvous, nodes %d:%d (started with %d), %d epochs (cosine schedule), checkpoint every %d steps, "
-           "--worker-timeout %g, faults every %g-%g s for %g s%s"
+           "- seed %d, %s rendezvous, nodes %d:%d (started with %d), %d epochs (cosine schedule), "
+           "checkpoint every %d steps, --worker-timeout %g, faults every %g-%g s for %g s%s"
            % (args.seed, args.rdzv_backend, args.min_nodes, args.max_nodes, args.start_nodes, args.epochs,
-                                       args.checkpoint_every, args.worker_timeout, args.interval[0],
-                                       args.interval[1], args.duration,
-                                       "; every node in a test host of its own (--network)" if args.network else ""), ""]
+              args.checkpoint_every, args.worker_timeout, args.interval[0], args.interval[1], args.duration,
+              "; every node in a test host of its own (--network)" if args.network else ""), ""]
     kinds = (ETCD_KINDS if args.rdzv_backend == "etcd-v3" else KINDS) + (NETWORK_KINDS if args.network else ())
     counts = {k: sum(1 for f in chaos_result["faults"] if f["kind"] == k) for k in kinds}
     out.append("- faults: " + ", ".join("%s %d" % kv for kv in counts.items()) +
@@ -481,9 +480,9 @@ def report(args, chaos_result, reference):
             chaos_result["checks"].append("accuracy %+.2f points from the uninterrupted run" % delta)
     for node, g in sorted(chaos_result.get("goodput", {}).items()):
         lost = [f["recovery_s"] for f in g["faults"] if f["recovery_s"] is not None]
+        goodput = "-" if g["goodput"] is None else "%.1f%%" % (100 * g["goodput"])
         out.append("- elrun's goodput report, node %s: goodput %s of %.1f s, %d faults seen, %.1f s lost (median "
-                   "%s s per recovered fault)" % (node, "-" if g["goodput"] is None else "%.1f%%" % (100 * g["goodput"]),
-                                                  g["wall_s"], len(g["faults"]), g["lost_s"],
+                   "%s s per recovered fault)" % (node, goodput, g["wall_s"], len(g["faults"]), g["lost_s"],
                                                   "-" if not lost else "%.2f" % statistics.median(lost)))
     out += ["", "| # | t (s) | fault | target | step | resumed at | steps redone | time lost (s) |",
             "|---:|---:|---|---|---:|---:|---:|---:|"]

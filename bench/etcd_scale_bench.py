@@ -2,8 +2,9 @@
 """Rendezvous at scale, etcd-v3 backend: a real etcd (1 member, or --members 3) on loopback
 against N simulated nodes (bench/etcd_load: N real EtcdRendezvous sessions in one
 process, each with its own lease, reader and writer threads; one of them leads and replays the
-job's log into the coordinator; no workers, no token). gRPC would carry all N over one connection per member; each member listens
-on --connections client ports and etcd_load spreads the nodes over them.
+job's log into the coordinator; no workers, no token). gRPC would carry all N over one connection
+per member; each member listens on --connections client ports and etcd_load spreads the nodes
+over them.
 
 For each N in --sizes, with a fresh etcd cluster per run:
   open          etcd_load's start to every EtcdRendezvous::Open returned (etcd_load's clock)

@@ -52,9 +52,10 @@ def model_args(args):
         return ["--model", "mlp", "--mlp-hidden", ",".join(map(str, args.mlp_hidden)), "--batch-size",
                 str(args.batch_size), "--max-steps", str(args.max_steps), "--lr", "0.001", "--weight-decay", "0.1",
                 "--seed", "0", "--threads", "1"]
-    return ["--model", "gpt", "--gpt-layers", str(args.layers), "--gpt-width", str(args.width), "--gpt-heads", str(args.heads),
-            "--gpt-context", str(args.context), "--batch-size", str(args.batch_size), "--max-steps",
-            str(args.max_steps), "--lr", "0.001", "--weight-decay", "0.1", "--seed", "0", "--threads", "1"]
+    return ["--model", "gpt", "--gpt-layers", str(args.layers), "--gpt-width", str(args.width),
+            "--gpt-heads", str(args.heads), "--gpt-context", str(args.context), "--batch-size", str(args.batch_size),
+            "--max-steps", str(args.max_steps), "--lr", "0.001", "--weight-decay", "0.1", "--seed", "0",
+            "--threads", "1"]
 
 
 def command(args, case, steps_file):
@@ -62,7 +63,8 @@ def command(args, case, steps_file):
         return ([args.elrun_copy, "--standalone", "--nproc-per-node", str(WORLD), "--no-python", args.train_copy,
                  "--strategy", case.split("-")[1], "--optimizer", "adamw", "--lr-schedule", "constant",
                  "--log-every", "0", "--report-memory", "--step-times-file", steps_file]
-                + (["--dataset", "synthetic"] if args.workload == "mlp" else ["--eval-samples", "16", "--sample-bytes", "0"])
+                + (["--dataset", "synthetic"] if args.workload == "mlp"
+                   else ["--eval-samples", "16", "--sample-bytes", "0"])
                 + model_args(args))
     strategy = "fsdp2" if "fsdp2" in case else "ddp"
     return ([PYTHON, TORCHRUN_COMPAT, "--standalone", "--nproc_per_node", str(WORLD), TWIN, "--strategy", strategy,
@@ -130,9 +132,11 @@ def run_once(args, case, workdir, rnd, env):
     memory = memory_lines(stdout)
     if sorted(memory) != list(range(WORLD)):
         raise RunError(f"memory-json lines of ranks {sorted(memory)}, expected 0..{WORLD - 1}")
-    return {"round": rnd, "wall_s": wall, "step_ms": step_ms, "first_steps_ms": [max(s) for s in zip(*ranks)][:args.skip],
+    tokens_per_s = WORLD * args.batch_size * args.context / (step_ms / 1000) if args.workload == "gpt" else None
+    return {"round": rnd, "wall_s": wall, "step_ms": step_ms,
+            "first_steps_ms": [max(s) for s in zip(*ranks)][:args.skip],
             "samples_per_s": WORLD * args.batch_size / (step_ms / 1000),
-            "tokens_per_s": WORLD * args.batch_size * args.context / (step_ms / 1000) if args.workload == "gpt" else None,
+            "tokens_per_s": tokens_per_s,
             "peak_rss": [memory[r]["peak_rss_bytes"] for r in range(WORLD)],
             "baseline_rss": [memory[r]["baseline_rss_bytes"] for r in range(WORLD)],
             "foreign_cpu": foreign.share, "argv": argv}

@@ -96,7 +96,8 @@ def markdown(result):
         r = s[case]
         flag = " (noisy)" if r["foreign"] > 0.10 else ""
         digits = 1 if is_mlp(result) else 0
-        out.append(f"| {label} | {r['tokens_per_s']:.{digits}f} ({r['tokens_min']:.{digits}f}–{r['tokens_max']:.{digits}f}) | "
+        tokens = f"{r['tokens_per_s']:.{digits}f} ({r['tokens_min']:.{digits}f}–{r['tokens_max']:.{digits}f})"
+        out.append(f"| {label} | {tokens} | "
                    f"{r['step_ms']:.1f} | {r['peak']:.0f} | {r['baseline']:.0f} | {r['above']:.0f} | "
                    f"{100 * r['foreign']:.0f}%{flag} |")
     rows = targets(s, unit)
@@ -104,8 +105,8 @@ def markdown(result):
         out += ["", "| target | wanted | measured | met |", "|---|---|---|---|"]
         out += [f"| {w} | {t} | {m} | {ok} |" for w, t, m, ok in rows]
     out += ["",
-            f"{unit}: 2 ranks x batch{'' if is_mlp(result) else ' x context'} over the median steady step (per step the slower "
-            "rank's wall time from its step-times file). Peak RSS: each rank's VmHWM at the end; "
+            f"{unit}: 2 ranks x batch{'' if is_mlp(result) else ' x context'} over the median steady step "
+            "(per step the slower rank's wall time from its step-times file). Peak RSS: each rank's VmHWM at the end; "
             "baseline: its RSS after the process group and the data, before the model (LibTorch or "
             "torch loaded); the columns show the larger rank's. FSDP2 is initialised on the meta "
             "device and materialised per shard; elrun's fsdp shards each block (each Linear of the MLP) "

@@ -91,8 +91,8 @@ class Bench:
 
     # argv builders; port and run id are per run.
     def elrun_argv(self, nnodes, port, run_id, worker):
-        return [self.args.elrun, "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                f"127.0.0.1:{port}", "--rdzv-id", run_id, "--no-python", *worker]
+        return [self.args.elrun, "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id, "--no-python", *worker]
 
     def torchrun_argv(self, nnodes, port, run_id, worker):
         return [PYTHON, TORCHRUN_COMPAT, "--nnodes", nnodes, "--nproc_per_node", "1",

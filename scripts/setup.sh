@@ -4,7 +4,7 @@
 #                           compiler, the libraries, Fashion-MNIST, and LibTorch;
 #   scripts/setup.sh test   (the default) that and what the tests add (scripts/test.sh): a real
 #                           Slurm, etcd, chromium, clang for the fuzzer, nftables, the Python
-#                           packages of the third-party programs, and auditwheel;
+#                           packages of the third-party programs, auditwheel and ruff;
 #   scripts/setup.sh wheel  what run needs, and auditwheel for the wheel (scripts/build_wheel.sh).
 # LibTorch is PyTorch's own wheel (torch==2.11.0 from PyPI, its CUDA 13.0 build, ~4.6 GB with the
 # NVIDIA wheels it pulls in) in a virtual environment under ~/.cache/elrun, keyed by the version
@@ -191,6 +191,22 @@ if [ "$mode" != run ]; then
       touch "$tools/.elrun-complete"
     fi
   ) 9>"$cache/wheel-tools.lock"
+fi
+
+# ruff, the Python linter scripts/lint.sh runs (scripts/test.sh), pinned: an environment of its own.
+lint=$cache/lint-tools
+RUFF_VERSION=0.17.6
+if [ "$mode" = test ]; then
+  (
+    flock 9
+    if [ ! -f "$lint/.elrun-ruff-$RUFF_VERSION" ]; then
+      echo "setup: installing ruff $RUFF_VERSION into $lint"
+      rm -rf "$lint"
+      /usr/bin/python3 -m venv "$lint"
+      "$lint/bin/pip" install -q --disable-pip-version-check "ruff==$RUFF_VERSION"
+      touch "$lint/.elrun-ruff-$RUFF_VERSION"
+    fi
+  ) 9>"$cache/lint-tools.lock"
 fi
 
 # Bazel expands no %workspace% in --test_env: give the tests the interpreter's absolute path,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: setup, then every Bazel test (the launcher's and the rendezvous'
-# unit tests a second time under ASan + UBSan) and the formatting check, then one closing line
-# "N passed, N failed, N skipped" counting test targets. A target that printed a line
+# unit tests a second time under ASan + UBSan), the formatting check and the Python lint, then
+# one closing line "N passed, N failed, N skipped" counting test targets. A target that printed a line
 # "ELRUN_SKIP: <reason>" (a GPU test on a machine without one) counts as skipped, never as passed,
 # and its reason is shown. Exits non-zero when anything failed.
 set -uo pipefail
@@ -40,6 +40,13 @@ if bash scripts/check_format.sh; then
   passed=$((passed + 1))
 else
   echo "//scripts:check_format FAILED" >>"$log"
+fi
+
+# The Python lint (ruff.toml, scripts/lint.sh) counts as one test target too.
+if bash scripts/lint.sh; then
+  passed=$((passed + 1))
+else
+  echo "//scripts:lint FAILED" >>"$log"
 fi
 
 # The launcher's and the rendezvous' unit tests again under AddressSanitizer and

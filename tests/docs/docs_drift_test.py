@@ -21,7 +21,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import unittest
 
 PROGRAMS = {

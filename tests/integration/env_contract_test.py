@@ -16,7 +16,8 @@ DUMP_ENV = worker("dump_env.py")
 class TorchWorkersTest(ElrunTestCase):
 
     def run_torch_job(self, args, expect, extra_env=None, nproc=None):
-        env = self.env(ELRUN_TEST_EXPECT=json.dumps(expect), ELRUN_TEST_INHERITED="inherited-value", **(extra_env or {}))
+        env = self.env(ELRUN_TEST_EXPECT=json.dumps(expect), ELRUN_TEST_INHERITED="inherited-value",
+                       **(extra_env or {}))
         result = self.elrun(args + [TORCH_WORKER, "arg-${local_rank}"], env=env, timeout=60)
         self.assertExit(result, 0)
         records = {}

@@ -5,7 +5,6 @@ elrun's own child leading its own process group, and is killed with elrun by the
 restart forks again without importing torch; a server that died is started again; a server that
 runs threads after --preload refuses with one line naming the option. --auto-heartbeat gives
 progress heartbeats to scripts that never beat, exec'd or forked."""
-import json
 import os
 import re
 import signal

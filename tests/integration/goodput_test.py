@@ -1,9 +1,10 @@
 """Goodput measured by elrun (--report-file, the end-of-job line) and the fault injector
 (--inject-faults, --inject-seed). A worker killed at a step costs the time from the kill to the
 first beat past the step it reached (the highest any worker beat: data-parallel workers move in
-lockstep), and the steps between the checkpoint and that step are counted as redone; a stopped worker is found by --worker-timeout and its fault includes the hang;
-a plan and a seed always draw the same schedule; kill-agent takes elrun's workers with it; a bad
-plan or an unwritable report path is a usage error before any worker starts."""
+lockstep), and the steps between the checkpoint and that step are counted as redone; a stopped
+worker is found by --worker-timeout and its fault includes the hang; a plan and a seed always
+draw the same schedule; kill-agent takes elrun's workers with it; a bad plan or an unwritable
+report path is a usage error before any worker starts."""
 import os
 import re
 import signal

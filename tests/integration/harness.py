@@ -21,16 +21,17 @@ import tempfile
 import time
 import unittest
 
+# The helpers shared with the benchmarks (//tests/support), importable with the repository root on
+# PYTHONPATH, as run_py_test.sh puts it.
+from tests.support.procs import (DEATH_TIMEOUT_S, Pidfds, cmdline, describe, descendants,  # noqa: F401
+                                 is_running, kill_and_reap, proc_stat, wait_dead)
+
 # The project's torch 2.11 environment (scripts/setup.sh links it as .venv): Bazel passes it as
 # PYTHON_EXEC (.bazelrc); by hand it is found from this file's place in the checkout.
 PYTHON = os.environ.get("PYTHON_EXEC") or os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ".venv", "bin", "python3")
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "workers")
-# The helpers shared with the benchmarks (//tests/support), importable with the repository root on
-# PYTHONPATH, as run_py_test.sh puts it.
-from tests.support.procs import (DEATH_TIMEOUT_S, Pidfds, cmdline, describe, descendants,  # noqa: F401
-                               is_running, kill_and_reap, proc_stat, wait_dead)
 
 # Bounds for every wait in the suite; none of them is a synchronisation sleep.
 RUN_TIMEOUT_S = 30.0  # One elrun invocation from start to exit.

@@ -1,7 +1,6 @@
 """A coordinator that stops answering: SIGSTOP'd, its stream neither breaks nor speaks. Every
 agent must notice within about heartbeat_timeout (HTTP/2 keepalive pings that go unanswered),
 stop its workers and exit with a cause naming the coordinator, instead of waiting for ever."""
-import os
 import signal
 import time
 import unittest

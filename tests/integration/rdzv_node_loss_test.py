@@ -6,7 +6,6 @@ import glob
 import os
 import signal
 import time
-import unittest
 
 import harness
 import rdzv_harness

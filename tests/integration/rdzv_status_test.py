@@ -128,7 +128,8 @@ class StatusTest(RdzvTestCase):
         self.assertIn("last failure: node ", dom)
         self.assertIn("local_rank 0", dom)
         rows = re.findall(r'<tr class="node"><td>(\d+)</td><td>([^<]+)</td><td>active</td><td>2</td>'
-                          r'<td>(127\.0\.0\.\d)</td><td>-</td><td>-</td><td>(?:-|[0-9.]+)</td><td>(?:-|\d+)</td></tr>', dom)
+                          r'<td>(127\.0\.0\.\d)</td><td>-</td><td>-</td><td>(?:-|[0-9.]+)</td><td>(?:-|\d+)</td></tr>',
+                          dom)
         # (No beats: step and goodput unknown; time lost and faults are known once the node's first
         # Progress, sent every 2 s, has come, which the page may or may not have seen yet.)
         self.assertEqual([r[0] for r in rows], ["0", "1"], "expected both nodes by group rank\n" + dom[-3000:])

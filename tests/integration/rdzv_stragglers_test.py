@@ -22,7 +22,6 @@ class CrossNodeStragglerTest(RdzvTestCase):
                   for node in (1, 2, 3)]
         self.assertAllExit(agents, 0)
         errs = {a.node: a.result().err for a in agents}
-        slow_node = [n for n, err in errs.items() if re.search(r"rank 1 \(local_rank 0, host", err)]
         straggler = re.compile(
             r"\[elrun\] warning: rank 1 \(local_rank 0, host [^,]+, pid \d+\) is a straggler: median step "
             r"1[23]\d\.\d ms over its last \d+ beats, [3-4]\.\d\dx the job's median of 3\d\.\d ms over 3 ranks "

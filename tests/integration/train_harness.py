@@ -26,7 +26,8 @@ RESUMED_LINE = re.compile(r"^resumed from (\S+): epoch (\d+), step (\d+), sample
 # --keep-survivors: rank 0's line after the job regrouped around workers that kept their processes.
 REGROUPED_LINE = re.compile(r"^regrouped in place \(generation (\d+)\): (\d+) ranks, (\d+) restarted; the live "
                             r"state of rank (\d+) at step (\d+) \((\d+) bytes, not from disk\), (\d+) ms after "
-                            r"(?:its collective failed|this replacement started|this standby worker was called in)", re.M)
+                            r"(?:its collective failed|this replacement started|this standby worker was called in)",
+                            re.M)
 # The same for the sharded strategies: the set of shard files the new group rebuilt from memory.
 SHARDED_REGROUP_LINE = re.compile(
     r"^regrouped in place \(generation (\d+)\): (\d+) ranks, (\d+) restarted; the (\d+)-shard set of step (\d+) "

@@ -97,11 +97,13 @@ class KeepSurvivorsNodesTest(RegroupTestCase):
         results = [self.wait_exit(run) for run in runs]
         for result in results:
             self.assertExit(result, 0)
-        self.assertRegex(results[0].err, r"rank 0 \(local_rank 0, [^)]*\): no progress for 1\.\d s \(--worker-timeout 1\)"
+        self.assertRegex(results[0].err,
+                         r"rank 0 \(local_rank 0, [^)]*\): no progress for 1\.\d s \(--worker-timeout 1\)"
                          r".*; it can regroup in place and may wait on a worker of another node: one more "
                          r"--worker-timeout before it is killed")
         self.assertNotRegex(results[0].err, r"rank 0 \(local_rank 0, [^)]*\): no progress.*killing it")
-        self.assertRegex(results[1].err, r"rank 1 \(local_rank 0, [^)]*\): no progress for 1\.\d s \(--worker-timeout 1\)"
+        self.assertRegex(results[1].err,
+                         r"rank 1 \(local_rank 0, [^)]*\): no progress for 1\.\d s \(--worker-timeout 1\)"
                          r".*; it is stopped \(SIGSTOP or a tracer\), so no stacks; killing it")
         self.assertEqual(self.logged_steps("stopped", 0), list(range(40)))
 

@@ -199,7 +199,8 @@ class TrainOptionsTest(TrainTestCase):
     @unittest.skipIf(cuda_devices() > 0, "this machine has a GPU")
     def test_cuda_without_a_gpu_is_one_line_and_exit_2(self):
         for args, message in [
-                (["--device", "cuda"], "--device=cuda: no CUDA device is visible (0 visible); use --device cpu or auto"),
+                (["--device", "cuda"],
+                 "--device=cuda: no CUDA device is visible (0 visible); use --device cpu or auto"),
                 (["--backend", "nccl"], "--backend=nccl needs CUDA tensors, and no CUDA device is visible "
                                         "(0 visible); use --backend gloo")]:
             result = subprocess.run(train_harness.train_command() + train_args(max_steps=1) + args,

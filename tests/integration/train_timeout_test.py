@@ -62,7 +62,8 @@ class CollectiveTimeoutTest(TrainTestCase):
         # Judged within a tenth of the limit after it and killed at once (no stack grace).
         self.assertLess(took, TIMEOUT_S + 0.5 + 5, result)
         self.assertRegex(result.err, r"rank 1 \(local_rank 1, [^)]*\): no progress for 3\.\d s \(--worker-timeout 3\): "
-                         r"its last heartbeat, step \d+.*; it is stopped \(SIGSTOP or a tracer\), so no stacks; killing it")
+                         r"its last heartbeat, step \d+.*; it is stopped \(SIGSTOP or a tracer\), so no stacks; "
+                         r"killing it")
         # Rank 0, if judged before rank 1 died, is spared ("a peer, rank 1 ..., is stopped: killing only
         # that one"): never killed by the watchdog.
         self.assertNotRegex(result.err, r"rank 0 \(local_rank 0, [^)]*\): no progress[^\n]*; killing it")

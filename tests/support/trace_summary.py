@@ -81,7 +81,8 @@ def self_times(events):
 
 def summarize(path, top):
     events = load_events(path)
-    steps = [e for e in events if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    steps = [e for e in events
+             if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")]
     if not steps:
         raise TraceError("%s: no ProfilerStep#N annotations; profile with elrun-train --profile-steps "
                          "or torch.profiler with prof.step()" % path)
@@ -105,7 +106,10 @@ def summarize(path, top):
         gpu_count[e["name"]] += 1
     busy = union_length([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
     wall_us = sum(e["dur"] for e in steps)
-    ms = lambda us: us / 1000.0 / n
+
+    def ms(us):
+        return us / 1000.0 / n
+
     return {
         "trace": path,
         "steps": n,

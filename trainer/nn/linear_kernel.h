@@ -6,7 +6,7 @@
 // convolutions go to oneDNN's JIT kernels instead, and a Linear layer is a 1x1 convolution:
 // kOneDnn computes it as one. Same parameters, same result up to float rounding (relative
 // differences ~1e-6), 5-8x faster than that BLAS for batches of 16 rows or more
-// (scripts/bench/README.md). The torch 2.11 wheel's Linear (MKL) beats the oneDNN route, so
+// (bench/README.md). The torch 2.11 wheel's Linear (MKL) beats the oneDNN route, so
 // --linear auto now means kAten (train_main.cc). Checkpoints do not change: the weight keeps its
 // [out, in] shape.
 #ifndef ELRUN_TRAINER_NN_LINEAR_KERNEL_H_

@@ -2,8 +2,8 @@
 `hang-first`: beats 3 steps, then on attempt 0 hangs in a busy loop (alive, no progress); later
 attempts beat 3 steps and exit 0. `steady`: beats 20 steps 50 ms apart, exits 0. `silent S`: never
 beats, sleeps S seconds, exits 0. `pace`: beats for ~4.8 s, steps of 30 ms (120 ms on local rank 2).
-`pace-rank R S`: beats for S seconds, steps of 30 ms (120 ms on global rank R). `junk PID`: writes malformed lines and a beat naming PID (not a worker), then
-beats 3 steps and exits 0."""
+`pace-rank R S`: beats for S seconds, steps of 30 ms (120 ms on global rank R). `junk PID`: writes
+malformed lines and a beat naming PID (not a worker), then beats 3 steps and exits 0."""
 import os
 import sys
 import time
