@@ -1,11 +1,11 @@
-"""The chaos soak's CI case: bench/chaos_soak.py with a fixed seed, 3 epochs, a fault every 3-5 s
+"""The chaos soak's CI case: bench/chaos_soak.py with a fixed seed, 5 epochs, a fault every 3-5 s
 for up to 30 s (40 s with the network's three kinds more), at least one of each kind: a worker
 SIGKILLed, a worker SIGSTOPped, an agent SIGKILLed, a node added, on an elastic 2:4-node
 elrun-train job; then an uninterrupted run of the same job. Once on the grpc backend (elrun-rdzv),
 once on the etcd-v3 backend with a real 3-member etcd cluster, where the etcd leader is SIGKILLed
 too, and once with every node in a test host of its own (--network: links cut, lossy and dropped
 one way too; skipped where network namespaces cannot be made). Each case is a shard of its own
-(BUILD: shard_count), about two minutes on 2 cores; the long soak is a benchmark
+(BUILD: shard_count), about three minutes on 2 cores; the long soak is a benchmark
 (docs/chaos_soak.md). The script's own checks must all pass: every resume from a committed step,
 the final checkpoint loads, no process left, nothing new in /dev/shm, surviving agents exit 0,
 accuracy within 0.5 points of the uninterrupted run."""
@@ -43,7 +43,7 @@ class ChaosSoakTest(ElrunTestCase):
         # Debian's Python runs the script (matplotlib); the torch environment loads the checkpoint.
         command = ["/usr/bin/python3", SCRIPT, "--seed", "1", "--duration", str(duration), "--interval", "3:5",
                    "--rdzv-backend", backend,
-                   "--epochs", "3", "--checkpoint-every", "20", "--timeout", "300",
+                   "--epochs", "5", "--checkpoint-every", "20", "--timeout", "300",
                    "--elrun", harness.bazel_binary("launcher", "elrun", "ELRUN_BIN")[0],
                    "--elrun-rdzv", harness.bazel_binary("agent/daemon", "elrun-rdzv", "ELRUN_RDZV_BIN")[0],
                    "--elrun-train", harness.bazel_binary("trainer/app", "elrun-train", "ELRUN_TRAIN_BIN")[0],
@@ -57,7 +57,7 @@ class ChaosSoakTest(ElrunTestCase):
         self.assertEqual({fault["kind"] for fault in data["chaos"]["faults"]}, kinds,
                          "expected at least one fault of each kind")
         self.assertEqual(data["chaos"]["checks"], [])
-        self.assertIsNotNone(data["chaos"]["steps"], "expected rank 0 to finish its 3 epochs")
+        self.assertIsNotNone(data["chaos"]["steps"], "expected rank 0 to finish its 5 epochs")
         self.assertTrue(os.path.getsize(self.path("soak.png")) > 0)
 
 
