@@ -15,12 +15,6 @@
 
 namespace elrun::rdzv {
 
-using etcd_internal::InCreateOrder;
-using etcd_internal::kMaxClockAheadMs;
-using etcd_internal::kMaxGhostsPassed;
-using etcd_internal::LastInLine;
-using etcd_internal::LogTime;
-
 // ------------------------------------------------------------------------- the reader
 
 void EtcdRendezvous::ReadLoop() {

@@ -18,12 +18,6 @@
 
 namespace elrun::rdzv {
 
-using etcd_internal::InCreateOrder;
-using etcd_internal::kMaxClockAheadMs;
-using etcd_internal::kMaxGhostsPassed;
-using etcd_internal::LastInLine;
-using etcd_internal::LogTime;
-
 namespace {
 
 // The spare lease of EtcdQuietTrim: outlives any burst of writes; a leader that dies holding

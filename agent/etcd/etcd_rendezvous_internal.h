@@ -12,7 +12,6 @@
 #include "agent/etcd/etcd_rendezvous.h"
 
 namespace elrun::rdzv {
-namespace etcd_internal {
 
 // How far ahead of a reader's wall clock an entry's time may be and still move the log's clock:
 // the writer's clock was read before the entry was written, so an honest one is ahead only by
@@ -43,8 +42,6 @@ inline etcdpb::RangeRequest LastInLine(const std::string& nodes) {
   line.set_keys_only(true);
   return line;
 }
-
-}  // namespace etcd_internal
 
 // Where the replica's coordinator sends to one session: outputs, in order, counted per session.
 class EtcdRendezvous::Sink : public SessionSink {
