@@ -3,10 +3,30 @@ targets, markdown tables, and matplotlib on Agg with the figure epilogue.
 
 Standard library only; matplotlib is imported when a plot is drawn.
 """
+import functools
+import os
+import re
 import statistics
 from types import SimpleNamespace
 
 # --- markdown ---------------------------------------------------------------------------------
+
+REPORTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reports")
+
+
+@functools.cache
+def sections(bench):
+    """bench/reports/<bench>.md as {name: text}: each section starts at a `<!-- name -->` line."""
+    with open(os.path.join(REPORTS, bench + ".md")) as f:
+        parts = re.split(r"^<!-- (\w+) -->\n", f.read(), flags=re.M)
+    return {name: text.removesuffix("\n") for name, text in zip(parts[1::2], parts[2::2])}
+
+
+def prose(bench, section, **values):
+    """A report's fixed prose: section `section` of bench/reports/<bench>.md with its
+    {placeholders} (str.format) filled from values, as lines."""
+    return sections(bench)[section].format(**values).split("\n")
+
 
 def report_head(title, info, how, load):
     """The head every benchmark report opens with: its title, the machine facts in `info` (pairs),
