@@ -1,19 +1,5 @@
 #!/usr/bin/python3
-"""Rendezvous at scale: one elrun-rdzv daemon against N simulated nodes (bench/rdzv_load,
-gRPC callback streams in one process over a few TCP connections, no workers), on loopback.
-
-For each N in --sizes, with a fresh daemon (token set, so every Join is proven and signed):
-  formation    rdzv_load's start to every node holding RoundStarted for round 1 (rdzv_load's clock)
-  formation CPU  the daemon's user+sys CPU seconds from its start to formation
-  heartbeats   the daemon's CPU share (cores) over --steady seconds of 1 Hz heartbeats from all N
-  re-formation 1% of the nodes (the highest group ranks) cancel their streams; from the cancel to
-               every survivor holding RoundStarted for round 2 (a lost stream is detected at once)
-  peak RSS     the daemon's VmHWM at the end
-
-Report: rdzv_scale_report.py. From the repository root, after
-  bazel build //agent/daemon:elrun-rdzv //bench:rdzv_load
-  /usr/bin/python3 -m bench.rdzv_scale_bench [--sizes 1000,10000] [--runs 3]
-"""
+"""Rendezvous at scale: one elrun-rdzv daemon against N simulated nodes (bench/rdzv_load)."""
 import os
 import select
 import subprocess
