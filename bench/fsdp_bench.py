@@ -8,7 +8,7 @@ from bench import fsdp_report, results, runner
 from bench.fsdp_model import DEFAULT_HIDDEN, MIB, STRATEGIES, mlp_parameters
 from bench.fsdp_oom import OOM_STRATEGIES, oom_demo
 from bench.fsdp_runs import bench, command
-from bench.machine import binary_id, loadavg, machine_info, mem_available_mib
+from bench.machine import binary_id, loadavg, machine_info, mem_available_mib, runs_share
 from bench.runner import RunError
 from tests.support import paths
 from tests.support.procs import log
@@ -86,12 +86,7 @@ def main():
     if avail is not None and need > avail:
         log(f"warning: the runs may need ~{need:.0f} MiB; MemAvailable is {avail:.0f} MiB")
 
-    try:
-        with runner.private_copies(args, "fsdp_bench", {"elrun": "elrun", "train": "elrun-train"}):
-            return run(args)
-    except RunError as ex:
-        log(f"fsdp_bench: FAILED: {ex}")
-        return 1
+    return runner.on_copies(args, "fsdp_bench", lambda tmp: run(args))
 
 
 def run(args):
@@ -145,12 +140,7 @@ def run_bench(args, record):
     walls = sum(run["wall_s"] for rs in runs.values() for run in rs)
     shares = [(run["foreign"], run["wall_s"]) for rs in runs.values() for run in rs
               if run["foreign"] is not None]
-    share = sum(a * w for a, w in shares) / walls if shares else None
-    load = ("CPU use of other processes unknown" if share is None else
-            f"other processes used {100 * share:.0f}% of the CPUs during the runs (wall-weighted; "
-            f"per run {min(100 * a for a, _ in shares):.0f}–"
-            f"{max(100 * a for a, _ in shares):.0f}%; machine CPU time minus this benchmark's and "
-            f"its children's)")
+    share, load = runs_share(shares, walls)
     load += f"; loadavg (1/5/15 min) {load_start} at start, {loadavg()} at end"
     if busy_rounds:
         load += (f" — rounds {busy_rounds} started on a machine that was not idle after "

@@ -174,6 +174,17 @@ def round_robin(group, runs, one, label, wait_idle_s=0):
                 log(label(case, i, None) + ": " + text[:300])
 
 
+def on_copies(args, name, run, binaries=None):
+    """run(tmp) on private copies of the binaries (private_copies; default elrun and elrun-train);
+    a RunError is the benchmark's failure: logged, exit status 1."""
+    try:
+        with private_copies(args, name, binaries or {"elrun": "elrun", "train": "elrun-train"}) as tmp:
+            return run(tmp)
+    except RunError as ex:
+        log(f"{name}: FAILED: {ex}")
+        return 1
+
+
 @contextlib.contextmanager
 def private_copies(args, name, binaries):
     """A private TMPDIR, removed at the end (launchers make a log directory per run under it),

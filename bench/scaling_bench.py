@@ -77,12 +77,7 @@ def main():
     if args.triples < 1:
         ap.error("--triples must be >= 1")
     check_job_options(ap, args, "scaling_bench")
-    try:
-        with runner.private_copies(args, "scaling_bench", {"elrun": "elrun", "train": "elrun-train"}) as tmp:
-            return run(args, tmp)
-    except RunError as ex:
-        log(f"scaling_bench: FAILED: {ex}")
-        return 1
+    return runner.on_copies(args, "scaling_bench", lambda tmp: run(args, tmp))
 
 
 def run(args, tmp):

@@ -5,7 +5,7 @@ import sys
 import time
 
 from bench import results, runner, train_report
-from bench.machine import binary_id, loadavg, machine_info, wait_idle
+from bench.machine import binary_id, loadavg, machine_info, runs_share, wait_idle
 from bench.runner import RunError
 from bench.train_jobs import (
     ELRUN,
@@ -64,12 +64,7 @@ def main():
     if args.runs < 1:
         ap.error("--runs must be >= 1")
     check_job_options(ap, args, "train_bench")
-    try:
-        with runner.private_copies(args, "train_bench", {"elrun": "elrun", "train": "elrun-train"}) as tmp:
-            return run(args, tmp)
-    except RunError as ex:
-        log(f"train_bench: FAILED: {ex}")
-        return 1
+    return runner.on_copies(args, "train_bench", lambda tmp: run(args, tmp))
 
 
 def run(args, tmp):
@@ -79,14 +74,9 @@ def run(args, tmp):
     configs, commands, elapsed = bench(args, tmp)
     walls = sum(r["wall_s"] for c in configs for r in c.runs)
     shares = [(r["foreign"], r["wall_s"]) for c in configs for r in c.runs if r["foreign"] is not None]
-    load = ("CPU use of other processes unknown" if not shares else
-            f"other processes used {100 * sum(a * w for a, w in shares) / walls:.0f}% of the CPUs "
-            f"during the runs (wall-weighted; per run {min(100 * a for a, _ in shares):.0f}–"
-            f"{max(100 * a for a, _ in shares):.0f}%; machine CPU time minus this benchmark's and "
-            f"its children's)")
-    noisy = shares and sum(a * w for a, w in shares) / walls > 0.10
+    share, load = runs_share(shares, walls)
     load += f"; loadavg (1/5/15 min) {load_start} at start, {loadavg()} at end"
-    if noisy:
+    if share is not None and share > 0.10:
         load += " — **the machine was busy; the rates are noisy**"
         log("warning: other processes used more than 10% of the CPUs; the rates are noisy")
     if (binary_id(args.elrun), binary_id(args.train)) != ids:
