@@ -140,31 +140,22 @@ def trace_table(args, summary):
 
 
 def verdicts(summary):
-    f, d = summary.get("fsdp"), summary.get("ddp")
+    f, d, z = summary.get("fsdp"), summary.get("ddp"), summary.get("zero2")
     if not f or not d:
         return ["(no verdicts: the fsdp and ddp rows are both needed)"]
-    out = [f"- fsdp per-rank model state {mib(f['state'])} MiB = {f['state_x']:.3f} × ddp's "
-           f"{mib(d['state'])} MiB (target ≤ {TARGET_STATE_RATIO:g}×): "
-           f"**{verdict(f['state_x'], TARGET_STATE_RATIO)}**",
-           f"- fsdp step time {f['step']:.3f} s = {f['step_x']:.2f} × ddp's {d['step']:.3f} s "
-           f"(target ≤ {TARGET_STEP_RATIO:g}×): **{verdict(f['step_x'], TARGET_STEP_RATIO)}**"]
-    if "steady_x" in f:
-        out.append(f"- (steady-state steps only: fsdp {f['steady']:.3f} s = {f['steady_x']:.2f} × "
-                   f"ddp's {d['steady']:.3f} s: "
-                   f"{verdict(f['steady_x'], TARGET_STEP_RATIO)})")
-    out.append(f"- fsdp peak RSS {mib(f['rss'])} MiB = {f['rss_x']:.3f} × ddp's {mib(d['rss'])} "
-               f"MiB (target ≤ {TARGET_RSS_RATIO:g}×): "
-               f"**{verdict(f['rss_x'], TARGET_RSS_RATIO)}**")
-    z = summary.get("zero2")
-    if z:
-        out.append(f"- zero2 peak RSS {mib(z['rss'])} MiB = {z['rss_x']:.3f} × ddp's "
-                   f"{mib(d['rss'])} MiB (target ≤ {TARGET_ZERO2_RSS_RATIO:g}×): "
-                   f"**{verdict(z['rss_x'], TARGET_ZERO2_RSS_RATIO)}**")
-    out.append(f"- fsdp peak RSS {mib(f['rss'])} MiB = {f['rss_over']:.3f} × (its peak "
-               f"(accounting) {mib(f['peak'])} MiB + its baseline RSS {mib(f['baseline'])} MiB = "
-               f"{mib(f['peak'] + f['baseline'])} MiB) (target ≤ {TARGET_RSS_OVERHEAD:g}×): "
-               f"**{verdict(f['rss_over'], TARGET_RSS_OVERHEAD)}**")
-    return out
+    mibs = {name: {k: mib(v) for k, v in r.items() if isinstance(v, (int, float))} for name, r in summary.items()}
+    values = dict(f=f, d=d, z=z, fm=mibs["fsdp"], dm=mibs["ddp"], zm=mibs.get("zero2"),
+                  accounted=mib(f["peak"] + f["baseline"]), state_target=TARGET_STATE_RATIO,
+                  step_target=TARGET_STEP_RATIO, rss_target=TARGET_RSS_RATIO,
+                  zero2_target=TARGET_ZERO2_RSS_RATIO, overhead_target=TARGET_RSS_OVERHEAD,
+                  v_state=verdict(f["state_x"], TARGET_STATE_RATIO), v_step=verdict(f["step_x"], TARGET_STEP_RATIO),
+                  v_steady=verdict(f["steady_x"], TARGET_STEP_RATIO) if "steady_x" in f else None,
+                  v_rss=verdict(f["rss_x"], TARGET_RSS_RATIO),
+                  v_zero2=verdict(z["rss_x"], TARGET_ZERO2_RSS_RATIO) if z else None,
+                  v_over=verdict(f["rss_over"], TARGET_RSS_OVERHEAD))
+    return (prose("verdicts", **values) + (prose("verdict_steady", **values) if "steady_x" in f else [])
+            + prose("verdict_rss", **values) + (prose("verdict_zero2", **values) if z else [])
+            + prose("verdict_overhead", **values))
 
 
 def runs_table(args, runs):
