@@ -80,25 +80,12 @@ def prose(section, **values):
 
 
 def table(configs, s):
-    lines = prose("table")
-    lines.append(f"| {LABELS[ELRUN]} | {rate_cell(get(configs, ELRUN, 1))} | "
-                 f"{rate_cell(get(configs, ELRUN, 2))} | {s['e_scaling']:.3f} "
-                 f"(target ≥ {TARGET_SCALING:g}: **{meets(s['e_scaling'], TARGET_SCALING)}**) | "
-                 f"{s['ratio']:.2f}× (target ≥ {TARGET_RATIO:g}×: "
-                 f"**{meets(s['ratio'], TARGET_RATIO)}**) |")
-    lines.append(f"| {LABELS[PY]} | {rate_cell(get(configs, PY, 1))} | "
-                 f"{rate_cell(get(configs, PY, 2))} | {s['p_scaling']:.3f} | 1.00× |")
-    lines.append(f"| {LABELS[SYNC]} | — | {rate_cell(get(configs, SYNC, 2))} | "
-                 f"{s['s_scaling']:.3f} [a] | {s['s_ratio']:.2f}× [b] |")
-    lines.append(f"| {LABELS[PAIR]} | — | {rate_cell(get(configs, PAIR, 2))} | "
-                 f"{s['ceiling']:.3f} [a] | — |")
-    lines.append(f"| the synchronous ceiling: the pair's steps in lock step [e] | — | "
-                 f"{fmt(s['sync_ceiling'] * 2 * s['e1'])} | {s['sync_ceiling']:.3f} [a] | — |")
-    lines.append(f"| {LABELS[NCHW]} | {rate_cell(get(configs, NCHW, 1))} | "
-                 f"{rate_cell(get(configs, NCHW, 2))} | {s['a_scaling']:.3f} | {s['a_ratio']:.2f}× |")
-    lines.append(f"| {LABELS[GLOO]} | — | {rate_cell(get(configs, GLOO, 2))} | "
-                 f"{s['g_scaling']:.3f} [a] | {s['g_ratio']:.2f}× |")
-    return lines
+    kinds = {"elrun": ELRUN, "python": PY, "sync": SYNC, "pair": PAIR, "nchw": NCHW, "gloo": GLOO}
+    return prose("table", label={name: LABELS[kind] for name, kind in kinds.items()},
+                 cell={f"{name}{n}": rate_cell(get(configs, kind, n)) for name, kind in kinds.items() for n in (1, 2)},
+                 target_scaling=TARGET_SCALING, meets_scaling=meets(s["e_scaling"], TARGET_SCALING),
+                 target_ratio=TARGET_RATIO, meets_ratio=meets(s["ratio"], TARGET_RATIO),
+                 sync_rate=fmt(s["sync_ceiling"] * 2 * s["e1"]), **s)
 
 
 def runs_table(configs):
