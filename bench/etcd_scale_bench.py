@@ -1,7 +1,6 @@
 #!/usr/bin/python3
 """Rendezvous at scale, etcd-v3 backend: a real etcd on loopback against N simulated nodes."""
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -40,12 +39,12 @@ class Stalled(RuntimeError):
     """etcd_load did not print what was expected in time (or exited)."""
 
 
-class LoadOutput:
-    """etcd_load's stdout, line by line, each wait with a deadline. Keeps the last progress line
-    and the counts of ended sessions for the report."""
+class LoadOutput(runner.Lines):
+    """etcd_load's stdout (runner.Lines); keeps the last progress line and the counts of ended
+    sessions for the report."""
 
     def __init__(self, proc):
-        self.proc, self.buffer = proc, b""
+        super().__init__(proc, "etcd_load", Stalled, self._note)
         self.last_progress = None
         self.ended = 0
         self.notes = []  # ended / job_ended / open_failed lines (the first few).
@@ -62,28 +61,6 @@ class LoadOutput:
                 self.reasons[reason] = self.reasons.get(reason, 0) + 1
             if len(self.notes) < 5:
                 self.notes.append(text)
-
-    def expect(self, accept, what, timeout):
-        """The fields of the first line for which accept(fields) is true."""
-        deadline = time.monotonic() + timeout
-        while True:
-            while b"\n" in self.buffer:
-                line, self.buffer = self.buffer.split(b"\n", 1)
-                text = line.decode(errors="replace")
-                self._note(text)
-                fields = text.split()
-                if fields and accept(fields):
-                    return fields
-            left = deadline - time.monotonic()
-            if left <= 0 or self.proc.poll() is not None:
-                raise Stalled("no %s within %.0f s (etcd_load %s)" % (
-                    what, timeout, "exited %s" % self.proc.returncode
-                    if self.proc.poll() is not None else "running"))
-            ready, _, _ = select.select([self.proc.stdout], [], [], min(left, 1.0))
-            if ready:
-                chunk = os.read(self.proc.stdout.fileno(), 65536)
-                if chunk:
-                    self.buffer += chunk
 
 
 class SpreadCluster(etcd_cluster.EtcdCluster):
