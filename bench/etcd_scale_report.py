@@ -20,8 +20,8 @@ def _unpack(result):
     return args, sizes, {n: result[str(n)] for n in sizes}
 
 
-def prose(section, **values):
-    return render.prose("etcd_scale_bench", section, **values)
+def prose(section, /, *maps, **values):
+    return render.prose("etcd_scale_bench", section, *maps, **values)
 
 
 def markdown(result):

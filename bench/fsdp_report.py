@@ -105,8 +105,8 @@ def mib(x):
     return f"{x / MIB:.1f}"
 
 
-def prose(section, **values):
-    return render.prose("fsdp_bench", section, **values)
+def prose(section, /, *maps, **values):
+    return render.prose("fsdp_bench", section, *maps, **values)
 
 
 def table(args, summary):
@@ -182,11 +182,11 @@ def notes(args, summary):
 
 
 def report(args, runs, summary, info, load, elapsed, commands):
-    wait = prose("wait", **vars(args))[0] if args.wait_idle > 0 else ""
+    wait = prose("wait", vars(args))[0] if args.wait_idle > 0 else ""
     out = report_head(
         "Sharding benchmark: elrun-train ddp / zero1 / zero2 / fsdp / no_shard", info,
-        prose("how", mlp=mlp_text(args.mlp_hidden), params_mib=mib(4 * args.params), wait=wait,
-              elapsed=elapsed, **vars(args))[0], load)
+        prose("how", vars(args), mlp=mlp_text(args.mlp_hidden), params_mib=mib(4 * args.params), wait=wait,
+              elapsed=elapsed)[0], load)
     out += table(args, summary)
     out += prose("medians", nproc=args.nproc, params=args.params)
     out += verdicts(summary)

@@ -69,8 +69,8 @@ def targets(s, unit="tokens/s"):
     return rows
 
 
-def prose(section, **values):
-    return render.prose("gpt_bench", section, **values)
+def prose(section, /, *maps, **values):
+    return render.prose("gpt_bench", section, *maps, **values)
 
 
 def markdown(result):
@@ -81,10 +81,10 @@ def markdown(result):
         hidden = o["mlp_hidden"]
         model = (f"MLP 784-{hidden[0]}x{len(hidden)}-10" if len(set(hidden)) == 1
                  else "MLP 784-" + "-".join(map(str, hidden)) + "-10")
-        plan = prose("mlp_plan", model=model, **o)[0]
+        plan = prose("mlp_plan", o, model=model)[0]
     else:
-        plan = prose("gpt_plan", **o)[0]
-    how = prose("how", plan=plan, elapsed=result["elapsed_s"], **o)[0]
+        plan = prose("gpt_plan", o)[0]
+    how = prose("how", o, plan=plan, elapsed=result["elapsed_s"])[0]
     out = report_head(MLP_TITLE if is_mlp(result) else TITLE, list(result["machine"].items()), how,
                       result["load"])
     out += prose("table", unit=unit)

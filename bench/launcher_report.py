@@ -112,9 +112,9 @@ def table(summary):
 
 
 def report(cases, summary, args, info, load, elapsed):
-    wait = render.prose("launcher_bench", "wait", **vars(args))[0] if args.wait_idle > 0 else ""
+    wait = render.prose("launcher_bench", "wait", vars(args))[0] if args.wait_idle > 0 else ""
     out = report_head("Launcher benchmark: elrun vs torchrun", info,
-                      render.prose("launcher_bench", "how", wait=wait, elapsed=elapsed, **vars(args))[0],
+                      render.prose("launcher_bench", "how", vars(args), wait=wait, elapsed=elapsed)[0],
                       load)
     out += table(summary)
     attempts = "; ".join(f"{c.launcher}: {' '.join(c.check_result)}" for c in cases if c.check_result)

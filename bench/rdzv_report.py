@@ -138,9 +138,9 @@ def table(summary, cases, sizes):
 
 
 def report(a, cases, summary, info, load, elapsed):
-    wait = render.prose("rdzv_bench", "wait", **vars(a))[0] if a.wait_idle > 0 else ""
+    wait = render.prose("rdzv_bench", "wait", vars(a))[0] if a.wait_idle > 0 else ""
     out = report_head("Rendezvous benchmark: elrun gRPC vs torchrun c10d", info,
-                      render.prose("rdzv_bench", "how", wait=wait, elapsed=elapsed, **vars(a))[0], load)
+                      render.prose("rdzv_bench", "how", vars(a), wait=wait, elapsed=elapsed)[0], load)
     out += table(summary, cases, a.sizes)
     out += [""]
     notes = [(k, v) for k, v in summary.items() if k[0] == "note"]

@@ -12,7 +12,7 @@ TARGET_RESUME_S = {2: 0.5, 8: 1.0}  # issue 30: kill to stepping again, forkserv
 
 def markdown(result):
     o = result["options"]
-    how = render.prose("recovery_bench", "how", pause_ms=int(o["pause"] * 1000), **o)[0]
+    how = render.prose("recovery_bench", "how", o, pause_ms=int(o["pause"] * 1000))[0]
     lines = report_head(TITLE, list(result["machine"].items()), how, "see the command")
     lines += render.prose("recovery_bench", "table")
     for case in result["cases"]:

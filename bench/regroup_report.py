@@ -21,7 +21,7 @@ def markdown(result):
                 f"--strategy {strategy}, under --keep-survivors a copy of the neighbour's shards every "
                 f"{o['shard_copy_every']} steps")
     step_time = render.prose("regroup_bench", "step_time")[0] if recorded else ""
-    how = render.prose("regroup_bench", "how", parallel=parallel, step_time=step_time, **o)[0]
+    how = render.prose("regroup_bench", "how", o, parallel=parallel, step_time=step_time)[0]
     lines = report_head(TITLE, list(result["machine"].items()), how, "see the command")
     lines += render.prose("regroup_bench", "table")
     for case in result["cases"]:

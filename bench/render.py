@@ -22,10 +22,11 @@ def sections(bench):
     return {name: text.removesuffix("\n") for name, text in zip(parts[1::2], parts[2::2])}
 
 
-def prose(bench, section, **values):
+def prose(bench, section, /, *maps, **values):
     """A report's fixed prose: section `section` of bench/reports/<bench>.md with its
-    {placeholders} (str.format) filled from values, as lines."""
-    return sections(bench)[section].format(**values).split("\n")
+    {placeholders} (str.format) filled from the maps (e.g. a result's options) and values, the
+    later ones winning, as lines."""
+    return sections(bench)[section].format_map({k: v for m in maps + (values,) for k, v in m.items()}).split("\n")
 
 
 def report_head(title, info, how, load):

@@ -75,8 +75,8 @@ def summary(configs):
             "ratio": e2 / p2, "s_ratio": s2 / p2, "ratio1": e1 / p1}
 
 
-def prose(section, **values):
-    return render.prose("train_bench", section, **values)
+def prose(section, /, *maps, **values):
+    return render.prose("train_bench", section, *maps, **values)
 
 
 def table(configs, s):
