@@ -2,11 +2,9 @@
 """Rendezvous benchmark: elrun's gRPC rendezvous against torchrun's c10d rendezvous (torch 2.11, the .venv's)."""
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 
@@ -253,16 +251,13 @@ def main():
 
     # SIGTERM unwinds like Ctrl-C, so that the finally clauses kill what was started.
     signal.signal(signal.SIGTERM, lambda signo, frame: sys.exit(128 + signo))
-    tmp = tempfile.mkdtemp(prefix="rdzv_bench.")
-    os.environ["TMPDIR"] = tmp
-    tempfile.tempdir = tmp
-    bench = Bench(args, tmp)
-    try:
-        return run(bench)
-    finally:
-        bench.daemon.stop()
-        kill_tagged(TAG_VAR, bench.tag + ":")
-        shutil.rmtree(tmp, ignore_errors=True)
+    with runner.private_copies(args, BENCH, {}) as tmp:
+        bench = Bench(args, tmp)
+        try:
+            return run(bench)
+        finally:
+            bench.daemon.stop()
+            kill_tagged(TAG_VAR, bench.tag + ":")
 
 
 def run(bench):
