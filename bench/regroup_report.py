@@ -66,8 +66,7 @@ def plot_result(result, path):
             xs.append(i + (j - (len(names) - 1) / 2) * width)
             ys.append(s[0])
         bars = ax.bar(xs, ys, width, label=name, color=COLORS.get(name))
-        for bar, y in zip(bars, ys):
-            ax.text(bar.get_x() + bar.get_width() / 2, y, f"{y:.2f}", ha="center", va="bottom", fontsize=7)
+        render.bar_labels(ax, bars, [f"{y:.2f}" for y in ys], fontsize=7)
     ax.set_xticks(range(len(faults)))
     ax.set_xticklabels([FAULT_WORDS.get(f, f) for f in faults], fontsize=8)
     ax.set_ylabel("fault to past the step reached, s (median)")

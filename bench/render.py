@@ -1,5 +1,5 @@
-"""What every benchmark report is made of: the head of a report, numbers and medians against
-targets, markdown tables, and matplotlib on Agg with the figure epilogue.
+"""What every benchmark report is made of: the head of a report, its fixed prose and table headers
+from bench/reports/<bench>.md, numbers and medians against targets, and matplotlib on Agg.
 
 Standard library only; matplotlib is imported when a plot is drawn.
 """
@@ -33,13 +33,6 @@ def report_head(title, info, how, load):
     """The head every benchmark report opens with: its title, the machine facts in `info` (pairs),
     `how` (one bullet: what ran and how, the benchmark's own words) and the other processes' load."""
     return [f"## {title}", ""] + [f"- **{k}**: {v}" for k, v in info] + [how, f"- **load**: {load}", ""]
-
-
-def table(header, rows, align=None):
-    """A markdown table: header cells, rows of cells (None prints as an empty cell), and the
-    alignment row (default `|---|` per column)."""
-    lines = ["| " + " | ".join(header) + " |", align or "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join("" if c is None else str(c) for c in row) + " |" for row in rows]
 
 
 def target_row(label, who, v, target, unit, digits):
