@@ -1,33 +1,6 @@
 #!/usr/bin/python3
-"""Rendezvous at scale, etcd-v3 backend: a real etcd (1 member, or --members 3) on loopback
-against N simulated nodes (bench/etcd_load: N real EtcdRendezvous sessions in one
-process, each with its own lease, reader and writer threads; one of them leads and replays the
-job's log into the coordinator; no workers, no token). gRPC would carry all N over one connection
-per member; each member listens on --connections client ports and etcd_load spreads the nodes
-over them.
-
-For each N in --sizes, with a fresh etcd cluster per run:
-  open          etcd_load's start to every EtcdRendezvous::Open returned (etcd_load's clock)
-  formation     etcd_load's start to every live node holding RoundStarted (etcd_load's clock);
-                every session opens at once (a thread each, as a real job's agents start
-                together; --open-threads K: K threads take the nodes in turn, so that each
-                opens after the one before it on its thread) while the leader already answers
-                the first ones, so formation includes the open phase
-  etcd CPU      user+sys of the etcd member processes from etcd_load's start to formation
-  agents CPU    etcd_load's own user+sys up to formation: the N agents together
-  steady        CPU share (cores) over --steady seconds while the job just holds (lease
-                keepalives only): of etcd (the members together) and of etcd_load (the agents)
-  re-formation  the 1% of nodes with the highest group ranks are destroyed (each revokes its
-                lease: a clean exit); from then to every survivor holding the next round
-  peak RSS      VmHWM of the etcd member with the highest, and of etcd_load, at the end
-
-Report: etcd_scale_report.py. From the repository root, after
-  bazel build //bench:etcd_load
-  /usr/bin/python3 -m bench.etcd_scale_bench [--sizes 100,1000] [--runs 3] [--members 3]
-A size that does not form within --timeout is reported with how far it got, not hidden.
-"""
+"""Rendezvous at scale, etcd-v3 backend: a real etcd on loopback against N simulated nodes."""
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -66,12 +39,12 @@ class Stalled(RuntimeError):
     """etcd_load did not print what was expected in time (or exited)."""
 
 
-class LoadOutput:
-    """etcd_load's stdout, line by line, each wait with a deadline. Keeps the last progress line
-    and the counts of ended sessions for the report."""
+class LoadOutput(runner.Lines):
+    """etcd_load's stdout (runner.Lines); keeps the last progress line and the counts of ended
+    sessions for the report."""
 
     def __init__(self, proc):
-        self.proc, self.buffer = proc, b""
+        super().__init__(proc, "etcd_load", Stalled, self._note)
         self.last_progress = None
         self.ended = 0
         self.notes = []  # ended / job_ended / open_failed lines (the first few).
@@ -88,28 +61,6 @@ class LoadOutput:
                 self.reasons[reason] = self.reasons.get(reason, 0) + 1
             if len(self.notes) < 5:
                 self.notes.append(text)
-
-    def expect(self, accept, what, timeout):
-        """The fields of the first line for which accept(fields) is true."""
-        deadline = time.monotonic() + timeout
-        while True:
-            while b"\n" in self.buffer:
-                line, self.buffer = self.buffer.split(b"\n", 1)
-                text = line.decode(errors="replace")
-                self._note(text)
-                fields = text.split()
-                if fields and accept(fields):
-                    return fields
-            left = deadline - time.monotonic()
-            if left <= 0 or self.proc.poll() is not None:
-                raise Stalled("no %s within %.0f s (etcd_load %s)" % (
-                    what, timeout, "exited %s" % self.proc.returncode
-                    if self.proc.poll() is not None else "running"))
-            ready, _, _ = select.select([self.proc.stdout], [], [], min(left, 1.0))
-            if ready:
-                chunk = os.read(self.proc.stdout.fileno(), 65536)
-                if chunk:
-                    self.buffer += chunk
 
 
 class SpreadCluster(etcd_cluster.EtcdCluster):

@@ -5,6 +5,7 @@ import shlex
 import statistics
 from types import SimpleNamespace
 
+from bench import render
 from bench.render import pyplot, save_figure
 
 TITLE = "Rendezvous at scale, etcd-v3 backend"
@@ -19,28 +20,19 @@ def _unpack(result):
     return args, sizes, {n: result[str(n)] for n in sizes}
 
 
+def prose(section, /, *maps, **values):
+    return render.prose("etcd_scale_bench", section, *maps, **values)
+
+
 def markdown(result):
     args, sizes, results = _unpack(result)
-    out = []
-    out.append("## Rendezvous at scale, etcd-v3 backend: %d-member etcd, N simulated nodes\n" % args.members)
-    info = list(result["machine"].items())
-    for key, text in info:
-        if key not in ("python", "torch"):
-            out.append("- **%s**: %s" % (key, text))
-    out.append("- **etcd**: %s" % result["etcd"])
-    out.append("- **load**: %s" % result["load"])
-    out.append("- **command**: `%s`\n" % shlex.join(result["command"]))
-    out.append("Medians (min-max) of the runs that formed, of %d per N. Every node is a real EtcdRendezvous "
-               "(lease TTL %d ms, renewed every TTL/3) in one etcd_load process on this machine, so "
-               "the agents' CPU is N agents' work on this machine's cores; formation includes opening "
-               "the N sessions (%s); the nodes are spread over %d client connections per etcd "
-               "member.\n" % (args.runs, args.lease_ms,
-                              "%d threads taking the nodes in turn" % args.open_threads if args.open_threads > 0
-                              else "all at once, a thread each", args.connections))
-    out.append("| N | runs formed | sessions open | formation | etcd CPU to formation | agents CPU to formation "
-               "| steady: etcd cores | steady: agents cores | re-formation after 1% lost | etcd peak RSS "
-               "| etcd_load peak RSS | all nodes leave |")
-    out.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    out = prose("head", members=args.members)
+    out += ["- **%s**: %s" % (key, text) for key, text in result["machine"].items()
+            if key not in ("python", "torch")]
+    opening = ("%d threads taking the nodes in turn" % args.open_threads if args.open_threads > 0
+               else "all at once, a thread each")
+    out += prose("tail", etcd=result["etcd"], load=result["load"], command=shlex.join(result["command"]),
+                 opening=opening, runs=args.runs, lease_ms=args.lease_ms, connections=args.connections)
 
     def cell(n, key, unit, digits, target=None):
         xs = [r[key] for r in results[n] if r["ok"]]
@@ -77,12 +69,7 @@ def markdown(result):
             cell(n, "steady_load_cores", "", 3), cell(n, "reform_s", "s", 3, tgt("reform_s")),
             cell(n, "etcd_rss_mib", "MiB", 1, tgt("etcd_rss_mib")), cell(n, "load_rss_mib", "MiB", 1),
             leave_text))
-    out.append("\nall nodes leave: from \"quit\" to etcd_load's exit, every node destroyed (lease revoked) "
-               "from 32 threads while the others are still in the job (bounded by --quit-timeout %.0f s)."
-               % args.quit_timeout)
-    out.append("\nTargets (those of the gRPC backend at 10,000 nodes, asked of the etcd backend at %d): "
-               "formation ≤ 2 s, peak RSS ≤ 256 MiB (etcd), steady cost under 0.2 of a core (etcd), "
-               "re-formation ≤ 1 s." % TARGET_N)
+    out += prose("notes", quit_timeout=args.quit_timeout, target_n=TARGET_N)
     failures = [r for n in sizes for r in results[n] if not r["ok"]]
     if failures:
         out.append("\nRuns that did not complete (how far they got):\n")

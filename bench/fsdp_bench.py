@@ -1,51 +1,5 @@
 #!/usr/bin/python3
-"""Sharding benchmark: per-rank memory and step time of elrun-train's data-parallel strategies.
-
-On this machine, in one invocation, for each --strategy of elrun-train (ddp, zero1, zero2, fsdp,
-and no_shard: the FSDP code path without sharding), R (3) runs interleaved round-robin (the order
-rotates by one strategy each round) of
-
-  bazel-bin/launcher/elrun --standalone --nproc-per-node 2 --no-python bazel-bin/trainer/app/elrun-train
-      --model mlp --mlp-hidden 2048,2048,...,2048 (32 entries) --dataset synthetic --optimizer adam
-      --threads 1 --batch-size 64 --max-steps S --report-memory --lr-schedule constant
-      --log-every 1 --strategy STRATEGY
-
-(S = 10; an MLP 784-2048×32-10 of P = 131,715,082 fp32 parameters, 502 MiB; ddp's fp32 Adam state
-16P is 2010 MiB per rank). A deep model, the case sharding is meant to help: each FSDP unit (one
-2048×2048 layer, 16 MiB) is small against the sharded state (16P/N = 1005 MiB per rank for N = 2),
-so the few unsharded units in flight add little to it. (The earlier default, 784-4096×4-10 of
-P = 53,600,266, had four units of 64 MiB each.)
-
-Each rank prints a `memory-json {...}` line after its last step: the bytes of parameters,
-gradients and optimizer state it holds then, the peak of its accounting (params + grads +
-transient buffers, + state), its peak RSS (VmHWM), its baseline RSS (the resident set just before
-the model is built: LibTorch, the data set, the process group) and step_time_s (training time /
-steps, first step included). Both ranks' lines are read from elrun's stdout. The table gives per
-strategy, medians over the runs of the maximum over the ranks: model state (params + grads +
-optimizer) against the ZeRO paper's fp32 Adam formula (16P, 8P + 8P/N, 4P + 12P/N, 16P/N), peak
-(accounting), baseline RSS, peak RSS, peak RSS ÷ ddp's and ÷ (peak (accounting) + baseline), step
-time, and ratios to ddp, with verdicts on the targets: fsdp state <= 0.55 x ddp's, fsdp step time
-<= 1.3 x ddp's, fsdp peak RSS <= 0.6 x ddp's, zero2 peak RSS <= 0.8 x ddp's, fsdp peak RSS <=
-1.3 x (its peak (accounting) + its baseline RSS). With --log-every 1 (the default; --no-trace runs
---log-every 0) rank 0 prints a progress line per step and the benchmark timestamps each on
-arrival, which splits step_time_s into the first step (allocation of gradients and optimizer
-state) and the steady-state step.
-
---oom-demo (after the benchmark) or --oom-only (instead of it) runs ddp once and fsdp once, the
-same command, with the whole job (elrun and its workers) in a memory cgroup of --memory-limit-mib
-(v1 memory.limit_in_bytes and memory.memsw.limit_in_bytes, or v2 memory.max with memory.swap.max
-0; default after the benchmark: halfway between N x fsdp's and N x ddp's median peak RSS, rounded
-down to 64 MiB), and reports whether ddp fails for lack of memory (the kernel's OOM killer) where
-fsdp trains to --max-steps. Those runs may fail; that does not fail the benchmark.
-
-A run that exits non-zero, times out or lacks a rank's memory-json line stops the benchmark with
-exit status 1. Report: fsdp_report.py; the runs: fsdp_runs.py; the demonstration: fsdp_oom.py and
-fsdp_cgroup.py; the workload and targets: fsdp_model.py.
-
-  /usr/bin/python3 -m bench.fsdp_bench [--max-steps 10] [--runs 3] [--wait-idle 900]
-  /usr/bin/python3 -m bench.fsdp_bench --runs 1 --strategies ddp,fsdp --oom-demo
-  /usr/bin/python3 -m bench.fsdp_bench --oom-only --memory-limit-mib 4096
-"""
+"""Sharding benchmark: per-rank memory and step time of elrun-train's data-parallel strategies."""
 import os
 import sys
 import time
@@ -54,7 +8,7 @@ from bench import fsdp_report, results, runner
 from bench.fsdp_model import DEFAULT_HIDDEN, MIB, STRATEGIES, mlp_parameters
 from bench.fsdp_oom import OOM_STRATEGIES, oom_demo
 from bench.fsdp_runs import bench, command
-from bench.machine import binary_id, loadavg, machine_info, mem_available_mib
+from bench.machine import binary_id, loadavg, machine_info, mem_available_mib, runs_share
 from bench.runner import RunError
 from tests.support import paths
 from tests.support.procs import log
@@ -132,12 +86,7 @@ def main():
     if avail is not None and need > avail:
         log(f"warning: the runs may need ~{need:.0f} MiB; MemAvailable is {avail:.0f} MiB")
 
-    try:
-        with runner.private_copies(args, "fsdp_bench", {"elrun": "elrun", "train": "elrun-train"}):
-            return run(args)
-    except RunError as ex:
-        log(f"fsdp_bench: FAILED: {ex}")
-        return 1
+    return runner.on_copies(args, "fsdp_bench", lambda tmp: run(args))
 
 
 def run(args):
@@ -191,12 +140,7 @@ def run_bench(args, record):
     walls = sum(run["wall_s"] for rs in runs.values() for run in rs)
     shares = [(run["foreign"], run["wall_s"]) for rs in runs.values() for run in rs
               if run["foreign"] is not None]
-    share = sum(a * w for a, w in shares) / walls if shares else None
-    load = ("CPU use of other processes unknown" if share is None else
-            f"other processes used {100 * share:.0f}% of the CPUs during the runs (wall-weighted; "
-            f"per run {min(100 * a for a, _ in shares):.0f}–"
-            f"{max(100 * a for a, _ in shares):.0f}%; machine CPU time minus this benchmark's and "
-            f"its children's)")
+    share, load = runs_share(shares, walls)
     load += f"; loadavg (1/5/15 min) {load_start} at start, {loadavg()} at end"
     if busy_rounds:
         load += (f" — rounds {busy_rounds} started on a machine that was not idle after "

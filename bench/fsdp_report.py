@@ -20,6 +20,7 @@ from bench.fsdp_model import (  # noqa: F401
     mlp_text,
     zero_formula_bytes,
 )
+from bench import render
 from bench.render import pyplot, report_head, save_figure, verdict
 from tests.support.paths import REPO
 
@@ -104,12 +105,12 @@ def mib(x):
     return f"{x / MIB:.1f}"
 
 
+def prose(section, /, *maps, **values):
+    return render.prose("fsdp_bench", section, *maps, **values)
+
+
 def table(args, summary):
-    lines = ["| Strategy | State/rank MiB (params + grads + optimizer) | ZeRO formula MiB | "
-             "÷ formula | ÷ ddp | Peak (accounting) MiB | Baseline RSS MiB | Peak RSS MiB | "
-             "Peak RSS ÷ ddp's peak RSS | Peak RSS ÷ (peak (accounting) + baseline) | "
-             "Step time s, median (min–max) | ÷ ddp |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = prose("table")
     for s in args.strategies:
         r = summary.get(s)
         if r is None:
@@ -127,9 +128,7 @@ def table(args, summary):
 
 
 def trace_table(args, summary):
-    lines = ["| Strategy | step_time_s (as reported) | first step s | steady step s (median of "
-             "steps 2..S) | steady ÷ ddp | steady-step spread (max−min) ÷ median, worst run |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = prose("trace_table")
     for s in args.strategies:
         r = summary.get(s)
         if r is None or "steady" not in r:
@@ -141,37 +140,26 @@ def trace_table(args, summary):
 
 
 def verdicts(summary):
-    f, d = summary.get("fsdp"), summary.get("ddp")
+    f, d, z = summary.get("fsdp"), summary.get("ddp"), summary.get("zero2")
     if not f or not d:
         return ["(no verdicts: the fsdp and ddp rows are both needed)"]
-    out = [f"- fsdp per-rank model state {mib(f['state'])} MiB = {f['state_x']:.3f} × ddp's "
-           f"{mib(d['state'])} MiB (target ≤ {TARGET_STATE_RATIO:g}×): "
-           f"**{verdict(f['state_x'], TARGET_STATE_RATIO)}**",
-           f"- fsdp step time {f['step']:.3f} s = {f['step_x']:.2f} × ddp's {d['step']:.3f} s "
-           f"(target ≤ {TARGET_STEP_RATIO:g}×): **{verdict(f['step_x'], TARGET_STEP_RATIO)}**"]
-    if "steady_x" in f:
-        out.append(f"- (steady-state steps only: fsdp {f['steady']:.3f} s = {f['steady_x']:.2f} × "
-                   f"ddp's {d['steady']:.3f} s: "
-                   f"{verdict(f['steady_x'], TARGET_STEP_RATIO)})")
-    out.append(f"- fsdp peak RSS {mib(f['rss'])} MiB = {f['rss_x']:.3f} × ddp's {mib(d['rss'])} "
-               f"MiB (target ≤ {TARGET_RSS_RATIO:g}×): "
-               f"**{verdict(f['rss_x'], TARGET_RSS_RATIO)}**")
-    z = summary.get("zero2")
-    if z:
-        out.append(f"- zero2 peak RSS {mib(z['rss'])} MiB = {z['rss_x']:.3f} × ddp's "
-                   f"{mib(d['rss'])} MiB (target ≤ {TARGET_ZERO2_RSS_RATIO:g}×): "
-                   f"**{verdict(z['rss_x'], TARGET_ZERO2_RSS_RATIO)}**")
-    out.append(f"- fsdp peak RSS {mib(f['rss'])} MiB = {f['rss_over']:.3f} × (its peak "
-               f"(accounting) {mib(f['peak'])} MiB + its baseline RSS {mib(f['baseline'])} MiB = "
-               f"{mib(f['peak'] + f['baseline'])} MiB) (target ≤ {TARGET_RSS_OVERHEAD:g}×): "
-               f"**{verdict(f['rss_over'], TARGET_RSS_OVERHEAD)}**")
-    return out
+    mibs = {name: {k: mib(v) for k, v in r.items() if isinstance(v, (int, float))} for name, r in summary.items()}
+    values = dict(f=f, d=d, z=z, fm=mibs["fsdp"], dm=mibs["ddp"], zm=mibs.get("zero2"),
+                  accounted=mib(f["peak"] + f["baseline"]), state_target=TARGET_STATE_RATIO,
+                  step_target=TARGET_STEP_RATIO, rss_target=TARGET_RSS_RATIO,
+                  zero2_target=TARGET_ZERO2_RSS_RATIO, overhead_target=TARGET_RSS_OVERHEAD,
+                  v_state=verdict(f["state_x"], TARGET_STATE_RATIO), v_step=verdict(f["step_x"], TARGET_STEP_RATIO),
+                  v_steady=verdict(f["steady_x"], TARGET_STEP_RATIO) if "steady_x" in f else None,
+                  v_rss=verdict(f["rss_x"], TARGET_RSS_RATIO),
+                  v_zero2=verdict(z["rss_x"], TARGET_ZERO2_RSS_RATIO) if z else None,
+                  v_over=verdict(f["rss_over"], TARGET_RSS_OVERHEAD))
+    return (prose("verdicts", **values) + (prose("verdict_steady", **values) if "steady_x" in f else [])
+            + prose("verdict_rss", **values) + (prose("verdict_zero2", **values) if z else [])
+            + prose("verdict_overhead", **values))
 
 
 def runs_table(args, runs):
-    lines = ["| Strategy | Round | Rank | state MiB | peak MiB | baseline RSS MiB | peak RSS MiB | "
-             "step_time_s | wall s | others' CPU |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = prose("runs_table")
     for s in args.strategies:
         for run in runs.get(s, []):
             share = f"{100 * run['foreign']:.0f}%" if run["foreign"] is not None else "?"
@@ -184,76 +172,30 @@ def runs_table(args, runs):
 
 
 def notes(args, summary):
-    out = []
     d = summary.get("ddp")
-    if d:
-        extra = d["peak"] - d["state"]
-        out.append(
-            f"- ddp's state is the 16P of the formula; its gradient buckets (`--bucket-cap-mb` 25, "
-            f"a flat copy of every gradient: 4P = {mib(4 * args.params)} MiB) are outside it. They "
-            f"are in ddp's peak (accounting): {mib(d['peak'])} MiB = state + {mib(extra)} MiB, and "
-            f"in its RSS. The FSDP strategies reduce in their flat gradient buffers (no copy); "
-            f"their peak (accounting) includes their buffer pool (below).")
-    out.append("- Model construction: for the sharded strategies (zero1, zero2, fsdp, no_shard) "
-               "elrun-train no longer builds the whole model on every rank: "
-               "`FullyShardedDataParallel::Builder` flattens and shards each layer as the model's "
-               "constructor builds it (under fsdp only the rank's shard stays), and the ranks "
-               "compare a hash of each unit's initial values instead of broadcasting the model. "
-               "ddp builds the whole model on every rank and broadcasts it from rank 0.")
-    out.append("- FSDP's gathered parameters, unsharded gradients and reduce-scatter receive "
-               "buffers come from a persistent, size-classed pool (`trainer/memory/buffer_pool.h`): at "
-               "most two units' parameters (the one in use and the prefetched one) and two units' "
-               "gradients are lent at once, and the same buffers serve every step. On Gloo the "
-               "all-gather is in place (one broadcast per rank's chunk, into the pooled buffer) "
-               "and the reduce-scatter is an all-to-all into a pooled receive buffer.")
-    out.append("- elrun-train serves CPU tensors of 1 MiB and more from a caching allocator "
-               "(`--cpu-allocator caching`, the default; `default` is glibc's malloc): freed "
-               "blocks are kept per size and reused, so peak RSS follows the live tensors (per "
-               "size, the most ever live at once) rather than the layout of glibc's heap. Smaller "
-               "allocations stay in glibc's heap (`mallopt` in `train_main.cc`: mmap threshold "
-               "256 MiB, trim threshold 1 GiB, one arena for the sharded strategies).")
+    out = prose("note_ddp", buckets=mib(4 * args.params), peak=mib(d["peak"]),
+                extra=mib(d["peak"] - d["state"])) if d else []
     widths = [28 * 28] + list(args.mlp_hidden) + [10]
     layer = max(a * b for a, b in zip(widths, widths[1:])) * 4
-    out.append(f"- Peak RSS (VmHWM) still includes the baseline (LibTorch, the data sets, the "
-               f"process group: the Baseline RSS column, measured just before the model is built) "
-               f"and transients outside the accounting: autograd's weight-gradient temporaries "
-               f"(one layer at a time, up to {mib(layer)} MiB here) and Adam's temporaries. Peak "
-               f"RSS ÷ (peak (accounting) + baseline) is what those add; compare the strategies' "
-               f"peak (accounting) for what they hold by design.")
-    out.append(f"- step_time_s is elrun-train's own: training time / steps, measured from just "
-               f"before the first step to after the last, so it includes the first step's "
-               f"allocation of gradients and Adam state (first-touch page faults); with "
-               f"{args.max_steps} steps that is 1/{args.max_steps} of it."
-               + (" The second table splits it using the arrival time of rank 0's progress "
-                  "line of each step." if args.trace else ""))
-    return out
+    return out + prose("notes", layer=mib(layer), max_steps=args.max_steps,
+                       trace=prose("trace")[0] if args.trace else "")
 
 
 def report(args, runs, summary, info, load, elapsed, commands):
+    wait = prose("wait", vars(args))[0] if args.wait_idle > 0 else ""
     out = report_head(
         "Sharding benchmark: elrun-train ddp / zero1 / zero2 / fsdp / no_shard", info,
-        f"- **workload**: MLP {mlp_text(args.mlp_hidden)}, "
-        f"P = {args.params:,} fp32 parameters ({mib(4 * args.params)} MiB), Adam, "
-        f"{args.nproc} ranks × batch {args.batch_size} × 1 thread, --max-steps "
-        f"{args.max_steps}; {args.runs} runs per strategy, interleaved round-robin"
-        + (f", waited up to {args.wait_idle:g} s before each round for {args.quiet:g} idle "
-           f"seconds in a row (other processes < 10% CPU, no other benchmark script)"
-           if args.wait_idle > 0 else "") + f"; benchmark took {elapsed:.0f} s", load)
+        prose("how", vars(args), mlp=mlp_text(args.mlp_hidden), params_mib=mib(4 * args.params), wait=wait,
+              elapsed=elapsed)[0], load)
     out += table(args, summary)
-    out += ["", "Medians over the runs of the largest value over the ranks (the ranks hold the "
-            "same amounts, up to the shard padding). State = params + grads + optimizer bytes "
-            "held after the last step; peak (accounting) = the highest params + grads + "
-            "transient buffers seen, plus the optimizer state; N = "
-            f"{args.nproc}, P = {args.params:,}.", ""]
+    out += prose("medians", nproc=args.nproc, params=args.params)
     out += verdicts(summary)
     if args.trace:
-        out += ["", "Step time, split (rank 0):", ""]
         out += trace_table(args, summary)
     out += ["", "Notes:", ""]
     out += notes(args, summary)
-    out += ["", "Every run:", ""]
     out += runs_table(args, runs)
-    out += ["", "Commands (run from the repository root):", "", "```"]
+    out += prose("commands")
     for s in args.strategies:
         out.append(shlex.join(commands[s]).replace(REPO + "/", ""))
     out += ["```", ""]
@@ -354,20 +296,16 @@ def exit_text(r):
 
 def oom_report(args, results, limit_bytes, limit_source):
     """The demonstration's markdown lines."""
-    out = ["## Out-of-memory demonstration: ddp and fsdp under one memory limit", ""]
+    out = prose("oom_head")
     if results and results[0]["error"]:
         out += [f"- The demonstration cannot run here: {results[0]['error']}.", ""]
         return out
     cg = results[0]["cgroup"].split()[0]
     controls = ("memory.limit_in_bytes = memory.memsw.limit_in_bytes (no swap)" if cg == "v1"
                 else "memory.max, memory.swap.max = 0")
-    out += [f"- **limit**: {limit_bytes / MIB:.0f} MiB for the whole job (elrun and its "
-            f"{args.nproc} workers, put in the cgroup before elrun starts), cgroup {cg} "
-            f"{controls}; {limit_source}",
-            f"- **command**: the benchmark's (--log-every 1), --max-steps {args.max_steps}, one "
-            f"run each; --timeout {args.timeout:g} s", "",
-            "| Strategy | Limit MiB | Exit status | OOM kills | Last step reached (of "
-            "--max-steps) | Cgroup max usage MiB |", "|---|---:|---|---:|---:|---:|"]
+    out += prose("oom_limit", limit=limit_bytes / MIB, cg=cg, controls=controls,
+                 limit_source=limit_source, nproc=args.nproc, max_steps=args.max_steps,
+                 timeout=args.timeout)
     for r in results:
         kills = "?" if r["oom_kills"] is None else str(r["oom_kills"])
         if r["oom_kills"] is None and r["failcnt"] is not None:
@@ -397,10 +335,6 @@ def oom_report(args, results, limit_bytes, limit_source):
                    + (", OOM-killed" if oom_killed(f) else "") + ")")
     elif f["last_step"] != args.max_steps:
         why.append(f"fsdp reached step {f['last_step']} of {args.max_steps}")
-    out += ["", "- ddp fails for lack of memory and fsdp trains under the same limit: "
-            + ("**shown**" if not why else f"**not shown**: {'; '.join(why)}"),
-            f"- The cgroup's usage is not {args.nproc} × peak RSS: a rank's RSS counts the shared "
-            f"file pages it maps (LibTorch's libraries) while the cgroup is charged once, and only "
-            f"for the pages the job brings into memory; nor do the ranks' peaks need to coincide. "
-            f"A limit from the peak RSS figures can be above what ddp needs.", ""]
+    out += prose("oom_verdict", nproc=args.nproc,
+                 shown="**shown**" if not why else f"**not shown**: {'; '.join(why)}")
     return out

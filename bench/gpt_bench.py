@@ -1,26 +1,5 @@
 #!/usr/bin/python3
-"""The GPT workload against PyTorch's own DDP and FSDP2: elrun-train --model gpt (C++ DDP and
-FULL_SHARD) and gpt_twin.py (the same GPT, batch and AdamW with torch.nn.parallel's DDP and
-FSDP2's fully_shard per block, then the root, meta-device init), 2 ranks on CPU + Gloo, one
-intra-op thread each, the runs of all cases interleaved round-robin.
-
-Per run: the steady step time (the median over steps >= --skip of the slower rank's step, from
-each rank's step-times file), tokens/s = 2 ranks x batch x context over it, and every rank's peak
-RSS (VmHWM) and its baseline (RSS after the process group and the data, before the model; elrun:
---report-memory). Per case: medians over the runs. Targets (issue 29): elrun fsdp >= 1.2 x FSDP2's
-tokens/s and its peak RSS above the baseline <= FSDP2's; elrun ddp >= 1.2 x PyTorch DDP's.
---compile adds the twin with torch.compile (Inductor's CPU backend; compilation is in the skipped
-steps' time, not in the median).
-
---workload mlp holds the same cases on fsdp_bench's MLP instead (784-2048x32-10 by default,
---mlp-hidden, --dataset synthetic; the twin fully_shards each Linear, then the root) and reports
-samples/s; its result goes to docs/results/gpt_bench_mlp.json and gpt_bench_mlp.png.
-
-Report: gpt_report.py. A failed run fails its case.
-
-  /usr/bin/python3 -m bench.gpt_bench [--runs 3] [--max-steps 15] [--compile]
-  /usr/bin/python3 -m bench.gpt_bench --workload mlp --batch-size 64 --max-steps 8 --skip 2
-"""
+"""The GPT workload: elrun-train --model gpt (ddp, fsdp) against PyTorch's own DDP and FSDP2."""
 import json
 import os
 import re

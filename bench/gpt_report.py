@@ -6,6 +6,7 @@ commands, and the plot.
 import shlex
 import statistics
 
+from bench import render
 from bench.render import pyplot, report_head, save_figure
 
 TITLE = "GPT: elrun-train against PyTorch DDP and FSDP2"
@@ -68,6 +69,10 @@ def targets(s, unit="tokens/s"):
     return rows
 
 
+def prose(section, /, *maps, **values):
+    return render.prose("gpt_bench", section, *maps, **values)
+
+
 def markdown(result):
     o = result["options"]
     s = summary(result)
@@ -76,18 +81,13 @@ def markdown(result):
         hidden = o["mlp_hidden"]
         model = (f"MLP 784-{hidden[0]}x{len(hidden)}-10" if len(set(hidden)) == 1
                  else "MLP 784-" + "-".join(map(str, hidden)) + "-10")
-        plan = f"{model}, synthetic data; batch {o['batch_size']} examples per rank"
+        plan = prose("mlp_plan", o, model=model)[0]
     else:
-        plan = (f"GPT of {o['layers']} blocks, width {o['width']}, {o['heads']} heads, context {o['context']} "
-                f"bytes; batch {o['batch_size']} sequences per rank")
-    plan += (f", 2 ranks on CPU + Gloo, 1 intra-op thread "
-            f"each; AdamW (lr 1e-3, weight decay 0.1), constant lr; {o['max_steps']} steps per run, the "
-            f"first {o['skip']} left out; {o['runs']} runs per case, interleaved round-robin; benchmark "
-            f"took {result['elapsed_s']:.0f} s")
-    out = report_head(MLP_TITLE if is_mlp(result) else TITLE, list(result["machine"].items()),
-                      f"- **workload**: {plan}", result["load"])
-    out += [f"| case | {unit}, median (min–max) | step ms | peak RSS / rank (MiB) | baseline (MiB) | "
-            "peak above baseline (MiB) | others' CPU |", "|---|---|---|---|---|---|---|"]
+        plan = prose("gpt_plan", o)[0]
+    how = prose("how", o, plan=plan, elapsed=result["elapsed_s"])[0]
+    out = report_head(MLP_TITLE if is_mlp(result) else TITLE, list(result["machine"].items()), how,
+                      result["load"])
+    out += prose("table", unit=unit)
     for case, c in result["cases"].items():
         label = LABELS.get(case, case)
         if case not in s:
@@ -102,16 +102,9 @@ def markdown(result):
                    f"{100 * r['foreign']:.0f}%{flag} |")
     rows = targets(s, unit)
     if rows:
-        out += ["", "| target | wanted | measured | met |", "|---|---|---|---|"]
+        out += prose("targets")
         out += [f"| {w} | {t} | {m} | {ok} |" for w, t, m, ok in rows]
-    out += ["",
-            f"{unit}: 2 ranks x batch{'' if is_mlp(result) else ' x context'} over the median steady step "
-            "(per step the slower rank's wall time from its step-times file). Peak RSS: each rank's VmHWM at the end; "
-            "baseline: its RSS after the process group and the data, before the model (LibTorch or "
-            "torch loaded); the columns show the larger rank's. FSDP2 is initialised on the meta "
-            "device and materialised per shard; elrun's fsdp shards each block (each Linear of the MLP) "
-            "as the model is built.",
-            "", "Commands:", "", "```"]
+    out += prose("notes", unit=unit, context="" if is_mlp(result) else " x context")
     out += [shlex.join(argv) for argv in result["commands"].values()]
     out += ["```"]
     return "\n".join(out)

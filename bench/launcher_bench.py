@@ -1,19 +1,5 @@
 #!/usr/bin/python3
-"""Launcher benchmark: elrun against torchrun (torch 2.11, the .venv's) on this machine.
-
-Measures, for each launcher (see README.md next to this file):
-  1. launch: wall time of `--standalone --nproc-per-node 2 --no-python /bin/true`, start to exit;
-  2. restart: the wall time ADDED by one failure + restart: median wall of a run whose workers fail
-     on attempt 0 and succeed on attempt 1 (`--max-restarts 1 ... sh -c 'test
-     "$TORCHELASTIC_RESTART_COUNT" != 0'`), minus the median wall of the same command line whose
-     workers succeed at once (`sh -c true`);
-  3. peak RSS of the launcher: VmHWM of the launcher process itself, sampled from /proc/PID/status
-     until it exits, and wait4's ru_maxrss (launcher plus its reaped descendants).
-
-Report: launcher_report.py; runs, timing and the RSS probe: launcher_runs.py.
-
-  /usr/bin/python3 -m bench.launcher_bench [--runs 7] [--slow-runs 3] [--png PATH]
-"""
+"""Launcher benchmark: elrun against torchrun (torch 2.11, the .venv's) on this machine."""
 import os
 import subprocess
 import sys

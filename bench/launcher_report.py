@@ -5,6 +5,7 @@ import shlex
 import statistics
 from types import SimpleNamespace
 
+from bench import render
 from bench.render import (
     failed_runs,
     fmt,
@@ -98,8 +99,7 @@ ROWS = [
 
 
 def table(summary):
-    lines = ["| Benchmark | Launcher | Median | Min | Max | Runs | Target | Meets |",
-             "|---|---|---:|---:|---:|---:|---:|:---:|"]
+    lines = render.prose("launcher_bench", "table")
     for metric, label, unit, target, digits in ROWS:
         lines += [target_row(label, launcher, summary[(metric, launcher)], target, unit, digits)
                   for launcher in LAUNCHERS if (metric, launcher) in summary]
@@ -112,50 +112,15 @@ def table(summary):
 
 
 def report(cases, summary, args, info, load, elapsed):
-    out = report_head(
-        "Launcher benchmark: elrun vs torchrun", info,
-        f"- **runs**: {args.runs} per case ({args.slow_runs} for the torchrun default-interval "
-        f"cases and the torchrun RSS case), {args.warmup} unmeasured warm-up run(s) per fast "
-        f"case, a failed run is retried up to {args.retries} times"
-        + (f", waited up to {args.wait_idle:g} s for an idle machine before each round"
-           if args.wait_idle > 0 else "") + f"; benchmark took {elapsed:.0f} s", load)
+    wait = render.prose("launcher_bench", "wait", vars(args))[0] if args.wait_idle > 0 else ""
+    out = report_head("Launcher benchmark: elrun vs torchrun", info,
+                      render.prose("launcher_bench", "how", vars(args), wait=wait, elapsed=elapsed)[0],
+                      load)
     out += table(summary)
-    out += [
-        "",
-        "Times are wall-clock, `time.perf_counter()` around `subprocess.Popen(...)` .. a blocking "
-        "`wait()` "
-        "(stdout to /dev/null, stderr to a temp file, runs interleaved round-robin, TMPDIR set to a "
-        "private directory for the launchers' log directories); row 0 is the cost of that harness "
-        "alone. Row 2 is the difference of the medians of 2a and 2b, so it has "
-        "no min/max. The fail-once commands were checked once, untimed, to really restart: each "
-        "worker appended its TORCHELASTIC_RESTART_COUNT to a file before `test`; attempt 1 had to "
-        "run both workers and attempt 0 at least one (the launcher may stop the other before it "
-        "gets that far). Done for elrun and tuned torchrun; the default-interval torchrun rows run "
-        "the same code. Attempts seen: "
-        + "; ".join(f"{c.launcher}: {' '.join(c.check_result)}" for c in cases
-                    if c.check_result) + ".",
-        "",
-        "[a] VmHWM from /proc/PID/status of the launcher process alone (for torchrun: the Python "
-        "interpreter running torchrun), sampled about every 0.5 ms from start until it exits; the "
-        "largest sample is reported, so a peak in the last < 1 ms before exit could be missed. The "
-        "launcher is started as `sh -c '\"$@\" &'` by a probe process that is a child subreaper, "
-        "so it is forked from a small shell, not from Python. Runs that ended before the first sample "
-        "are left out of the Runs count.",
-        "[b] `os.wait4()` ru_maxrss (KiB) of the same runs: the maximum over the launcher and the "
-        "descendants it reaped. Linux also counts, for each of these processes, the image it had "
-        "before exec: for the launcher the small /bin/sh it was forked from, for each worker its "
-        "pre-exec copy of the launcher (never above the launcher's own peak). The workers are "
-        "/bin/true (about 1 MiB), so [b] is in effect the launcher's exact peak whenever that is "
-        "above ~2 MiB, while [a] is a sampled lower bound. RSS is measured on the launch command "
-        "of row 1 (torchrun with --monitor_interval 0.1).",
-        "",
-    ]
+    attempts = "; ".join(f"{c.launcher}: {' '.join(c.check_result)}" for c in cases if c.check_result)
+    out += render.prose("launcher_bench", "notes", attempts=attempts)
     out += failed_runs(cases, lambda c: f"{c.key} / {c.launcher}")
-    out += [
-        "Commands (run from the repository root; `test` fails on attempt 0 and passes after):",
-        "",
-        "```",
-    ]
+    out += render.prose("launcher_bench", "commands")
     seen = set()
     for c in cases:
         cmd = shlex.join(c.argv)

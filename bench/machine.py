@@ -191,6 +191,16 @@ class ForeignCpu:
         return self.foreign / self.capacity if self.known and self.capacity > 0 else None
 
 
+def runs_share(shares, walls):
+    """The wall-weighted share of the CPUs other processes used over the runs ((share, wall s)
+    pairs, `walls` their total wall time), or None, and its text for a result's "load"."""
+    share = sum(a * w for a, w in shares) / walls if shares else None
+    return share, ("CPU use of other processes unknown" if share is None else
+                   f"other processes used {100 * share:.0f}% of the CPUs during the runs (wall-weighted; "
+                   f"per run {min(100 * a for a, _ in shares):.0f}–{max(100 * a for a, _ in shares):.0f}%; "
+                   f"machine CPU time minus this benchmark's and its children's)")
+
+
 def load_text(share, load_start, own="this benchmark's and its children's", noisy="timings"):
     """A result's "load": the share of the CPUs other processes used while measuring (machine CPU
     time minus `own`), the loadavg at `load_start` and now, and a warning, logged too, above 10%."""

@@ -1,19 +1,5 @@
 #!/usr/bin/python3
-"""How long a link may be cut without costing the job a round: elrun-rdzv on one test host, two
-agents on two others (network namespaces, tests/support/netlab.py; root), --nnodes 1:2,
-heartbeat_timeout H. Host 3 is cut off for C seconds, then healed, in one of two ways (--faults):
-"link" (its link down at the switch: the host sees no carrier) or "drop" (every packet between it
-and host 1 dropped by nftables on the way, as a failed switch or route would). After H + 2 s more,
-each agent's --history-file says what happened: nothing (the cut cost nothing), or host 3 dropped
-(round 2 without it, then round 3 when it rejoined). Each case runs --trials times.
-
-  /usr/bin/python3 -m bench.net_cut_bench [--cuts 0.5,1,...] [--faults link,drop]
-      [--trials 3] [--heartbeat-timeout 4] [--json docs/results/net_cut_bench.json]
-
-A node gives up after H - heartbeat_interval without an acknowledgement (the coordinator drops it
-H after its last heartbeat): cuts shorter than that should cost nothing. elrun and elrun-rdzv from
-bazel-bin (ELRUN_BIN, ELRUN_RDZV_BIN override). Report: net_cut_report.py.
-"""
+"""How long a link may be cut without costing the job a round (network namespaces; root)."""
 import os
 import re
 import shutil

@@ -1,6 +1,7 @@
 """The link-cut benchmark's report, from its result (docs/results/net_cut_bench.json): per cut
 length, how many trials cost nothing and how many lost the cut-off node (a new round), and the
 plot of that share."""
+from bench import render
 from bench.render import fmt, pyplot, report_head, save_figure
 
 TITLE = "Link cuts: how long a node may be cut off from elrun-rdzv without costing a round"
@@ -20,13 +21,9 @@ def by_cut(result):
 def markdown(result):
     o = result["options"]
     h = o["heartbeat_timeout"]
-    how = (f"- **job**: elrun-rdzv on test host 1, agents on hosts 2 and 3 (network namespaces on a bridge), "
-           f"--nnodes 1:2, sh workers; heartbeat_interval 0.5 s, heartbeat_timeout {fmt(h)} s, rejoin_timeout 30 s; "
-           f"host 3 cut off from the coordinator for each length, then healed; the agents' --history-file read "
-           f"{fmt(h)} + 2 s after the heal")
+    how = render.prose("net_cut_bench", "how", h=fmt(h))[0]
     lines = report_head(TITLE, list(result["machine"].items()), how, "see the command")
-    lines += ["| fault | cut, s | trials | cost nothing | node lost (new round) | history checker |",
-              "|---|---|---|---|---|---|"]
+    lines += render.prose("net_cut_bench", "table")
     for (fault, cut), runs in by_cut(result):
         kept = sum(r["kept"] for r in runs)
         problems = sum(bool(r["history_problems"]) for r in runs)

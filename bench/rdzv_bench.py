@@ -1,27 +1,10 @@
 #!/usr/bin/python3
-"""Rendezvous benchmark: elrun's gRPC rendezvous against torchrun's c10d rendezvous (torch 2.11, the .venv's).
-
-Measures on this machine, all agents on 127.0.0.1 (see README.md next to this file):
-  1. formation: wall time from starting N agents (each with one `--no-python /bin/true` worker)
-     to all of them exited 0, for N in --sizes. elrun against a running `elrun-rdzv` daemon, and
-     elrun with the coordinator embedded in the agent that binds the endpoint first; torchrun
-     `--rdzv_backend c10d`, the first agent to bind hosting the TCPStore. Row 0 is the harness
-     alone (N x /bin/true started and waited for the same way).
-  2. recovery: 4 agents (`--nnodes 3:4`), one worker each that reports itself on a FIFO and
-     sleeps; once all 4 run, `kill -9` one agent that does not host the coordinator, and time until
-     the 3 survivors' NEW workers are running (capped at --recovery-cap seconds).
-
-Report: rdzv_report.py; the runs and the daemon: rdzv_runs.py.
-
-  /usr/bin/python3 -m bench.rdzv_bench [--sizes 4,8,32,128] [--runs 5] [--png PATH]
-"""
+"""Rendezvous benchmark: elrun's gRPC rendezvous against torchrun's c10d rendezvous (torch 2.11, the .venv's)."""
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 
@@ -268,16 +251,13 @@ def main():
 
     # SIGTERM unwinds like Ctrl-C, so that the finally clauses kill what was started.
     signal.signal(signal.SIGTERM, lambda signo, frame: sys.exit(128 + signo))
-    tmp = tempfile.mkdtemp(prefix="rdzv_bench.")
-    os.environ["TMPDIR"] = tmp
-    tempfile.tempdir = tmp
-    bench = Bench(args, tmp)
-    try:
-        return run(bench)
-    finally:
-        bench.daemon.stop()
-        kill_tagged(TAG_VAR, bench.tag + ":")
-        shutil.rmtree(tmp, ignore_errors=True)
+    with runner.private_copies(args, BENCH, {}) as tmp:
+        bench = Bench(args, tmp)
+        try:
+            return run(bench)
+        finally:
+            bench.daemon.stop()
+            kill_tagged(TAG_VAR, bench.tag + ":")
 
 
 def run(bench):

@@ -4,6 +4,7 @@ table of formation and recovery medians against targets, notes and commands, and
 import statistics
 from types import SimpleNamespace
 
+from bench import render
 from bench.rdzv_runs import TAG_VAR
 from bench.render import (
     failed_runs,
@@ -137,14 +138,9 @@ def table(summary, cases, sizes):
 
 
 def report(a, cases, summary, info, load, elapsed):
-    out = report_head(
-        "Rendezvous benchmark: elrun gRPC vs torchrun c10d", info,
-        f"- **runs**: {a.runs} per elrun case, {a.torchrun_runs} per torchrun formation case, "
-        f"{a.torchrun_recovery_runs} for torchrun recovery; {a.warmup} unmeasured warm-up "
-        f"run(s) per elrun and floor case and for the smallest torchrun case; a failed run is "
-        f"retried up to {a.retries} times"
-        + (f"; waited up to {a.wait_idle:g} s for an idle machine before each round"
-           if a.wait_idle > 0 else "") + f"; benchmark took {elapsed:.0f} s", load)
+    wait = render.prose("rdzv_bench", "wait", vars(a))[0] if a.wait_idle > 0 else ""
+    out = report_head("Rendezvous benchmark: elrun gRPC vs torchrun c10d", info,
+                      render.prose("rdzv_bench", "how", vars(a), wait=wait, elapsed=elapsed)[0], load)
     out += table(summary, cases, a.sizes)
     out += [""]
     notes = [(k, v) for k, v in summary.items() if k[0] == "note"]
@@ -155,38 +151,10 @@ def report(a, cases, summary, info, load, elapsed):
             d = recovery_details(c, a.recovery_cap)
             if d:
                 out.append(f"- recovery, {c.launcher}: {d}.")
-    out += [
-        "",
-        "Formation: `time.perf_counter()` from before the first of the N `subprocess.Popen` calls "
-        "(each agent in its own session, stdout to /dev/null, stderr to a temp file) to the return "
-        "of blocking `wait()`s on all N, in start order; every agent must exit 0. Each run has a "
-        "fresh `--rdzv-id`. elrun (daemon): one `elrun-rdzv --listen 127.0.0.1:0 --port-file F`, "
-        "started before any timing and shared by all runs. elrun (embedded): the endpoint is a "
-        "port that was free a moment before; every agent tries to bind it, the first one that "
-        "does hosts the coordinator and the others connect to it. torchrun: the same with the "
-        "c10d TCPStore (torchrun's own is_host guess). Row 0 starts and waits for N × /bin/true "
-        "the same way: the harness's own cost.",
-        "",
-        f"Recovery: 4 agents with `--nnodes 3:4`; each worker writes one line (`running "
-        f"GROUP_WORLD_SIZE GROUP_RANK TORCHELASTIC_RESTART_COUNT ${{$}} $PPID`) to a FIFO that a "
-        f"thread of the benchmark reads with a blocking select, stamping each line on arrival, "
-        f"and then execs `sleep 1000`. Once the 4 workers of the first round have reported (with "
-        f"world size 4) and {a.settle:g} s more have passed, the agent with the highest group "
-        f"rank among those that do not hold the rendezvous port's listening socket gets SIGKILL. "
-        f"Measured: from just before the kill to the arrival of the line of the last of the 3 "
-        f"surviving agents' NEW workers (new pid, parent a survivor), capped at "
-        f"{a.recovery_cap:g} s. elrun runs with the default --rdzv-conf (heartbeat 1 s / 5 s).",
-        "",
-        "Every run has a timeout; afterwards every process that carries the run's tag in its "
-        f"environment ({TAG_VAR}) is killed, including workers orphaned by a killed agent. "
-        "Agents run with a private TMPDIR, removed at the end.",
-        "",
-    ]
+    out += render.prose("rdzv_bench", "notes", settle=a.settle, recovery_cap=a.recovery_cap,
+                        tag_var=TAG_VAR)
     out += failed_runs(cases, lambda c: f"{c.key} / {c.launcher} / N={c.n}")
-    out += ["Commands (run from the repository root; PORT: a port that was free a moment before, "
-            "JOB_i: a fresh run id per run; `# x N`: started N times at once):", "", "```"]
-    out.append(f"{a.rdzv.replace(REPO + '/', '')} --listen 127.0.0.1:0 --port-file F"
-               f"  # the daemon, once; DAEMON_PORT is read from F")
+    out += render.prose("rdzv_bench", "commands", rdzv=a.rdzv.replace(REPO + "/", ""))
     seen = set()
     for c in cases:
         if c.cmd in seen:

@@ -1,21 +1,6 @@
 #!/usr/bin/python3
-"""Rendezvous at scale: one elrun-rdzv daemon against N simulated nodes (bench/rdzv_load,
-gRPC callback streams in one process over a few TCP connections, no workers), on loopback.
-
-For each N in --sizes, with a fresh daemon (token set, so every Join is proven and signed):
-  formation    rdzv_load's start to every node holding RoundStarted for round 1 (rdzv_load's clock)
-  formation CPU  the daemon's user+sys CPU seconds from its start to formation
-  heartbeats   the daemon's CPU share (cores) over --steady seconds of 1 Hz heartbeats from all N
-  re-formation 1% of the nodes (the highest group ranks) cancel their streams; from the cancel to
-               every survivor holding RoundStarted for round 2 (a lost stream is detected at once)
-  peak RSS     the daemon's VmHWM at the end
-
-Report: rdzv_scale_report.py. From the repository root, after
-  bazel build //agent/daemon:elrun-rdzv //bench:rdzv_load
-  /usr/bin/python3 -m bench.rdzv_scale_bench [--sizes 1000,10000] [--runs 3]
-"""
+"""Rendezvous at scale: one elrun-rdzv daemon against N simulated nodes (bench/rdzv_load)."""
 import os
-import select
 import subprocess
 import sys
 import tempfile
@@ -39,33 +24,6 @@ SMOKE = ["--sizes", "100", "--runs", "1", "--steady", "2", "--settle", "1"]
 TOKEN = "scale-bench-token"
 
 
-class LineReader:
-    """Lines of a child's stdout, each with a deadline."""
-
-    def __init__(self, proc):
-        self.proc, self.buffer = proc, b""
-
-    def expect(self, prefix, timeout):
-        deadline = time.monotonic() + timeout
-        while True:
-            while b"\n" in self.buffer:
-                line, self.buffer = self.buffer.split(b"\n", 1)
-                text = line.decode()
-                if text.startswith(prefix):
-                    return text.split()
-            left = deadline - time.monotonic()
-            if left <= 0 or self.proc.poll() is not None:
-                raise RuntimeError("no '%s' line within %.0f s (rdzv_load %s)"
-                                   % (prefix, timeout, "exited %s" % self.proc.returncode
-                                      if self.proc.poll() is not None else "running"))
-            ready, _, _ = select.select([self.proc.stdout], [], [], left)
-            if ready:
-                chunk = os.read(self.proc.stdout.fileno(), 65536)
-                if not chunk:
-                    continue
-                self.buffer += chunk
-
-
 def run_once(n, args, tmp):
     env = dict(os.environ, ELRUN_RDZV_TOKEN=TOKEN)
     port_file = os.path.join(tmp, "port.%d" % n)
@@ -87,8 +45,8 @@ def run_once(n, args, tmp):
                                  "--heartbeat-ms", "1000", "--run-id", "scale%d" % n],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                 start_new_session=True)
-        lines = LineReader(load)
-        formed = lines.expect("formed 1 ", args.timeout)
+        lines = runner.Lines(load, "rdzv_load")
+        formed = lines.expect(lambda f: f[:2] == ["formed", "1"], "'formed 1 ' line", args.timeout)
         formation_s = float(formed[2])
         formation_cpu = pid_cpu_seconds(daemon.pid)
         time.sleep(args.settle)  # Let the post-formation burst pass before the steady window.
@@ -97,8 +55,8 @@ def run_once(n, args, tmp):
         heartbeat_cores = (pid_cpu_seconds(daemon.pid) - cpu0) / (time.monotonic() - t0)
         load.stdin.write(b"lose %d\n" % lose)
         load.stdin.flush()
-        lost_at = float(lines.expect("lost ", args.timeout)[2])
-        reformed = lines.expect("formed 2 ", args.timeout)
+        lost_at = float(lines.expect(lambda f: f[0] == "lost", "'lost ' line", args.timeout)[2])
+        reformed = lines.expect(lambda f: f[:2] == ["formed", "2"], "'formed 2 ' line", args.timeout)
         reform_s = float(reformed[2]) - lost_at
         rss = peak_rss_mib(daemon.pid)
         load.stdin.write(b"quit\n")

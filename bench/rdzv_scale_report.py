@@ -4,6 +4,7 @@ table of medians (min-max) per N against the targets at 10,000 nodes, and the pl
 import shlex
 import statistics
 
+from bench import render
 from bench.render import pyplot, save_figure
 
 TITLE = "Rendezvous at scale: one elrun-rdzv, N simulated nodes"
@@ -12,16 +13,9 @@ TARGETS = {"formation_s": 2.0, "rss_mib": 256.0, "heartbeat_cores": 0.2, "reform
 
 def markdown(result):
     sizes, runs = result["sizes"], {int(n): rs for n, rs in result["results"].items()}
-    out = ["## Rendezvous at scale: one elrun-rdzv, N simulated nodes\n"]
-    for key, text in result["machine"].items():
-        out.append("- **%s**: %s" % (key, text))
-    out.append("- **load**: %s" % result["load"])
-    out.append("- **command**: `%s`\n" % shlex.join(result["command"]))
-    out.append("Medians (min-max) of %d runs per N; every node proves the token and signs its first "
-               "Join.\n" % result["options"]["runs"])
-    out.append("| N | formation | daemon CPU to formation | heartbeats at 1 Hz (daemon cores) | "
-               "re-formation after 1% lost | daemon peak RSS |")
-    out.append("|---:|---:|---:|---:|---:|---:|")
+    out = render.prose("rdzv_scale_bench", "head") + ["- **%s**: %s" % kv for kv in result["machine"].items()]
+    out += render.prose("rdzv_scale_bench", "tail", load=result["load"], command=shlex.join(result["command"]),
+                        runs=result["options"]["runs"])
 
     def cell(n, key, unit, digits, target=None):
         xs = [r[key] for r in runs[n]]
@@ -39,8 +33,7 @@ def markdown(result):
             cell(n, "heartbeat_cores", "", 3, TARGETS["heartbeat_cores"] if tgt else None),
             cell(n, "reform_s", "s", 3, TARGETS["reform_s"] if tgt else None),
             cell(n, "rss_mib", "MiB", 1, TARGETS["rss_mib"] if tgt else None)))
-    out.append("\nTargets (issue 15, at 10,000 nodes): formation ≤ 2 s, peak RSS ≤ 256 MiB, heartbeats "
-               "under 0.2 of a core, re-formation ≤ 1 s.")
+    out += render.prose("rdzv_scale_bench", "targets")
     return "\n".join(out)
 
 

@@ -1,23 +1,5 @@
 #!/usr/bin/python3
-"""Recovery benchmark: what one `kill -9` of a worker costs a Python PyTorch DDP job, under
-elrun (exec'd workers, today's default), elrun --start-method forkserver, and torchrun (torch
-2.11, the .venv's, --monitor_interval 0.1, its fastest), measured the same way for all three.
-
-The job is tests/integration/workers/torch_ddp_resume.py: Gloo DDP of an MLP with AdamW,
---nproc-per-node N, a checkpoint every 10 steps, 20 ms of sleep per step, --max-restarts 1. Its
-workers beat (elrun_heartbeat.beat) into a FIFO that this script made and reads itself: the
-launchers' own heartbeat channels are off (elrun --straggler-factor 0), so every launcher is
-watched by the same code. When the job's high-water step reaches 30 this script kill -9s the
-worker of rank 1 (named by its first output line) and records, from the kill:
-  resume_s    the first beat from a worker started after the kill (the group stepping again:
-              DDP steps only when every rank takes part),
-  recovery_s  the first beat past the step the job had reached (the redone steps included).
-
-Report: recovery_report.py. Exit status 1 when an elrun run failed (torchrun's failures are
-part of what it measures).
-
-  /usr/bin/python3 -m bench.recovery_bench [--runs 5] [--big-runs 3] [--big-nproc 8]
-"""
+"""Recovery benchmark: what one `kill -9` of a worker costs a Python PyTorch DDP job."""
 import os
 import re
 import select

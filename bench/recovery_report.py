@@ -1,6 +1,7 @@
 """The recovery benchmark's report, from its result (docs/results/recovery_bench.json): per
 launcher and worker count, the median (min-max) time from a worker's kill -9 to the job stepping
 again and to passing the step it had reached, against the issue's targets, and the bar chart."""
+from bench import render
 from bench.render import fmt, pyplot, report_head, save_figure, verdict
 from bench.render import median_cell as cell
 from bench.render import median_range as summary
@@ -11,14 +12,9 @@ TARGET_RESUME_S = {2: 0.5, 8: 1.0}  # issue 30: kill to stepping again, forkserv
 
 def markdown(result):
     o = result["options"]
-    how = (f"- **job**: tests/integration/workers/torch_ddp_resume.py, Gloo DDP, AdamW, a checkpoint every "
-           f"{o['every']} steps, {int(o['pause'] * 1000)} ms sleep per step, --max-restarts 1; kill -9 of local "
-           f"rank 1 when the job reached step {o['kill_at']}; beats read by the benchmark from its own FIFO for "
-           f"every launcher (elrun --straggler-factor 0)")
+    how = render.prose("recovery_bench", "how", o, pause_ms=int(o["pause"] * 1000))[0]
     lines = report_head(TITLE, list(result["machine"].items()), how, "see the command")
-    lines += ["| workers | launcher | runs | kill to stepping again, s (median, min-max) | kill to past the step "
-              "reached, s | target (forkserver) |",
-              "|---|---|---|---|---|---|"]
+    lines += render.prose("recovery_bench", "table")
     for case in result["cases"]:
         resume = summary(case, "resume_s")
         target = ""
@@ -37,10 +33,7 @@ def markdown(result):
                 kinds[kind] = kinds.get(kind, 0) + 1
             lines.append(f"- failed runs, {case['launcher']} x{case['nproc']}: " +
                          ", ".join(f"{n} x {kind}" for kind, n in kinds.items()))
-    lines += ["", "torchrun's failed runs: after the kill its restarted workers could not connect (Gloo's "
-              "connectFullMesh to the previous attempt's addresses, exit 1 with --max-restarts spent) or never "
-              "stepped again within the run's timeout; the JSON keeps each error's tail.",
-              "", f"Elapsed: {fmt(result['elapsed_s'], 0)} s."]
+    lines += render.prose("recovery_bench", "notes") + ["", f"Elapsed: {fmt(result['elapsed_s'], 0)} s."]
     return "\n".join(lines)
 
 

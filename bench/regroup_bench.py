@@ -1,32 +1,5 @@
 #!/usr/bin/python3
-"""Regroup benchmark: what one fault costs elrun-train (the LibTorch worker, DDP on Fashion-MNIST)
-on one node, with the worker group restarted (elrun's default, and torchrun's only way) against
-elrun --keep-survivors (survivors regroup in place; the replacement is the standby spare, or,
-with --tee 3, which rules a spare out, a process started for it).
-
-The job: elrun-train --log-every 1 --checkpoint-every 25 --max-steps 250, --nproc-per-node N,
---max-restarts 1 (elrun --worker-timeout 2 for the stopped worker). Rank 0 prints a line after
-every step; this script timestamps each as it arrives on elrun's (torchrun's) stdout. Once rank 0
-reported step 110 (10 steps after a checkpoint) it faults one worker:
-  kill-1   kill -9 of rank 1,
-  kill-0   kill -9 of rank 0 (the store host and checkpoint writer),
-  stop-1   SIGSTOP of rank 1 (found by elrun's --worker-timeout 2; torchrun has no such check),
-and records, from the fault:
-  resume_s    the first step line after the fault (DDP steps only when every rank takes part),
-  recovery_s  the first step line past the step reached before the fault (redone steps included),
-plus the job's final test accuracy and step_ms, the median time between rank 0's step lines before
-the fault. A worker is named by its RANK (/proc/PID/environ; a standby spare, ELRUN_STANDBY=1, is
-never a target).
-
---strategy zero1|zero2|fsdp|no_shard runs the job sharded (--shard-copy-every N, default 10: under
---keep-survivors each rank copies its neighbour's shards into memory every N steps, and a lost
-rank's shards come back from that copy, every rank going back to its step); the result then goes
-to docs/results/regroup_bench_<strategy>.json unless --json says otherwise.
-
-Report: regroup_report.py. Exit status 1 when an elrun run failed.
-
-  /usr/bin/python3 -m bench.regroup_bench [--runs 5] [--nproc 2] [--strategy fsdp --fault-at 115]
-"""
+"""Regroup benchmark: what one fault costs elrun-train, group restart against --keep-survivors."""
 import os
 import re
 import select

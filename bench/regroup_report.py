@@ -1,6 +1,7 @@
 """The regroup benchmark's report, from its result (docs/results/regroup_bench.json): per fault and
 launcher, the median (min-max) time from the fault to rank 0 stepping again and to passing the
 step reached, the final test accuracy, against issue 30's targets, and the bar chart."""
+from bench import render
 from bench.render import fmt, pyplot, report_head, save_figure, verdict
 from bench.render import median_cell as cell
 from bench.render import median_range as summary
@@ -19,15 +20,10 @@ def markdown(result):
     parallel = ("DDP through shared memory" if strategy == "ddp" else
                 f"--strategy {strategy}, under --keep-survivors a copy of the neighbour's shards every "
                 f"{o['shard_copy_every']} steps")
-    how = (f"- **job**: elrun-train (FashionNet, Fashion-MNIST, {parallel}), "
-           f"--nproc-per-node {o['nproc']}, --max-restarts 1, a checkpoint every {o['checkpoint_every']} steps, "
-           f"--max-steps {o['max_steps']}; the fault when rank 0 reported step {o['fault_at']}; times from rank 0's "
-           f"per-step lines as they reached the benchmark" +
-           ("; step time: the median gap between them before the fault" if recorded else ""))
+    step_time = render.prose("regroup_bench", "step_time")[0] if recorded else ""
+    how = render.prose("regroup_bench", "how", o, parallel=parallel, step_time=step_time)[0]
     lines = report_head(TITLE, list(result["machine"].items()), how, "see the command")
-    lines += ["| fault | launcher | runs | fault to stepping again, s (median, min-max) | fault to past the step "
-              "reached, s | step time, ms | test accuracy | target (--keep-survivors) |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += render.prose("regroup_bench", "table")
     for case in result["cases"]:
         recovery = summary(case, "recovery_s")
         target = ""
@@ -45,8 +41,7 @@ def markdown(result):
             lines.append(f"- failed run, {case['launcher']}, {case['fault']}: `{error[-200:]}`")
     redone = ("nothing is redone in place" if strategy == "ddp" else
               "in place, the steps since the last copy are redone")
-    lines += ["", f"The target is met on the median time to pass the step reached ({redone}).",
-              "", f"Elapsed: {fmt(result['elapsed_s'], 0)} s."]
+    lines += render.prose("regroup_bench", "notes", redone=redone) + ["", f"Elapsed: {fmt(result['elapsed_s'], 0)} s."]
     return "\n".join(lines)
 
 
@@ -71,8 +66,7 @@ def plot_result(result, path):
             xs.append(i + (j - (len(names) - 1) / 2) * width)
             ys.append(s[0])
         bars = ax.bar(xs, ys, width, label=name, color=COLORS.get(name))
-        for bar, y in zip(bars, ys):
-            ax.text(bar.get_x() + bar.get_width() / 2, y, f"{y:.2f}", ha="center", va="bottom", fontsize=7)
+        render.bar_labels(ax, bars, [f"{y:.2f}" for y in ys], fontsize=7)
     ax.set_xticks(range(len(faults)))
     ax.set_xticklabels([FAULT_WORDS.get(f, f) for f in faults], fontsize=8)
     ax.set_ylabel("fault to past the step reached, s (median)")

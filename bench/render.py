@@ -1,24 +1,38 @@
-"""What every benchmark report is made of: the head of a report, numbers and medians against
-targets, markdown tables, and matplotlib on Agg with the figure epilogue.
+"""What every benchmark report is made of: the head of a report, its fixed prose and table headers
+from bench/reports/<bench>.md, numbers and medians against targets, and matplotlib on Agg.
 
 Standard library only; matplotlib is imported when a plot is drawn.
 """
+import functools
+import os
+import re
 import statistics
 from types import SimpleNamespace
 
 # --- markdown ---------------------------------------------------------------------------------
 
+REPORTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reports")
+
+
+@functools.cache
+def sections(bench):
+    """bench/reports/<bench>.md as {name: text}: each section starts at a `<!-- name -->` line."""
+    with open(os.path.join(REPORTS, bench + ".md")) as f:
+        parts = re.split(r"^<!-- (\w+) -->\n", f.read(), flags=re.M)
+    return {name: text.removesuffix("\n") for name, text in zip(parts[1::2], parts[2::2])}
+
+
+def prose(bench, section, /, *maps, **values):
+    """A report's fixed prose: section `section` of bench/reports/<bench>.md with its
+    {placeholders} (str.format) filled from the maps (e.g. a result's options) and values, the
+    later ones winning, as lines."""
+    return sections(bench)[section].format_map({k: v for m in maps + (values,) for k, v in m.items()}).split("\n")
+
+
 def report_head(title, info, how, load):
     """The head every benchmark report opens with: its title, the machine facts in `info` (pairs),
     `how` (one bullet: what ran and how, the benchmark's own words) and the other processes' load."""
     return [f"## {title}", ""] + [f"- **{k}**: {v}" for k, v in info] + [how, f"- **load**: {load}", ""]
-
-
-def table(header, rows, align=None):
-    """A markdown table: header cells, rows of cells (None prints as an empty cell), and the
-    alignment row (default `|---|` per column)."""
-    lines = ["| " + " | ".join(header) + " |", align or "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join("" if c is None else str(c) for c in row) + " |" for row in rows]
 
 
 def target_row(label, who, v, target, unit, digits):

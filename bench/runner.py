@@ -7,10 +7,12 @@ Standard library only.
 import argparse
 import contextlib
 import os
+import select
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 from bench import results
 from bench.machine import wait_idle
@@ -172,6 +174,49 @@ def round_robin(group, runs, one, label, wait_idle_s=0):
                 text = str(error)
                 case["errors"].append(text if len(text) <= 800 else text[:300] + " ... " + text[-500:])
                 log(label(case, i, None) + ": " + text[:300])
+
+
+def on_copies(args, name, run, binaries=None):
+    """run(tmp) on private copies of the binaries (private_copies; default elrun and elrun-train);
+    a RunError is the benchmark's failure: logged, exit status 1."""
+    try:
+        with private_copies(args, name, binaries or {"elrun": "elrun", "train": "elrun-train"}) as tmp:
+            return run(tmp)
+    except RunError as ex:
+        log(f"{name}: FAILED: {ex}")
+        return 1
+
+
+class Lines:
+    """A child's stdout (proc.stdout, a pipe), line by line, each wait with a deadline. on_line sees
+    every line; `error` (default RuntimeError) is raised when no line is accepted in time or the
+    child (called `name` in the message) exits first."""
+
+    def __init__(self, proc, name, error=RuntimeError, on_line=None):
+        self.proc, self.name, self.error, self.buffer = proc, name, error, b""
+        self.on_line = on_line or (lambda text: None)
+
+    def expect(self, accept, what, timeout):
+        """The fields of the first line for which accept(fields) is true."""
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\n" in self.buffer:
+                line, self.buffer = self.buffer.split(b"\n", 1)
+                text = line.decode(errors="replace")
+                self.on_line(text)
+                fields = text.split()
+                if fields and accept(fields):
+                    return fields
+            left = deadline - time.monotonic()
+            if left <= 0 or self.proc.poll() is not None:
+                raise self.error("no %s within %.0f s (%s %s)" % (
+                    what, timeout, self.name, "exited %s" % self.proc.returncode
+                    if self.proc.poll() is not None else "running"))
+            ready, _, _ = select.select([self.proc.stdout], [], [], min(left, 1.0))
+            if ready:
+                chunk = os.read(self.proc.stdout.fileno(), 65536)
+                if chunk:
+                    self.buffer += chunk
 
 
 @contextlib.contextmanager

@@ -1,27 +1,5 @@
 #!/usr/bin/python3
-"""Scaling efficiency of elrun-train's DDP from adjacent runs, robust to a drifting machine.
-
-train_bench.py takes the median 1-rank and 2-rank rates over rounds minutes apart. On a machine
-whose speed drifts by 10-20% from minute to minute (this virtual machine's does), their ratio
-moves with the drift: its full runs there gave scaling efficiencies from 0.85 to 1.04. This
-benchmark instead runs, N times over, a 1-rank job, a 2-rank job and the pair (two independent
-1-rank jobs at once) back to back, and ends with one more 1-rank job. Each 2-rank job and each
-pair is judged against the mean of the two 1-rank jobs around it, seconds away:
-
-  scaling_i = rate(2 ranks)_i / (2 x mean(rate(1)_i, rate(1)_i+1))
-
-and likewise the pair's ceiling and its synchronous ceiling (the pair's rate over its lock-step
-factor, see train_bench.py [e]: what a job whose ranks wait for each other every step could
-have reached). The report gives every triple and the median and quartiles over them, the share
-of triples at or above the 0.95 target, and elrun's 2-rank rate as a share of the synchronous
-ceiling of the same triple.
-
-Every run: FashionNet, batch 64 per rank, --threads 1, --max-steps S (200), --lr-schedule
-constant, seed 0 (train_bench.py's elrun-train command, train_jobs.py). Report: scaling_report.py.
-A failed run stops the benchmark with exit status 1.
-
-  /usr/bin/python3 -m bench.scaling_bench [--triples 8] [--max-steps 200] [--wait-idle 60]
-"""
+"""Scaling efficiency of elrun-train's DDP from adjacent runs, robust to a drifting machine."""
 import sys
 import time
 
@@ -99,12 +77,7 @@ def main():
     if args.triples < 1:
         ap.error("--triples must be >= 1")
     check_job_options(ap, args, "scaling_bench")
-    try:
-        with runner.private_copies(args, "scaling_bench", {"elrun": "elrun", "train": "elrun-train"}) as tmp:
-            return run(args, tmp)
-    except RunError as ex:
-        log(f"scaling_bench: FAILED: {ex}")
-        return 1
+    return runner.on_copies(args, "scaling_bench", lambda tmp: run(args, tmp))
 
 
 def run(args, tmp):

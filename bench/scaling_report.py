@@ -4,6 +4,7 @@ per-triple scaling efficiency against the pair's ceilings, every triple, command
 import statistics
 from types import SimpleNamespace
 
+from bench import render
 from bench.render import fmt, pyplot, save_figure
 from bench.train_jobs import PAIR
 from bench.train_report import TARGET_SCALING, commands_block, report_header
@@ -60,28 +61,10 @@ def report(args, rows, s, commands, info, load, elapsed):
     def verdict(x):
         return f"(target ≥ {TARGET_SCALING:g}: **{'yes' if x >= TARGET_SCALING else 'NO'}**)"
 
-    out += ["| | pooled over all triples | median (quartiles) over triples | triples ≥ 0.95 |",
-            "|---|---:|---:|---:|",
-            f"| elrun-train DDP, scaling efficiency rate(2) / (2 × rate(1)) | {s['pooled']:.3f} "
-            f"{verdict(s['pooled'])} | {q_cell(s['scaling'])} {verdict(s['scaling'][1])} | "
-            f"{s['met']} of {n} |",
-            f"| ceiling: the pair (two 1-rank jobs at once, no communication) | "
-            f"{s['pooled_ceiling']:.3f} | {q_cell(s['ceiling'])} | |",
-            f"| synchronous ceiling: the pair in lock step | {s['pooled_sync']:.3f} | "
-            f"{q_cell(s['sync_ceiling'])} | {s['sync_met']} of {n} |",
-            f"| elrun-train DDP ÷ synchronous ceiling | {s['pooled'] / s['pooled_sync']:.3f} | "
-            f"{q_cell(s['of_sync'])} | |",
-            f"| lock-step factor of the pair | | {q_cell(s['lockstep'])} | |", ""]
-    out += ["Each triple's 2-rank job and pair are judged against the mean of the 1-rank jobs run "
-            "just before and just after them (samples/s from each run's end record, as in "
-            "train_bench.py). Pooled: the sum of the triples' rates over the sum of 2 × their "
-            "references (all triples as one long run). The synchronous ceiling is the pair's rate over its lock-step "
-            "factor: sum over steps k of max(a_k, b_k) of the two jobs' `--step-times-file` "
-            "step times, over the mean of their sums — the best a job whose ranks wait for each "
-            "other every step could have reached in that triple.", "", "Every triple:", "",
-            "| triple | 1 rank before / after | 2 ranks | off CPU, per rank | pair | lock step | "
-            "synchronous | scaling | ceiling | synchronous ceiling | 2 ranks ÷ synchronous |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    cells = {k + "_q": q_cell(s[k]) for k in ("scaling", "ceiling", "sync_ceiling", "of_sync", "lockstep")}
+    out += render.prose("scaling_bench", "table", n=n, pooled_verdict=verdict(s["pooled"]),
+                        scaling_verdict=verdict(s["scaling"][1]), pooled_of_sync=s["pooled"] / s["pooled_sync"],
+                        **s, **cells)
     for i, r in enumerate(rows):
         off = " / ".join(f"{100 * x:.1f}%" for x in r["off_cpu"])
         out.append(f"| {i + 1} | {fmt(r['one_before'])} / {fmt(r['one_after'])} | {fmt(r['two'])} | "

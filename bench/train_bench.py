@@ -1,45 +1,11 @@
 #!/usr/bin/python3
-"""Training benchmark: elrun-train (LibTorch, C++ DDP) against its Python PyTorch DDP twin.
-
-On this machine, in one invocation:
-  - elrun-train under `elrun --standalone --nproc-per-node K`, K = 1 and 2;
-  - bench/fashion_twin.py (the same model, data, data order, optimizer and step, with
-    torch.nn.parallel.DistributedDataParallel on gloo) under torch 2.11's torchrun, started through
-    tests/support/torchrun_compat.py --standalone --nproc_per_node K, K = 1 and 2;
-  - extra rows: elrun-train --sync-bn at 2 ranks; elrun-train --memory-format contiguous at 1 and
-    2 ranks (NCHW activations, as the Python twin's, instead of the default channels-last); and
-    elrun-train --allreduce gloo at 2 ranks (DDP's buckets over Gloo's TCP loopback, as the twin's,
-    instead of shared memory). They separate what the kernels and the transport contribute;
-  - the machine's ceiling: two independent 1-rank elrun-train jobs started at the same moment
-    (no communication between them, so they compete only for the cores, caches and memory
-    bandwidth); their summed rate over 2 x rate(1 rank) is the best scaling efficiency this
-    machine allows two ranks of this workload, whatever the data-parallel implementation;
-  - the synchronous ceiling: every rank of a data-parallel step waits for the slowest, so on a host
-    whose CPUs each slow down and speed up on their own (a busy virtual machine's do), two ranks
-    in lock step lose what the slower CPU costs each step. Both pair jobs write their step times
-    (--step-times-file); pairing their steps k, sum(max(a_k, b_k)) / mean(sum a, sum b) is the
-    factor by which lock step would have slowed that pair, and the pair's rate over it is the
-    best a synchronous 2-rank job could have reached in that round.
-Every run: FashionNet, batch 64 per rank, --threads 1, --max-steps S (300), --lr-schedule constant,
-seed 0. Each configuration runs R (3) times, interleaved round-robin (the order rotates by one
-configuration each round); the throughput of a run is the samples_per_s of its --metrics-file end
-record, which both trainers measure the same way (steps x batch x world size over the time from
-just before the first step to the end of the last, data loading and process-group set-up
-excluded). The table gives medians with min/max, scaling efficiency rate(2) / (2 x rate(1)) and
-elrun / Python at 2 ranks, with verdicts against the targets; also every run's wall time (launch
-to exit) and the share of the CPUs that other processes used during it.
-
-Report: train_report.py; the jobs and their runs: train_jobs.py. Any run that exits non-zero,
-times out or leaves no end record stops the benchmark with exit status 1.
-
-  /usr/bin/python3 -m bench.train_bench [--max-steps 300] [--runs 3] [--wait-idle 120]
-"""
+"""Training benchmark: elrun-train (LibTorch, C++ DDP) against its Python PyTorch DDP twin."""
 import shlex
 import sys
 import time
 
 from bench import results, runner, train_report
-from bench.machine import binary_id, loadavg, machine_info, wait_idle
+from bench.machine import binary_id, loadavg, machine_info, runs_share, wait_idle
 from bench.runner import RunError
 from bench.train_jobs import (
     ELRUN,
@@ -98,12 +64,7 @@ def main():
     if args.runs < 1:
         ap.error("--runs must be >= 1")
     check_job_options(ap, args, "train_bench")
-    try:
-        with runner.private_copies(args, "train_bench", {"elrun": "elrun", "train": "elrun-train"}) as tmp:
-            return run(args, tmp)
-    except RunError as ex:
-        log(f"train_bench: FAILED: {ex}")
-        return 1
+    return runner.on_copies(args, "train_bench", lambda tmp: run(args, tmp))
 
 
 def run(args, tmp):
@@ -113,14 +74,9 @@ def run(args, tmp):
     configs, commands, elapsed = bench(args, tmp)
     walls = sum(r["wall_s"] for c in configs for r in c.runs)
     shares = [(r["foreign"], r["wall_s"]) for c in configs for r in c.runs if r["foreign"] is not None]
-    load = ("CPU use of other processes unknown" if not shares else
-            f"other processes used {100 * sum(a * w for a, w in shares) / walls:.0f}% of the CPUs "
-            f"during the runs (wall-weighted; per run {min(100 * a for a, _ in shares):.0f}–"
-            f"{max(100 * a for a, _ in shares):.0f}%; machine CPU time minus this benchmark's and "
-            f"its children's)")
-    noisy = shares and sum(a * w for a, w in shares) / walls > 0.10
+    share, load = runs_share(shares, walls)
     load += f"; loadavg (1/5/15 min) {load_start} at start, {loadavg()} at end"
-    if noisy:
+    if share is not None and share > 0.10:
         load += " — **the machine was busy; the rates are noisy**"
         log("warning: other processes used more than 10% of the CPUs; the rates are noisy")
     if (binary_id(args.elrun), binary_id(args.train)) != ids:

@@ -5,6 +5,7 @@ commands, and the chart. report_header and commands_block serve scaling_report.p
 import shlex
 from types import SimpleNamespace
 
+from bench import render
 from bench.render import fmt, pyplot, report_head, save_figure, stats
 from bench.train_jobs import ELRUN, GLOO, LABELS, NCHW, PAIR, PY, SYNC, Config, shown  # noqa: F401
 from tests.support.paths import REPO
@@ -74,35 +75,21 @@ def summary(configs):
             "ratio": e2 / p2, "s_ratio": s2 / p2, "ratio1": e1 / p1}
 
 
+def prose(section, /, *maps, **values):
+    return render.prose("train_bench", section, *maps, **values)
+
+
 def table(configs, s):
-    lines = ["| Configuration | samples/s, 1 rank | samples/s, 2 ranks | scaling efficiency "
-             "rate(2) / (2 × rate(1)) | ÷ Python at 2 ranks |",
-             "|---|---:|---:|---:|---:|"]
-    lines.append(f"| {LABELS[ELRUN]} | {rate_cell(get(configs, ELRUN, 1))} | "
-                 f"{rate_cell(get(configs, ELRUN, 2))} | {s['e_scaling']:.3f} "
-                 f"(target ≥ {TARGET_SCALING:g}: **{meets(s['e_scaling'], TARGET_SCALING)}**) | "
-                 f"{s['ratio']:.2f}× (target ≥ {TARGET_RATIO:g}×: "
-                 f"**{meets(s['ratio'], TARGET_RATIO)}**) |")
-    lines.append(f"| {LABELS[PY]} | {rate_cell(get(configs, PY, 1))} | "
-                 f"{rate_cell(get(configs, PY, 2))} | {s['p_scaling']:.3f} | 1.00× |")
-    lines.append(f"| {LABELS[SYNC]} | — | {rate_cell(get(configs, SYNC, 2))} | "
-                 f"{s['s_scaling']:.3f} [a] | {s['s_ratio']:.2f}× [b] |")
-    lines.append(f"| {LABELS[PAIR]} | — | {rate_cell(get(configs, PAIR, 2))} | "
-                 f"{s['ceiling']:.3f} [a] | — |")
-    lines.append(f"| the synchronous ceiling: the pair's steps in lock step [e] | — | "
-                 f"{fmt(s['sync_ceiling'] * 2 * s['e1'])} | {s['sync_ceiling']:.3f} [a] | — |")
-    lines.append(f"| {LABELS[NCHW]} | {rate_cell(get(configs, NCHW, 1))} | "
-                 f"{rate_cell(get(configs, NCHW, 2))} | {s['a_scaling']:.3f} | {s['a_ratio']:.2f}× |")
-    lines.append(f"| {LABELS[GLOO]} | — | {rate_cell(get(configs, GLOO, 2))} | "
-                 f"{s['g_scaling']:.3f} [a] | {s['g_ratio']:.2f}× |")
-    return lines
+    kinds = {"elrun": ELRUN, "python": PY, "sync": SYNC, "pair": PAIR, "nchw": NCHW, "gloo": GLOO}
+    return prose("table", label={name: LABELS[kind] for name, kind in kinds.items()},
+                 cell={f"{name}{n}": rate_cell(get(configs, kind, n)) for name, kind in kinds.items() for n in (1, 2)},
+                 target_scaling=TARGET_SCALING, meets_scaling=meets(s["e_scaling"], TARGET_SCALING),
+                 target_ratio=TARGET_RATIO, meets_ratio=meets(s["ratio"], TARGET_RATIO),
+                 sync_rate=fmt(s["sync_ceiling"] * 2 * s["e1"]), **s)
 
 
 def runs_table(configs):
-    lines = ["| Configuration | Ranks | Round | samples/s | train s | step ms p10 / p50 / p90 | "
-             "off CPU, per rank | rank 0: run queue / blocked s | lock step | "
-             "wall s (launch to exit) | test accuracy | others' CPU |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = []
     for c in configs:
         for r in c.runs:
             e = r["end"]
@@ -120,8 +107,7 @@ def runs_table(configs):
 
 
 def wall_table(configs):
-    lines = ["| Configuration | Ranks | wall s, median (min–max) | train s, median | "
-             "wall − train, median |", "|---|---:|---:|---:|---:|"]
+    lines = []
     for c in configs:
         walls = [r["wall_s"] for r in c.runs]
         trains = [r["end"]["seconds"] for r in c.runs]
@@ -142,20 +128,14 @@ def accuracy_check(configs):
                      f"{', '.join(f'{a:.4f}' for a in accs[NCHW])}, Python "
                      f"{', '.join(f'{a:.4f}' for a in accs[PY])} ({'equal' if same else 'differ'}),"
                      f" elrun-train in channels-last {', '.join(f'{a:.4f}' for a in accs[ELRUN])}")
-    return ("; ".join(parts) + " (NHWC convolutions sum in another order, so the default's accuracy may differ "
-            "in the last digits; at 2 ranks all may differ slightly: Python's DDP broadcasts "
-            "rank 0's BatchNorm running stats before every forward, elrun-train only at start, so "
-            "rank 1 evaluates its shard with other running stats)")
+    return "; ".join(parts) + prose("accuracy")[0]
 
 
 def report_header(title, args, info, plan, unit, load, elapsed):
     """A report's title and its machine, workload (`plan`: how the runs were ordered) and load."""
-    return report_head(
-        title, info,
-        f"- **workload**: FashionNet on Fashion-MNIST, batch {args.batch_size} per rank, "
-        f"--threads 1, --max-steps {args.max_steps}, --lr-schedule constant, seed 0; {plan}"
-        + (f", waited up to {args.wait_idle:g} s for an idle machine before each {unit}"
-           if args.wait_idle > 0 else "") + f"; benchmark took {elapsed:.0f} s", load)
+    wait = prose("wait", wait_idle=args.wait_idle, unit=unit)[0] if args.wait_idle > 0 else ""
+    return report_head(title, info, prose("how", batch_size=args.batch_size, max_steps=args.max_steps,
+                                          plan=plan, wait=wait, elapsed=elapsed)[0], load)
 
 
 def report(args, configs, commands, s, info, load, elapsed):
@@ -163,69 +143,11 @@ def report(args, configs, commands, s, info, load, elapsed):
                         f"{args.runs} runs per configuration, interleaved round-robin", "round",
                         load, elapsed)
     out += table(configs, s)
-    out += [
-        "",
-        f"samples/s: median (min–max) over {args.runs} runs of the `samples_per_s` in each run's "
-        "`--metrics-file` end record (rank 0), which both trainers compute alike: steps × batch × "
-        "world size over the time from just before the first training step to the end of the last "
-        "(data loading, process-group and DDP set-up, evaluation and launcher start-up excluded). "
-        "Ratios and efficiencies are of medians.",
-        f"[a] against the plain-BatchNorm elrun-train at 1 rank ({fmt(s['e1'])} samples/s). "
-        f"[b] against the plain-BatchNorm Python twin at 2 ranks: not the same work (SyncBatchNorm "
-        "all-reduces batch statistics in every forward and backward).",
-        f"[c] The machine's ceiling: two independent 1-rank elrun-train jobs started at the same "
-        "moment, the rate their two end records report, summed. They do not communicate, so "
-        "their shortfall from 2 × rate(1 rank) is what two ranks lose on this machine to sharing "
-        "its cores, caches and memory bandwidth alone. elrun-train's DDP at 2 ranks reached "
-        f"{s['e_of_ceiling']:.3f} of this ceiling (scaling {s['e_scaling']:.3f} against a ceiling "
-        f"of {s['ceiling']:.3f}).",
-        "[e] The pair's two jobs also wrote every step's time (`--step-times-file`). Had they run in "
-        "lock step, as the ranks of a data-parallel job do, each step would have taken as long as "
-        "the slower job's: sum over k of max(a_k, b_k) against the mean of the two sums is the "
-        f"lock-step factor (median {s['lockstep']:.3f}×), and the pair's rate over it the best a "
-        "synchronous 2-rank job could have reached in that round (median over rounds). On a host "
-        "whose CPUs slow down and recover independently, this is below the pair's ceiling [c] by "
-        "what waiting for the slower CPU costs; no implementation of synchronous data parallelism "
-        f"gets past it. elrun-train's DDP at 2 ranks reached {s['e_of_sync']:.3f} of it.",
-        "[d] Ablations of elrun-train's two defaults that the twin does not share. --memory-format "
-        "contiguous: the convolutions' weights and activations in NCHW, as the twin's (the default "
-        "on CPU is channels-last, NHWC, where oneDNN's convolutions and ATen's pooling and batch "
-        "norm are vectorised over channels: same parameters, same results up to float rounding). "
-        "--allreduce gloo: DDP's buckets over "
-        "Gloo's TCP loopback, as the twin's DDP (the default sums them in a shared-memory segment "
-        "when all ranks are on one host). Scaling of the gloo row is against the default 1-rank "
-        "rate [a], as one rank communicates nothing.",
-        "",
-        "Wall time of a run, launch to exit (includes launcher start-up, rendezvous, interpreter "
-        "and library loading, dataset loading, training and the test-set evaluation):",
-        "",
-    ]
+    out += prose("notes", runs=args.runs, e1_text=fmt(s["e1"]), **s)
     out += wall_table(configs)
-    out += [
-        "",
-        "wall − train is mostly start-up (torchrun and each Python worker import torch: seconds "
-        "each), dataset loading and the test-set evaluation (10,000 images in chunks of 1,000 per "
-        "rank, in both trainers). The Python twin keeps glibc's default malloc settings, under "
-        "which the ~100 MB activations of a 1,000-image chunk are above the largest dynamic mmap "
-        "threshold (32 MiB) and are mmap-ed and page-faulted afresh for every operator; "
-        "elrun-train raises the threshold to 256 MiB at start (mallopt), so its evaluation reuses "
-        "heap memory. The training steps (batch 64, ~6 MB activations) are under the threshold in "
-        "both.",
-        "",
-        "Same computation: at 1 rank both trainers start from identical weights (same seed, same "
-        "torch 2.11, modules built in the same order) and read the same batches, so with the "
-        "same Linear kernel their test accuracies after the run should be equal: " + accuracy_check(configs) + ".",
-    ]
-    out += ["", "Every run:", ""]
+    out += prose("wall_notes", accuracy=accuracy_check(configs))
     out += runs_table(configs)
-    out += ["", "step ms: elrun-train's end record, percentiles over the run's steps of rank 0's "
-            "training step (data to optimizer step, communication included; for the pair, the first "
-            "job's). A data-parallel step ends when the slower rank's does, so its spread shows the "
-            "ranks' step-to-step jitter. The twin does not report it. off CPU: the share of each "
-            "rank's step time its training thread was not on a CPU (`--step-times-file`: wall minus "
-            "thread CPU time); for DDP mostly waiting for the slower rank's gradients. run queue / "
-            "blocked: rank 0's whole training loop, from the end record (`loop_runqueue_s`: runnable "
-            "but waiting for a CPU; `loop_blocked_s`: sleeping). lock step: the pair's factor [e]."]
+    out += prose("runs_notes")
     out += commands_block(args, [(c.key, commands.get(c.key), c.kind == PAIR) for c in configs])
     return "\n".join(out)
 
@@ -233,7 +155,7 @@ def report(args, configs, commands, s, info, load, elapsed):
 def commands_block(args, runs):
     """The report's commands, one per (key, argv, is the pair) with an argv: repository paths
     relative, the per-run files named METRICS and METRICS.steps."""
-    out = ["", "Commands (run from the repository root; METRICS is a fresh file per run):", "", "```"]
+    out = prose("commands")
     for key, argv, pair in runs:
         if not argv:
             continue

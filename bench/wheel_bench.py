@@ -1,20 +1,5 @@
 #!/usr/bin/python3
-"""Wheel benchmark: elrun as pip installs it, against the build tree's elrun and torchrun.
-
-Builds the wheel from the Bazel binaries (release/wheel.py, auditwheel repair) unless --wheel
-names one, then measures:
-  1. the wheel: its size, tag and glibc floor; `pip install --no-index` of it into a fresh
-     virtual environment (wall time, --installs times) and what it adds to the environment;
-  2. start-up, round robin, --runs each: `elrun --version` as installed (a native program on
-     PATH), `python3 -m elrun --version` (what a Python shim in front of it, as auditwheel makes
-     for a program that needs a vendored library, would add), and a trivial 2-worker job
-     (`--standalone --nproc-per-node 2 --no-python true`) from the installed elrun, the build
-     tree's elrun and torch 2.11's torchrun (the project's .venv).
-
-Report: wheel_report.py.
-
-  /usr/bin/python3 -m bench.wheel_bench [--runs 20] [--installs 3] [--wheel PATH]
-"""
+"""Wheel benchmark: elrun as pip installs it, against the build tree's elrun and torchrun."""
 import json
 import os
 import shutil
