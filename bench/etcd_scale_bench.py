@@ -207,7 +207,7 @@ def main():
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signo, _frame: sys.exit(128 + signo))
     if not os.access(args.load, os.X_OK):
-        sys.exit("no %s; run bazel build //bench:etcd_load" % args.load)
+        sys.exit("no %s; run bazel build //tests/load:etcd_load" % args.load)
     sizes = [int(s) for s in args.sizes.split(",")]
     runs = {n: [] for n in sizes}
     with tempfile.TemporaryDirectory(prefix="etcd_scale_bench.") as tmp:

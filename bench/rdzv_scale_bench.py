@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Rendezvous at scale: one elrun-rdzv daemon against N simulated nodes (bench/rdzv_load)."""
+"""Rendezvous at scale: one elrun-rdzv daemon against N simulated nodes (tests/load/rdzv_load)."""
 import os
 import subprocess
 import sys

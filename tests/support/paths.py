@@ -22,8 +22,8 @@ BINARIES = {
     "elrun": "launcher/elrun",
     "elrun-rdzv": "agent/daemon/elrun-rdzv",
     "elrun-train": "trainer/app/elrun-train",
-    "rdzv_load": "bench/rdzv_load",
-    "etcd_load": "bench/etcd_load",
+    "rdzv_load": "tests/load/rdzv_load",
+    "etcd_load": "tests/load/etcd_load",
 }
 
 
