@@ -70,6 +70,13 @@ absl::Status SetSecret(const std::string& path, std::string* out) {
 
 absl::Status Accept(const std::string&, RdzvSettings&, KeepAlive&) { return absl::OkStatus(); }
 
+// A key whose value is the setting as given.
+template <std::string RdzvSettings::*field>
+absl::Status SetText(const std::string& value, RdzvSettings& settings, KeepAlive&) {
+  settings.*field = value;
+  return absl::OkStatus();
+}
+
 // Every key --rdzv-conf accepts, in the order the unknown-key error lists them. cert, key and
 // cacert are torchrun's etcd names for tls_*; timeout, read_timeout and store_type are
 // torchrun's c10d keys, accepted and unused.
@@ -112,33 +119,13 @@ constexpr ConfKey kConfKeys[] = {
        s.is_host = *b;
        return absl::OkStatus();
      }},
-    {"token",
-     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
-       s.token = v;
-       return absl::OkStatus();
-     }},
+    {"token", SetText<&RdzvSettings::token>},
     {"token_file", [](const std::string& v, RdzvSettings& s, KeepAlive&) { return SetSecret(v, &s.token); }},
-    {"run_token",
-     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
-       s.run_token = v;
-       return absl::OkStatus();
-     }},
+    {"run_token", SetText<&RdzvSettings::run_token>},
     {"run_token_file", [](const std::string& v, RdzvSettings& s, KeepAlive&) { return SetSecret(v, &s.run_token); }},
-    {"tls_cert",
-     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
-       s.tls_cert = v;
-       return absl::OkStatus();
-     }},
-    {"tls_key",
-     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
-       s.tls_key = v;
-       return absl::OkStatus();
-     }},
-    {"tls_ca",
-     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
-       s.tls_ca = v;
-       return absl::OkStatus();
-     }},
+    {"tls_cert", SetText<&RdzvSettings::tls_cert>},
+    {"tls_key", SetText<&RdzvSettings::tls_key>},
+    {"tls_ca", SetText<&RdzvSettings::tls_ca>},
     {"etcd_prefix",
      [](const std::string& v, RdzvSettings& s, KeepAlive&) {
        s.etcd_prefix = v;
@@ -147,11 +134,7 @@ constexpr ConfKey kConfKeys[] = {
        }
        return absl::OkStatus();
      }},
-    {"etcd_user",
-     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
-       s.etcd_user = v;
-       return absl::OkStatus();
-     }},
+    {"etcd_user", SetText<&RdzvSettings::etcd_user>},
     {"etcd_password_file",
      [](const std::string& v, RdzvSettings& s, KeepAlive&) { return SetSecret(v, &s.etcd_password); }},
     {"protocol",
@@ -161,21 +144,9 @@ constexpr ConfKey kConfKeys[] = {
        if (p != "http" && p != "https") return absl::InvalidArgumentError("expected http or https");
        return absl::OkStatus();
      }},
-    {"cacert",
-     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
-       s.tls_ca = v;
-       return absl::OkStatus();
-     }},
-    {"cert",
-     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
-       s.tls_cert = v;
-       return absl::OkStatus();
-     }},
-    {"key",
-     [](const std::string& v, RdzvSettings& s, KeepAlive&) {
-       s.tls_key = v;
-       return absl::OkStatus();
-     }},
+    {"cacert", SetText<&RdzvSettings::tls_ca>},
+    {"cert", SetText<&RdzvSettings::tls_cert>},
+    {"key", SetText<&RdzvSettings::tls_key>},
     {"timeout", Accept},
     {"read_timeout", Accept},
     {"store_type", Accept},
